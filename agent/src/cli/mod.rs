@@ -1,0 +1,77 @@
+//! Command-line surface: `ironlet images …` and `ironlet ctr …` (crictl-like commands that
+//! work directly on the data root, no agent needed).
+//!
+//! Flag names follow the kubelet (`--root-dir`) and crictl/podman habits; exit codes are
+//! 0 on success, 1 on an error of ironlet's, and the container's own exit code for
+//! `ctr run` and `ctr exec`.
+
+mod ctr;
+mod images;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use ironlet_runtime::image::{ImageStore, ImageStoreConfig};
+use ironlet_runtime::LocalRuntimeConfig;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "ironlet",
+    version,
+    about = "A Kubernetes node agent with an in-process OCI runtime"
+)]
+pub struct Cli {
+    /// Data root (kubelet's --root-dir). Default: /var/lib/ironlet as root,
+    /// $XDG_DATA_HOME/ironlet rootless.
+    #[arg(long, global = true, env = "IRONLET_ROOT_DIR")]
+    pub root_dir: Option<PathBuf>,
+    /// More logging (-v info, -vv debug); IRONLET_LOG overrides.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Manage the local image store.
+    #[command(subcommand)]
+    Images(images::ImagesCommand),
+    /// Run and inspect containers directly (crictl-like).
+    #[command(subcommand)]
+    Ctr(ctr::CtrCommand),
+}
+
+/// Whether this process runs without root.
+pub fn running_rootless() -> bool {
+    !nix::unistd::geteuid().is_root()
+}
+
+pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Images(cmd) => {
+            let root = root_dir(&cli.root_dir, running_rootless());
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("starting the async runtime")?;
+            rt.block_on(images::run(&root, cmd))
+        }
+        Command::Ctr(cmd) => ctr::run(cli.root_dir, cmd),
+    }
+}
+
+pub fn root_dir(flag: &Option<PathBuf>, rootless: bool) -> PathBuf {
+    flag.clone()
+        .unwrap_or_else(|| LocalRuntimeConfig::default_root_dir(rootless))
+}
+
+pub fn open_images(root: &std::path::Path) -> anyhow::Result<Arc<ImageStore>> {
+    let dir = root.join("images");
+    let store = ImageStore::open_with(&dir, ImageStoreConfig::default())
+        .with_context(|| format!("opening the image store at {}", dir.display()))?;
+    Ok(Arc::new(store))
+}

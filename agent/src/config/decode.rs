@@ -1,0 +1,219 @@
+//! Manifest bytes → pods: the one parser every static source uses.
+//!
+//! Accepted, in one file or HTTP body:
+//!
+//! * a JSON document, or several concatenated (content starting with `{`);
+//! * otherwise a YAML stream: one or more documents separated by `---`;
+//! * each document a `Pod`, or a `PodList`/`List` whose `items` are pods (items may omit
+//!   `kind`, as `kubectl get -o yaml` output does).
+//!
+//! Empty documents (a trailing `---`, a file of comments) yield nothing and are not errors
+//! here; the file source separately refuses a file that is all whitespace (see `file_scan`).
+//! Anything else fails the whole manifest with a [`DecodeError`] naming the document: a
+//! half-understood file is never partly applied.
+//!
+//! Current behaviour: unknown fields are ignored (as kubelet's non-strict decoder does), and
+//! an `apiVersion` other than `v1` on a pod is rejected.
+
+use k8s_openapi::api::core::v1::Pod;
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::error::DecodeError;
+
+/// Decodes every pod in `bytes`, in document order.
+pub fn decode_pods(bytes: &[u8]) -> Result<Vec<Pod>, DecodeError> {
+    let text = std::str::from_utf8(bytes).map_err(|err| DecodeError::Syntax {
+        document: 1,
+        reason: format!("not UTF-8: {err}"),
+    })?;
+    let mut pods = Vec::new();
+    for (index, document) in documents(text)?.into_iter().enumerate() {
+        pods.extend(pods_of_document(index + 1, document)?);
+    }
+    Ok(pods)
+}
+
+/// Splits `text` into JSON values, one per document.
+fn documents(text: &str) -> Result<Vec<Value>, DecodeError> {
+    let trimmed = text.trim_start();
+    if trimmed.starts_with('{') {
+        return serde_json::Deserializer::from_str(trimmed)
+            .into_iter::<Value>()
+            .enumerate()
+            .map(|(index, value)| {
+                value.map_err(|err| DecodeError::Syntax {
+                    document: index + 1,
+                    reason: err.to_string(),
+                })
+            })
+            .collect();
+    }
+    serde_yaml::Deserializer::from_str(text)
+        .enumerate()
+        .map(|(index, document)| {
+            Value::deserialize(document).map_err(|err| DecodeError::Syntax {
+                document: index + 1,
+                reason: err.to_string(),
+            })
+        })
+        .collect()
+}
+
+fn pods_of_document(document: usize, value: Value) -> Result<Vec<Pod>, DecodeError> {
+    if value.is_null() {
+        return Ok(Vec::new());
+    }
+    let kind = value
+        .get("kind")
+        .and_then(Value::as_str)
+        .ok_or(DecodeError::MissingKind { document })?;
+    match kind {
+        "Pod" => Ok(vec![to_pod(document, None, value)?]),
+        "PodList" | "List" => {
+            let Some(Value::Array(items)) = value.get("items").cloned() else {
+                return Ok(Vec::new());
+            };
+            items
+                .into_iter()
+                .enumerate()
+                .map(
+                    |(item, value)| match value.get("kind").and_then(Value::as_str) {
+                        None | Some("Pod") => to_pod(document, Some(item), value),
+                        Some(other) => Err(DecodeError::UnsupportedKind {
+                            document,
+                            kind: format!("{other} (items[{item}])"),
+                        }),
+                    },
+                )
+                .collect()
+        }
+        other => Err(DecodeError::UnsupportedKind {
+            document,
+            kind: other.to_owned(),
+        }),
+    }
+}
+
+fn to_pod(document: usize, item: Option<usize>, value: Value) -> Result<Pod, DecodeError> {
+    serde_json::from_value(value).map_err(|err| DecodeError::Pod {
+        document,
+        item,
+        reason: err.to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(pods: &[Pod]) -> Vec<&str> {
+        pods.iter()
+            .map(|p| p.metadata.name.as_deref().unwrap_or_default())
+            .collect()
+    }
+
+    const POD_A: &str = "apiVersion: v1\nkind: Pod\nmetadata: {name: a}\nspec:\n  containers: [{name: c, image: busybox}]\n";
+
+    #[test]
+    fn a_single_yaml_pod_decodes() {
+        let pods = decode_pods(POD_A.as_bytes()).unwrap();
+        assert_eq!(names(&pods), ["a"]);
+    }
+
+    #[test]
+    fn a_multi_document_yaml_stream_yields_every_pod_and_skips_empty_documents() {
+        let text = format!(
+            "---\n{POD_A}---\n# only a comment\n---\n{}---\n",
+            POD_A.replace("name: a", "name: b")
+        );
+        let pods = decode_pods(text.as_bytes()).unwrap();
+        assert_eq!(names(&pods), ["a", "b"]);
+    }
+
+    #[test]
+    fn a_json_pod_and_concatenated_json_pods_decode() {
+        let one = r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"j"},"spec":{"containers":[{"name":"c","image":"x"}]}}"#;
+        assert_eq!(names(&decode_pods(one.as_bytes()).unwrap()), ["j"]);
+        let two = format!("{one}\n{}", one.replace("\"j\"", "\"k\""));
+        assert_eq!(names(&decode_pods(two.as_bytes()).unwrap()), ["j", "k"]);
+    }
+
+    #[test]
+    fn pod_lists_and_generic_lists_yield_their_items() {
+        let text = "apiVersion: v1\nkind: PodList\nitems:\n- metadata: {name: x}\n  spec: {containers: [{name: c, image: i}]}\n- kind: Pod\n  metadata: {name: y}\n  spec: {containers: [{name: c, image: i}]}\n";
+        assert_eq!(names(&decode_pods(text.as_bytes()).unwrap()), ["x", "y"]);
+        let list = text.replace("PodList", "List");
+        assert_eq!(names(&decode_pods(list.as_bytes()).unwrap()), ["x", "y"]);
+    }
+
+    #[test]
+    fn an_empty_manifest_yields_no_pods() {
+        assert!(decode_pods(b"").unwrap().is_empty());
+        assert!(decode_pods(b"# nothing here\n").unwrap().is_empty());
+    }
+
+    #[test]
+    fn numeric_quantities_are_accepted() {
+        let text = "kind: Pod\nmetadata: {name: q}\nspec:\n  containers:\n  - name: c\n    image: i\n    resources: {requests: {cpu: 1, memory: 0.5}}\n";
+        let pods = decode_pods(text.as_bytes()).unwrap();
+        let requests = pods[0].spec.as_ref().unwrap().containers[0]
+            .resources
+            .as_ref()
+            .unwrap()
+            .requests
+            .as_ref()
+            .unwrap();
+        assert_eq!(requests["cpu"].0, "1");
+        assert_eq!(requests["memory"].0, "0.5");
+    }
+
+    #[test]
+    fn broken_yaml_names_the_document() {
+        let text = format!("{POD_A}---\nkind: Pod\nmetadata: [unclosed\n");
+        let err = decode_pods(text.as_bytes()).unwrap_err();
+        assert!(
+            matches!(err, DecodeError::Syntax { document: 2, .. }),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn a_document_without_kind_is_rejected() {
+        let err = decode_pods(b"metadata: {name: a}\n").unwrap_err();
+        assert_eq!(err, DecodeError::MissingKind { document: 1 });
+    }
+
+    #[test]
+    fn other_kinds_are_rejected_with_their_kind() {
+        let err = decode_pods(b"apiVersion: apps/v1\nkind: Deployment\n").unwrap_err();
+        assert_eq!(
+            err,
+            DecodeError::UnsupportedKind {
+                document: 1,
+                kind: "Deployment".into()
+            }
+        );
+    }
+
+    #[test]
+    fn a_pod_with_a_wrongly_typed_field_is_rejected_with_the_deserializer_reason() {
+        let err =
+            decode_pods(b"kind: Pod\nmetadata: {name: a}\nspec: {containers: 3}\n").unwrap_err();
+        let DecodeError::Pod {
+            document: 1,
+            item: None,
+            reason,
+        } = err
+        else {
+            panic!("unexpected {err:?}");
+        };
+        assert!(reason.contains("invalid type"), "{reason}");
+    }
+
+    #[test]
+    fn a_pod_with_a_foreign_api_version_is_rejected() {
+        let err = decode_pods(b"apiVersion: v2\nkind: Pod\nmetadata: {name: a}\n").unwrap_err();
+        assert!(matches!(err, DecodeError::Pod { .. }), "{err:?}");
+    }
+}

@@ -1,0 +1,360 @@
+//! The `ironlet` command line end to end, with real containers: images, `ctr run` exit
+//! codes and limits, ps/logs/exec/rm, and a rootless run as an unprivileged user the test
+//! creates. Needs root (CI runs as root); skips otherwise.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn images_out() -> PathBuf {
+    let out = repo_root().join("images/out");
+    if !out.join("busybox/index.json").exists() {
+        let status = Command::new(repo_root().join("images/build"))
+            .arg(&out)
+            .status()
+            .expect("images/build runs");
+        assert!(status.success(), "images/build failed");
+    }
+    out
+}
+
+/// A data root of its own, with busybox imported.
+struct Node {
+    root: tempfile::TempDir,
+}
+
+impl Node {
+    fn new() -> Self {
+        let root = tempfile::tempdir().expect("temp dir");
+        let node = Self { root };
+        let out = node.ironlet(&[
+            "images",
+            "import",
+            &images_out().join("busybox").to_string_lossy(),
+        ]);
+        assert!(out.status.success(), "import failed: {}", text(&out.stderr));
+        node
+    }
+
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ironlet"));
+        cmd.arg("--root-dir").arg(self.root.path()).args(args);
+        cmd
+    }
+
+    fn ironlet(&self, args: &[&str]) -> Output {
+        self.cmd(args).output().expect("ironlet runs")
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        // Remove whatever containers a failed test left, so no mount outlives the temp dir.
+        let ids = self.ironlet(&["ctr", "ps", "-a", "-q"]);
+        for id in text(&ids.stdout).lines() {
+            let _ = self.ironlet(&["ctr", "rm", "-f", id]);
+        }
+    }
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn images_import_list_and_remove_with_docker_style_references() {
+    if !is_root() {
+        return;
+    }
+    let node = Node::new();
+    let ls = node.ironlet(&["images", "ls"]);
+    assert!(ls.status.success());
+    assert!(
+        text(&ls.stdout).contains("docker.io/library/busybox"),
+        "{}",
+        text(&ls.stdout)
+    );
+    let rm = node.ironlet(&["images", "rm", "busybox:latest"]);
+    assert!(rm.status.success(), "{}", text(&rm.stderr));
+    let ls = node.ironlet(&["images", "ls", "-q"]);
+    assert_eq!(text(&ls.stdout).trim(), "", "image still listed");
+    let again = node.ironlet(&["images", "rm", "busybox"]);
+    assert!(
+        !again.status.success(),
+        "removing a missing image must fail"
+    );
+    assert!(
+        text(&again.stderr).contains("busybox"),
+        "{}",
+        text(&again.stderr)
+    );
+}
+
+#[test]
+fn ctr_run_streams_output_and_exits_with_the_container_exit_code() {
+    if !is_root() {
+        return;
+    }
+    let node = Node::new();
+    let ok = node.ironlet(&[
+        "ctr",
+        "run",
+        "--name",
+        "hello",
+        "busybox",
+        "--",
+        "echo",
+        "hello world",
+    ]);
+    assert_eq!(
+        text(&ok.stdout),
+        "hello world\n",
+        "stderr: {}",
+        text(&ok.stderr)
+    );
+    assert_eq!(ok.status.code(), Some(0));
+    let bad = node.ironlet(&[
+        "ctr",
+        "run",
+        "--name",
+        "five",
+        "busybox",
+        "--",
+        "sh",
+        "-c",
+        "echo oops >&2; exit 5",
+    ]);
+    assert_eq!(bad.status.code(), Some(5));
+    assert_eq!(text(&bad.stderr).trim_end().lines().next(), Some("oops"));
+
+    let ps = node.ironlet(&["ctr", "ps", "-a"]);
+    let listing = text(&ps.stdout);
+    assert!(
+        listing.contains("hello") && listing.contains("Exited(0)"),
+        "{listing}"
+    );
+    assert!(
+        listing.contains("five") && listing.contains("Exited(5)"),
+        "{listing}"
+    );
+    let running = node.ironlet(&["ctr", "ps"]);
+    assert!(
+        !text(&running.stdout).contains("hello"),
+        "exited container listed as running"
+    );
+
+    let logs = node.ironlet(&["ctr", "logs", "five"]);
+    assert_eq!(text(&logs.stderr), "oops\n");
+    let rm = node.ironlet(&["ctr", "rm", "hello", "five"]);
+    assert!(rm.status.success(), "{}", text(&rm.stderr));
+    let ps = node.ironlet(&["ctr", "ps", "-a", "-q"]);
+    assert_eq!(text(&ps.stdout).trim(), "");
+}
+
+#[test]
+fn ctr_run_with_a_memory_limit_reports_an_oom_kill() {
+    if !is_root() {
+        return;
+    }
+    let node = Node::new();
+    let out = node.ironlet(&[
+        "ctr",
+        "run",
+        "--rm",
+        "--memory",
+        "16m",
+        "busybox",
+        "--",
+        "tail",
+        "/dev/zero",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(137),
+        "stderr: {}",
+        text(&out.stderr)
+    );
+    assert!(
+        text(&out.stderr).contains("OOMKilled"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn ctr_exec_and_rm_work_on_a_container_run_by_another_process() {
+    if !is_root() {
+        return;
+    }
+    let node = Node::new();
+    let mut run = node
+        .cmd(&[
+            "ctr", "run", "--name", "long", "busybox", "--", "sleep", "60",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("ctr run starts");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let ps = node.ironlet(&["ctr", "ps"]);
+        if text(&ps.stdout).contains("long") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "container never showed as running"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let exec = node.ironlet(&[
+        "ctr",
+        "exec",
+        "long",
+        "--",
+        "sh",
+        "-c",
+        "echo inside; exit 3",
+    ]);
+    assert_eq!(
+        text(&exec.stdout),
+        "inside\n",
+        "stderr: {}",
+        text(&exec.stderr)
+    );
+    assert_eq!(exec.status.code(), Some(3));
+    let refused = node.ironlet(&["ctr", "rm", "long"]);
+    assert!(
+        !refused.status.success(),
+        "rm of a running container without -f must fail"
+    );
+    let rm = node.ironlet(&["ctr", "rm", "-f", "long"]);
+    assert!(rm.status.success(), "{}", text(&rm.stderr));
+    let status = run.wait().expect("ctr run exits");
+    assert_eq!(status.code(), Some(137), "the killed container's code");
+}
+
+/// Creates (once) an unprivileged user with a subordinate id range.
+fn rootless_user() -> Option<(String, u32)> {
+    let name = "ironlet-rootless";
+    if Command::new("id").arg(name).output().ok()?.status.success() {
+    } else {
+        let made = Command::new("useradd")
+            .args(["--create-home", "--shell", "/bin/sh", name])
+            .status()
+            .ok()?;
+        if !made.success() {
+            return None;
+        }
+    }
+    let uid = text(&Command::new("id").args(["-u", name]).output().ok()?.stdout)
+        .trim()
+        .parse()
+        .ok()?;
+    Some((name.to_owned(), uid))
+}
+
+#[test]
+fn a_rootless_container_runs_as_an_unprivileged_user() {
+    if !is_root() {
+        return;
+    }
+    let Some((user, uid)) = rootless_user() else {
+        panic!("could not create the unprivileged test user");
+    };
+    // Everything the user touches lives in a directory it owns.
+    let work = tempfile::tempdir().expect("temp dir");
+    let work_path = work.path().to_owned();
+    std::fs::set_permissions(
+        &work_path,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let bin = work_path.join("ironlet");
+    std::fs::copy(env!("CARGO_BIN_EXE_ironlet"), &bin).expect("copy binary");
+    let layout = work_path.join("busybox");
+    let cp = Command::new("cp")
+        .arg("-a")
+        .arg(images_out().join("busybox"))
+        .arg(&layout)
+        .status()
+        .unwrap();
+    assert!(cp.success());
+    let chown = Command::new("chown")
+        .arg("-R")
+        .arg(format!("{uid}:{uid}"))
+        .arg(&work_path)
+        .status()
+        .unwrap();
+    assert!(chown.success());
+    let as_user = |args: &[&str]| {
+        Command::new("setpriv")
+            .args([
+                "--reuid",
+                &uid.to_string(),
+                "--regid",
+                &uid.to_string(),
+                "--init-groups",
+                "--",
+            ])
+            .arg(&bin)
+            .arg("--root-dir")
+            .arg(work_path.join("root"))
+            .args(args)
+            .env("HOME", &work_path)
+            .env_remove("XDG_RUNTIME_DIR")
+            .output()
+            .expect("setpriv runs")
+    };
+    let import = as_user(&["images", "import", &layout.to_string_lossy()]);
+    assert!(
+        import.status.success(),
+        "rootless import: {}",
+        text(&import.stderr)
+    );
+    let run = as_user(&[
+        "ctr",
+        "run",
+        "--rm",
+        "busybox",
+        "--",
+        "sh",
+        "-c",
+        "echo rootless-ok; id -u; cat /proc/self/uid_map",
+    ]);
+    let out = text(&run.stdout);
+    assert!(
+        run.status.success(),
+        "rootless run failed ({user}): {}",
+        text(&run.stderr)
+    );
+    let lines: Vec<_> = out.lines().collect();
+    assert_eq!(lines.first(), Some(&"rootless-ok"), "{out}");
+    assert_eq!(
+        lines.get(1),
+        Some(&"0"),
+        "root inside the user namespace: {out}"
+    );
+    let map: Vec<_> = lines
+        .get(2)
+        .map(|l| l.split_whitespace().collect())
+        .unwrap_or_default();
+    assert_eq!(
+        map.get(1).copied(),
+        Some(uid.to_string().as_str()),
+        "uid 0 maps to the user: {out}"
+    );
+    assert!(
+        text(&run.stderr).contains("NOT enforced"),
+        "the missing-limits warning: {}",
+        text(&run.stderr)
+    );
+}

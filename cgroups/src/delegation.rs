@@ -1,0 +1,192 @@
+//! [`Delegation`]: may this process create and limit cgroups, and under which cgroup?
+//!
+//! Rules:
+//!
+//! * root (euid 0): everything, from the hierarchy root — if the cgroup mounts are writable (they
+//!   are read-only in some containers; then the v2 rules below still apply).
+//! * unprivileged on v1 (or hybrid): never — v1 has no safe delegation.
+//! * unprivileged on v2: the process's own cgroup (the `0::` line of `/proc/self/cgroup`) if we
+//!   may write its directory, `cgroup.subtree_control` and `cgroup.procs` (systemd grants this
+//!   with `Delegate=yes`, e.g. in `user@.service`).
+//!
+//! The runtime prints one warning and runs without limits when the answer is `None`.
+//!
+//! Current behaviour: on v2 the agent must move itself out of the delegated cgroup into a leaf
+//! before enabling controllers there ("no internal processes"); that step is the caller's.
+
+use std::path::{Path, PathBuf};
+
+use nix::unistd::{access, AccessFlags};
+
+use crate::hierarchy::Hierarchy;
+use crate::path::CgroupPath;
+
+const PROC_SELF_CGROUP: &str = "/proc/self/cgroup";
+
+/// Whether cgroups can be managed, and where.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Delegation {
+    /// Cgroups may be created (and limits set) below `root`, relative to the hierarchy.
+    Full {
+        /// The delegated cgroup: `/` for root, the user's own cgroup when rootless.
+        root: CgroupPath,
+    },
+    /// No cgroup management possible; containers run without resource limits.
+    None {
+        /// Why, in words for the warning the runtime prints.
+        reason: String,
+    },
+}
+
+impl Delegation {
+    /// Detects delegation for this process. Never fails: an unreadable `/proc` is a `None`.
+    #[must_use]
+    pub fn detect(hierarchy: &Hierarchy) -> Self {
+        let is_root = nix::unistd::geteuid().is_root();
+        let own = std::fs::read_to_string(PROC_SELF_CGROUP)
+            .ok()
+            .and_then(|text| own_v2_cgroup(&text));
+        let delegation = decide(hierarchy, is_root, own.as_ref(), &|path| {
+            access(path, AccessFlags::W_OK).is_ok()
+        });
+        tracing::debug!(?delegation, is_root, "cgroup delegation");
+        delegation
+    }
+
+    /// Whether limits can be enforced.
+    #[must_use]
+    pub fn is_full(&self) -> bool {
+        matches!(self, Self::Full { .. })
+    }
+}
+
+/// The detection rules with the environment passed in (unit-tested with fakes).
+fn decide(
+    hierarchy: &Hierarchy,
+    is_root: bool,
+    own: Option<&CgroupPath>,
+    writable: &dyn Fn(&Path) -> bool,
+) -> Delegation {
+    match hierarchy {
+        Hierarchy::V1 { mounts } => {
+            if !is_root {
+                return Delegation::None {
+                    reason: "cgroup v1 cannot be delegated to unprivileged users; \
+                             run as root or boot with cgroup v2"
+                        .to_owned(),
+                };
+            }
+            match mounts.values().find(|mount| !writable(mount)) {
+                Some(mount) => Delegation::None {
+                    reason: format!("cgroup v1 mount {} is not writable", mount.display()),
+                },
+                None => Delegation::Full {
+                    root: CgroupPath::root(),
+                },
+            }
+        }
+        Hierarchy::V2 { root } => {
+            if is_root && writable(root) && writable(&root.join("cgroup.subtree_control")) {
+                return Delegation::Full {
+                    root: CgroupPath::root(),
+                };
+            }
+            let Some(own) = own else {
+                return Delegation::None {
+                    reason: format!("no cgroup v2 entry in {PROC_SELF_CGROUP}"),
+                };
+            };
+            let dir = own.under(root);
+            let needed: [PathBuf; 3] = [
+                dir.clone(),
+                dir.join("cgroup.subtree_control"),
+                dir.join("cgroup.procs"),
+            ];
+            match needed.iter().find(|p| !writable(p)) {
+                Some(missing) => Delegation::None {
+                    reason: format!(
+                        "cgroup {own} is not delegated to this user ({} is not writable); \
+                         start ironlet in a systemd unit or scope with Delegate=yes",
+                        missing.display()
+                    ),
+                },
+                None => Delegation::Full { root: own.clone() },
+            }
+        }
+    }
+}
+
+/// The path of the `0::<path>` line of `/proc/self/cgroup`.
+fn own_v2_cgroup(proc_self_cgroup: &str) -> Option<CgroupPath> {
+    proc_self_cgroup
+        .lines()
+        .find_map(|line| line.strip_prefix("0::"))
+        .and_then(|path| CgroupPath::new(path.trim()).ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn v2() -> Hierarchy {
+        Hierarchy::V2 {
+            root: PathBuf::from("/sys/fs/cgroup"),
+        }
+    }
+
+    fn user_cgroup() -> CgroupPath {
+        CgroupPath::new("/user.slice/user-1000.slice/user@1000.service/app.slice").unwrap()
+    }
+
+    #[test]
+    fn own_cgroup_is_the_unified_line() {
+        let text = "4:memory:/process_api/x\n0::/user.slice/user-1000.slice/session-2.scope\n";
+        assert_eq!(
+            own_v2_cgroup(text).unwrap().as_str(),
+            "/user.slice/user-1000.slice/session-2.scope"
+        );
+        assert_eq!(own_v2_cgroup("4:memory:/x\n"), None);
+    }
+
+    #[test]
+    fn root_with_writable_mounts_gets_everything() {
+        let everything = |_: &Path| true;
+        let expected = Delegation::Full {
+            root: CgroupPath::root(),
+        };
+        assert_eq!(decide(&v2(), true, None, &everything), expected);
+        let v1 = Hierarchy::V1 {
+            mounts: BTreeMap::from([("memory".to_owned(), PathBuf::from("/sys/fs/cgroup/memory"))]),
+        };
+        assert_eq!(decide(&v1, true, None, &everything), expected);
+    }
+
+    #[test]
+    fn unprivileged_users_get_nothing_on_v1() {
+        let v1 = Hierarchy::V1 {
+            mounts: BTreeMap::new(),
+        };
+        assert!(!decide(&v1, false, None, &|_: &Path| true).is_full());
+    }
+
+    #[test]
+    fn unprivileged_users_get_their_own_cgroup_when_it_is_writable() {
+        let own = user_cgroup();
+        let only_own = |p: &Path| p.starts_with("/sys/fs/cgroup/user.slice");
+        assert_eq!(
+            decide(&v2(), false, Some(&own), &only_own),
+            Delegation::Full { root: own }
+        );
+    }
+
+    #[test]
+    fn a_read_only_subtree_control_means_no_delegation_and_says_why() {
+        let own = user_cgroup();
+        let no_subtree = |p: &Path| !p.ends_with("cgroup.subtree_control");
+        let Delegation::None { reason } = decide(&v2(), false, Some(&own), &no_subtree) else {
+            panic!("must not be delegated");
+        };
+        assert!(reason.contains("cgroup.subtree_control"), "{reason}");
+    }
+}

@@ -1,0 +1,149 @@
+//! Parsing of `/proc/self/mountinfo` (see proc(5)) down to the cgroup file systems, and of
+//! `/proc/cgroups` for the names of the kernel's controllers.
+//!
+//! Pure functions over text, so the detection rules are unit-tested with the mount tables of
+//! hybrid, pure v1 and pure v2 machines.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+
+/// A mounted cgroup file system.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct CgroupMount {
+    /// `true` for `cgroup2`, `false` for a v1 `cgroup` hierarchy.
+    pub(crate) unified: bool,
+    /// Where it is mounted (octal escapes decoded).
+    pub(crate) mount_point: PathBuf,
+    /// The super-block options: for v1 the controllers (`cpu`, `cpuacct`) and `name=…`.
+    pub(crate) super_options: Vec<String>,
+}
+
+/// The cgroup mounts in a mountinfo table, in table order. Malformed lines are skipped.
+pub(crate) fn cgroup_mounts(mountinfo: &str) -> Vec<CgroupMount> {
+    mountinfo.lines().filter_map(parse_line).collect()
+}
+
+fn parse_line(line: &str) -> Option<CgroupMount> {
+    // id parent major:minor root mount-point options [optional…] - fstype source super-options
+    let (head, tail) = line.split_once(" - ")?;
+    let mount_point = head.split(' ').nth(4)?;
+    let mut tail = tail.split(' ');
+    let fstype = tail.next()?;
+    let unified = match fstype {
+        "cgroup2" => true,
+        "cgroup" => false,
+        _ => return None,
+    };
+    let _source = tail.next()?;
+    let super_options = tail
+        .next()
+        .unwrap_or("")
+        .split(',')
+        .map(str::to_owned)
+        .collect();
+    Some(CgroupMount {
+        unified,
+        mount_point: PathBuf::from(unescape(mount_point)),
+        super_options,
+    })
+}
+
+/// Decodes the `\ooo` octal escapes the kernel uses for space, tab, newline and backslash.
+fn unescape(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\' {
+            let digits = bytes.get(i + 1..i + 4).unwrap_or_default();
+            if digits.len() == 3 && digits.iter().all(|d| (b'0'..=b'7').contains(d)) {
+                let value = digits
+                    .iter()
+                    .fold(0u32, |acc, d| acc * 8 + u32::from(d - b'0'));
+                if let Ok(byte) = u8::try_from(value) {
+                    out.push(byte);
+                    i += 4;
+                    continue;
+                }
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Controller names from `/proc/cgroups` (first column, header skipped).
+pub(crate) fn known_controllers(proc_cgroups: &str) -> BTreeSet<String> {
+    proc_cgroups
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| line.split_whitespace().next())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Used when `/proc/cgroups` cannot be read: every v1 controller Linux has shipped.
+pub(crate) const FALLBACK_CONTROLLERS: &[&str] = &[
+    "blkio",
+    "cpu",
+    "cpuacct",
+    "cpuset",
+    "devices",
+    "freezer",
+    "hugetlb",
+    "memory",
+    "misc",
+    "net_cls",
+    "net_prio",
+    "perf_event",
+    "pids",
+    "rdma",
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HYBRID: &str = "\
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw,relatime shared:9 - cgroup cgroup rw,cpu,cpuacct
+34 31 0:31 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+40 31 0:37 / /sys/fs/cgroup/systemd rw,relatime - cgroup cgroup rw,xattr,name=systemd
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw,nsdelegate
+";
+
+    #[test]
+    fn hybrid_table_yields_v1_mounts_and_the_unified_mount() {
+        let mounts = cgroup_mounts(HYBRID);
+        assert_eq!(mounts.len(), 4);
+        assert_eq!(
+            mounts[0].mount_point,
+            PathBuf::from("/sys/fs/cgroup/cpu,cpuacct")
+        );
+        assert_eq!(mounts[0].super_options, ["rw", "cpu", "cpuacct"]);
+        assert!(!mounts[0].unified);
+        assert!(mounts[3].unified);
+    }
+
+    #[test]
+    fn optional_fields_and_escaped_mount_points_are_handled() {
+        let line = "50 1 0:40 / /mnt/my\\040cgroups rw shared:1 master:2 - cgroup2 none rw";
+        let mounts = cgroup_mounts(line);
+        assert_eq!(mounts[0].mount_point, PathBuf::from("/mnt/my cgroups"));
+    }
+
+    #[test]
+    fn other_file_systems_and_garbage_lines_are_ignored() {
+        let text = "1 2 3\n22 1 0:21 / /proc rw - proc proc rw\nno separator here\n";
+        assert!(cgroup_mounts(text).is_empty());
+    }
+
+    #[test]
+    fn proc_cgroups_header_is_skipped() {
+        let text =
+            "#subsys_name\thierarchy\tnum_cgroups\tenabled\ncpuset\t3\t1\t1\nmemory\t4\t18\t1\n";
+        let known = known_controllers(text);
+        assert_eq!(known.into_iter().collect::<Vec<_>>(), ["cpuset", "memory"]);
+    }
+}

@@ -1,0 +1,159 @@
+//! OOM and emptiness events from real processes: a memory hog in a 16 MiB pod, a sleeper that
+//! gets killed, and cgroups removed under active watchers.
+
+mod common;
+
+use std::os::unix::process::ExitStatusExt;
+use std::time::Duration;
+
+use common::{root_or_skip, spawn_in, within, TestTree};
+use ironlet_cgroups::{CgroupSettings, QosClass};
+
+#[tokio::test]
+async fn a_memory_hog_in_a_16mib_pod_fires_watch_oom_and_is_counted() -> anyhow::Result<()> {
+    if !root_or_skip("a_memory_hog_in_a_16mib_pod_fires_watch_oom_and_is_counted") {
+        return Ok(());
+    }
+    let tree = TestTree::detect()?;
+    let h = tree.hierarchy();
+    let pod = tree.node.pod_path(QosClass::Burstable, "oom")?;
+    let limit = CgroupSettings {
+        memory_limit: Some(16 << 20),
+        ..CgroupSettings::default()
+    };
+    tree.node.create_pod(&pod, &limit)?;
+    let container = tree.node.container_path(&pod, "hog")?;
+    tree.node
+        .create_container(&container, &CgroupSettings::default())?;
+    let mut pod_ooms = h.watch_oom(&pod)?;
+    let mut container_ooms = h.watch_oom(&container)?;
+
+    // dd allocates a 64 MiB buffer and fills it from /dev/zero: 4x the pod's limit.
+    let mut hog = spawn_in(
+        h,
+        &container,
+        "dd",
+        &["if=/dev/zero", "of=/dev/null", "bs=64M", "count=1"],
+    )?;
+
+    let event = within(
+        20,
+        "watch_oom(container) never fired: eventfd/inotify not signalled or oom_kill not increasing",
+        container_ooms.next(),
+    )
+    .await?
+    .ok_or_else(|| anyhow::anyhow!("container OOM watch ended instead of reporting the kill"))?;
+    assert!(event.new_kills >= 1 && event.total_kills >= 1, "{event:?}");
+    let event = within(
+        20,
+        "watch_oom(pod) never fired for a kill in its container",
+        pod_ooms.next(),
+    )
+    .await?
+    .ok_or_else(|| anyhow::anyhow!("pod OOM watch ended instead of reporting the kill"))?;
+    assert!(event.new_kills >= 1, "{event:?}");
+
+    let status = tokio::task::spawn_blocking(move || hog.wait()).await??;
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+    assert!(h.oom_kill_count(&container)? >= 1);
+    assert!(h.oom_kill_count(&pod)? >= 1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn watch_empty_fires_when_the_last_process_is_killed() -> anyhow::Result<()> {
+    if !root_or_skip("watch_empty_fires_when_the_last_process_is_killed") {
+        return Ok(());
+    }
+    let tree = TestTree::detect()?;
+    let h = tree.hierarchy();
+    let pod = tree.node.pod_path(QosClass::BestEffort, "empty")?;
+    tree.node.create_pod(&pod, &CgroupSettings::default())?;
+    let container = tree.node.container_path(&pod, "sleeper")?;
+    tree.node
+        .create_container(&container, &CgroupSettings::default())?;
+    let mut sleeper = spawn_in(h, &container, "sleep", &["100"])?;
+    let mut empty = h.watch_empty(&pod)?;
+
+    // Populated: no event yet.
+    let early = tokio::time::timeout(Duration::from_millis(400), empty.next()).await;
+    assert!(
+        early.is_err(),
+        "reported empty while a process runs: {early:?}"
+    );
+
+    // Killed but not yet reaped (a zombie): the cgroup must already count as empty.
+    sleeper.kill()?;
+    let event = within(
+        5,
+        "watch_empty never saw the cgroup empty after SIGKILL",
+        empty.next(),
+    )
+    .await?;
+    assert!(
+        event.is_some(),
+        "watch ended instead of reporting emptiness"
+    );
+    sleeper.wait()?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn watch_empty_reports_an_already_empty_cgroup_at_once() -> anyhow::Result<()> {
+    if !root_or_skip("watch_empty_reports_an_already_empty_cgroup_at_once") {
+        return Ok(());
+    }
+    let tree = TestTree::detect()?;
+    let pod = tree.node.pod_path(QosClass::BestEffort, "idle")?;
+    tree.node.create_pod(&pod, &CgroupSettings::default())?;
+    let mut empty = tree.hierarchy().watch_empty(&pod)?;
+    let event = within(
+        2,
+        "watch_empty on an empty cgroup did not report at once",
+        empty.next(),
+    )
+    .await?;
+    assert!(event.is_some());
+    Ok(())
+}
+
+#[tokio::test]
+async fn watchers_end_when_their_cgroup_is_removed() -> anyhow::Result<()> {
+    if !root_or_skip("watchers_end_when_their_cgroup_is_removed") {
+        return Ok(());
+    }
+    let tree = TestTree::detect()?;
+    let h = tree.hierarchy().clone();
+    let pod = tree.node.pod_path(QosClass::Burstable, "gone")?;
+    let limit = CgroupSettings {
+        memory_limit: Some(64 << 20),
+        ..CgroupSettings::default()
+    };
+    tree.node.create_pod(&pod, &limit)?;
+    let mut ooms = h.watch_oom(&pod)?;
+    let mut empty = h.watch_empty(&pod)?;
+    within(2, "initial emptiness event", empty.next()).await?;
+
+    let node = tree.node.clone();
+    let removed = pod.clone();
+    tokio::task::spawn_blocking(move || node.remove(&removed)).await??;
+
+    let oom_end = within(
+        5,
+        "OOM watch did not notice the cgroup was removed",
+        ooms.next(),
+    )
+    .await?;
+    assert!(oom_end.is_none(), "{oom_end:?}");
+    let empty_end = within(
+        5,
+        "empty watch did not notice the cgroup was removed",
+        empty.next(),
+    )
+    .await?;
+    assert!(empty_end.is_none(), "{empty_end:?}");
+    // Ended streams stay ended.
+    assert!(ooms.next().await?.is_none());
+    assert!(empty.next().await?.is_none());
+    Ok(())
+}

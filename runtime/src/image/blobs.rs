@@ -1,0 +1,221 @@
+//! Content-addressed blobs: `blobs/sha256/<hex>`.
+//!
+//! Guarantees:
+//! - a blob appears under its name only after its content has been hashed, compared with the
+//!   expected digest and size (when one was given), fsynced, and renamed into place; a
+//!   corrupt or truncated stream never becomes a blob;
+//! - the source is always hashed, even when the blob is already present, so that importing a
+//!   corrupt copy of a known image is still refused;
+//! - small metadata blobs (manifests, configs) are re-verified every time they are read.
+
+use std::fs::File;
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+
+use super::digest::{Digest, Hasher, HashingWriter};
+use super::error::ImageError;
+use super::fsx;
+
+/// The blob directory and its staging area.
+#[derive(Debug, Clone)]
+pub(crate) struct Blobs {
+    dir: PathBuf,
+    ingest: PathBuf,
+}
+
+/// What a written stream is expected to be.
+pub(crate) struct Expected<'a> {
+    pub digest: &'a Digest,
+    pub size: Option<u64>,
+}
+
+impl Blobs {
+    pub(crate) fn new(root: &Path) -> Self {
+        Self {
+            dir: root.join("blobs").join("sha256"),
+            ingest: root.join("ingest"),
+        }
+    }
+
+    pub(crate) fn create_dirs(&self) -> Result<(), ImageError> {
+        fsx::ensure_dir(&self.dir)?;
+        fsx::ensure_dir(&self.ingest)
+    }
+
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub(crate) fn ingest_dir(&self) -> &Path {
+        &self.ingest
+    }
+
+    pub(crate) fn path(&self, digest: &Digest) -> PathBuf {
+        self.dir.join(digest.hex())
+    }
+
+    /// Streams `reader` into the store. With `expected`, the content must match it; the
+    /// resulting digest and size are returned either way. `location` names the source in
+    /// errors (a file path, or `archive.tar:blobs/sha256/…`).
+    pub(crate) fn write(
+        &self,
+        reader: &mut dyn Read,
+        expected: Option<Expected<'_>>,
+        location: &str,
+    ) -> Result<(Digest, u64), ImageError> {
+        let tmp = self.ingest.join(fsx::unique_name("blob-"));
+        let result = self.write_via(&tmp, reader, expected, location);
+        if tmp.exists() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        result
+    }
+
+    fn write_via(
+        &self,
+        tmp: &Path,
+        reader: &mut dyn Read,
+        expected: Option<Expected<'_>>,
+        location: &str,
+    ) -> Result<(Digest, u64), ImageError> {
+        let file = File::create(tmp).map_err(|e| ImageError::io("creating", tmp, e))?;
+        let mut w = HashingWriter {
+            inner: file,
+            hasher: Hasher::default(),
+        };
+        if let Err(e) = io::copy(reader, &mut w) {
+            // A write failure is about our disk; a read failure about the source.
+            return Err(if super::sys::is_disk_full(&e) {
+                ImageError::DiskFull {
+                    path: tmp.to_path_buf(),
+                }
+            } else {
+                ImageError::io("reading blob from", location, e)
+            });
+        }
+        let HashingWriter {
+            inner: file,
+            hasher,
+        } = w;
+        let (digest, size) = hasher.finish();
+        if let Some(exp) = expected {
+            if &digest != exp.digest || exp.size.is_some_and(|s| s != size) {
+                tracing::warn!(%location, expected = %exp.digest, actual = %digest, size, "corrupt blob refused");
+                return Err(ImageError::DigestMismatch {
+                    location: location.to_owned(),
+                    expected: exp.digest.to_string(),
+                    actual: digest.to_string(),
+                    expected_size: exp.size,
+                    actual_size: size,
+                });
+            }
+        }
+        let dest = self.path(&digest);
+        if dest.is_file() {
+            return Ok((digest, size));
+        }
+        file.sync_all()
+            .map_err(|e| ImageError::io("syncing", tmp, e))?;
+        drop(file);
+        std::fs::rename(tmp, &dest).map_err(|e| ImageError::io("renaming into", &dest, e))?;
+        fsx::sync_dir(&self.dir)?;
+        tracing::debug!(%digest, size, %location, "blob stored");
+        Ok((digest, size))
+    }
+
+    /// Stores a small in-memory blob.
+    pub(crate) fn write_bytes(&self, bytes: &[u8], location: &str) -> Result<Digest, ImageError> {
+        let mut r = bytes;
+        self.write(&mut r, None, location).map(|(d, _)| d)
+    }
+
+    /// Opens a blob for reading.
+    pub(crate) fn open(&self, digest: &Digest) -> Result<File, ImageError> {
+        let path = self.path(digest);
+        File::open(&path).map_err(|e| {
+            if e.kind() == io::ErrorKind::NotFound {
+                ImageError::BlobMissing {
+                    location: self.dir.display().to_string(),
+                    digest: digest.to_string(),
+                }
+            } else {
+                ImageError::io("opening blob", &path, e)
+            }
+        })
+    }
+
+    /// Reads a small blob (at most `max` bytes) and verifies its digest.
+    pub(crate) fn read_verified(&self, digest: &Digest, max: u64) -> Result<Vec<u8>, ImageError> {
+        let path = self.path(digest);
+        let mut bytes = Vec::new();
+        self.open(digest)?
+            .take(max + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| ImageError::io("reading blob", &path, e))?;
+        if bytes.len() as u64 > max {
+            return Err(ImageError::invalid(
+                path.display().to_string(),
+                "metadata blob",
+                format!("larger than {max} bytes"),
+            ));
+        }
+        let actual = Digest::of_bytes(&bytes);
+        if &actual != digest {
+            return Err(ImageError::DigestMismatch {
+                location: path.display().to_string(),
+                expected: digest.to_string(),
+                actual: actual.to_string(),
+                expected_size: None,
+                actual_size: bytes.len() as u64,
+            });
+        }
+        Ok(bytes)
+    }
+
+    /// Every blob digest present on disk (file names that are not digests are ignored).
+    pub(crate) fn list(&self) -> Result<Vec<Digest>, ImageError> {
+        let rd = std::fs::read_dir(&self.dir)
+            .map_err(|e| ImageError::io("listing blobs in", &self.dir, e))?;
+        Ok(rd
+            .flatten()
+            .filter_map(|e| e.file_name().to_str().and_then(Digest::from_hex))
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stream_that_does_not_match_its_digest_never_becomes_a_blob() {
+        let tmp = tempfile::tempdir().unwrap();
+        let blobs = Blobs::new(tmp.path());
+        blobs.create_dirs().unwrap();
+        let good = Digest::of_bytes(b"good");
+        let err = blobs
+            .write(
+                &mut &b"evil"[..],
+                Some(Expected {
+                    digest: &good,
+                    size: Some(4),
+                }),
+                "test",
+            )
+            .unwrap_err();
+        assert!(matches!(err, ImageError::DigestMismatch { .. }), "{err}");
+        assert!(blobs.list().unwrap().is_empty());
+        assert_eq!(std::fs::read_dir(blobs.ingest_dir()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn a_verified_stream_is_stored_under_its_hex_digest() {
+        let tmp = tempfile::tempdir().unwrap();
+        let blobs = Blobs::new(tmp.path());
+        blobs.create_dirs().unwrap();
+        let d = blobs.write_bytes(b"hello", "test").unwrap();
+        assert_eq!(d, Digest::of_bytes(b"hello"));
+        assert_eq!(blobs.read_verified(&d, 100).unwrap(), b"hello");
+        assert_eq!(blobs.list().unwrap(), vec![d]);
+    }
+}

@@ -1,0 +1,49 @@
+//! The image store: content-addressed blobs, layers unpacked once into snapshots, and
+//! container root file systems as overlay mounts or copies.
+//!
+//! ```text
+//!  import(path) ──► blobs/sha256/<hex> ──► snapshots/<chain-id>/fs ──► prepare_rootfs
+//!  (OCI layout,     (verified digest      (safe unpack, whiteouts,    (overlay: fsopen +
+//!   OCI archive,     and size)             done-marker)                lowerdir+; or copy)
+//!   docker-archive)        │                      │                          │
+//!                          └──── index.json ──────┴──── leases/ ─────────────┘
+//!                                (refs → manifest)       (gc roots)
+//! ```
+//!
+//! Start at [`ImageStore`] (sync, usable from the CLI) or [`LocalImageService`] (the async
+//! [`ImageService`](crate::ImageService) the agent uses). Each file holds one concept and
+//! states its guarantees: `reference` (Docker-compatible names); `blobs`, `index` and
+//! `store` (the store on disk); `source` and `import` (the three import formats);
+//! `unpack`, `beneath` and `whiteout` (safe layer extraction); `snapshot`; `rootfs`,
+//! `mount` and `copy` (root file systems); `gc`; `service` (async); `sys` and `fsx`
+//! (system-call and file helpers).
+
+mod beneath;
+mod blobs;
+mod copy;
+mod digest;
+mod error;
+mod fsx;
+mod gc;
+mod import;
+mod index;
+mod mount;
+mod oci;
+mod reference;
+mod rootfs;
+mod service;
+mod snapshot;
+mod source;
+mod store;
+mod sys;
+mod unpack;
+mod whiteout;
+
+pub use error::{ImageError, UnsafeEntryReason};
+pub use gc::GcReport;
+pub use reference::Reference;
+pub use rootfs::{ImageSelector, PreparedRootfs, RootfsMode};
+pub use service::LocalImageService;
+pub use store::{ImageStore, ImageStoreConfig};
+pub use unpack::{unpack_layer, UnpackLimits, UnpackOptions, UnpackReport};
+pub use whiteout::{Changes, WhiteoutFormat};

@@ -1,0 +1,75 @@
+//! [`LocalImageService`]: the async [`ImageService`] over an [`ImageStore`].
+//!
+//! Every call runs the blocking store work on tokio's blocking pool
+//! (`spawn_blocking`), so the agent's reactor threads never wait on disk, locks or
+//! decompression. `remove_image` untags and then runs [`ImageStore::gc`], so that the
+//! space of an image whose last tag went is given back (as the kubelet's image GC expects);
+//! removing an image that is not present succeeds (CRI `RemoveImage` is idempotent).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use super::error::ImageError;
+use super::store::ImageStore;
+use crate::traits::ImageService;
+use crate::types::{Image, ImageStats};
+
+/// The image service of the in-process runtime.
+#[derive(Debug, Clone)]
+pub struct LocalImageService {
+    store: Arc<ImageStore>,
+}
+
+impl LocalImageService {
+    pub fn new(store: Arc<ImageStore>) -> Self {
+        Self { store }
+    }
+
+    pub fn store(&self) -> &Arc<ImageStore> {
+        &self.store
+    }
+
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&ImageStore) -> Result<T, ImageError> + Send + 'static,
+    ) -> Result<T, ImageError> {
+        let store = Arc::clone(&self.store);
+        tokio::task::spawn_blocking(move || f(&store))
+            .await
+            .map_err(|e| ImageError::Task(e.to_string()))?
+    }
+}
+
+#[async_trait]
+impl ImageService for LocalImageService {
+    async fn import(&self, path: &Path) -> Result<Vec<Image>, ImageError> {
+        let path: PathBuf = path.to_path_buf();
+        self.blocking(move |s| s.import(&path)).await
+    }
+
+    async fn get_image(&self, reference: &str) -> Result<Option<Image>, ImageError> {
+        let reference = reference.to_owned();
+        self.blocking(move |s| s.get_image(&reference)).await
+    }
+
+    async fn list_images(&self) -> Result<Vec<Image>, ImageError> {
+        self.blocking(|s| s.list_images()).await
+    }
+
+    async fn remove_image(&self, reference: &str) -> Result<(), ImageError> {
+        let reference = reference.to_owned();
+        self.blocking(move |s| {
+            if s.remove_image(&reference)? {
+                s.gc()?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn image_stats(&self) -> Result<ImageStats, ImageError> {
+        self.blocking(|s| s.image_stats()).await
+    }
+}

@@ -1,0 +1,226 @@
+//! Snapshots: each layer unpacked once, into `snapshots/<chain-id hex>/`.
+//!
+//! ```text
+//!  snapshots/tmp-<chain>-<unique>/fs       unpack here (layer blob → gunzip → tar)
+//!                                /changes.json   whiteouts + opaque dirs (copy mode)
+//!                                /done           written last, after syncfs
+//!      ── rename ──► snapshots/<chain>/          visible only when complete
+//! ```
+//!
+//! Guarantees:
+//! - a snapshot directory without `done` is never used: it is removed and unpacked again
+//!   (a crash mid-unpack leaves only a `tmp-*` directory, which gc removes);
+//! - the uncompressed stream's digest is compared with the config's diff_id before `done`
+//!   is written, so a snapshot always holds exactly the layer the image names;
+//! - two unpackers of the same chain id (two processes) both finish; the first rename wins
+//!   and the other discards its copy.
+//!
+//! A snapshot holds only its own layer's files (overlay semantics); it is keyed by chain id
+//! because its whiteouts only make sense on top of that exact parent chain.
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::digest::{Digest, HashingReader};
+use super::error::ImageError;
+use super::fsx;
+use super::index::{ImageRecord, LayerRecord};
+use super::oci::Compression;
+use super::store::ImageStore;
+use super::sys;
+use super::unpack::{self, UnpackLimits, UnpackOptions};
+use super::whiteout::{Changes, WhiteoutFormat};
+
+const DONE: &str = "done";
+const CHANGES: &str = "changes.json";
+const FS: &str = "fs";
+
+/// The done-marker's content.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Marker {
+    pub chain_id: Digest,
+    pub diff_id: Digest,
+    pub whiteouts: WhiteoutFormat,
+    pub entries: u64,
+    pub bytes: u64,
+}
+
+/// A complete snapshot on disk.
+#[derive(Debug, Clone)]
+pub(crate) struct Snapshot {
+    pub dir: PathBuf,
+    pub marker: Marker,
+}
+
+impl Snapshot {
+    pub(crate) fn fs(&self) -> PathBuf {
+        self.dir.join(FS)
+    }
+
+    pub(crate) fn changes(&self) -> Result<Changes, ImageError> {
+        let path = self.dir.join(CHANGES);
+        let bytes = std::fs::read(&path).map_err(|e| ImageError::io("reading", &path, e))?;
+        super::oci::parse_json(&bytes, "snapshot changes", &path.display().to_string())
+    }
+}
+
+impl ImageStore {
+    pub(crate) fn snapshot_dir(&self, chain_id: &Digest) -> PathBuf {
+        self.snapshots_dir().join(chain_id.hex())
+    }
+
+    /// The snapshot of `chain_id` if it is complete.
+    pub(crate) fn snapshot(&self, chain_id: &Digest) -> Option<Snapshot> {
+        let dir = self.snapshot_dir(chain_id);
+        let bytes = std::fs::read(dir.join(DONE)).ok()?;
+        let marker: Marker = serde_json::from_slice(&bytes).ok()?;
+        (&marker.chain_id == chain_id).then_some(Snapshot { dir, marker })
+    }
+
+    /// Makes sure every layer of `record` is unpacked; returns the snapshots bottom first.
+    /// The caller holds the gc lock shared.
+    pub(crate) fn ensure_snapshots(
+        &self,
+        record: &ImageRecord,
+    ) -> Result<Vec<Snapshot>, ImageError> {
+        record
+            .layers
+            .iter()
+            .map(|layer| match self.snapshot(&layer.chain_id) {
+                Some(s) => Ok(s),
+                None => self.unpack_snapshot(layer),
+            })
+            .collect()
+    }
+
+    fn unpack_snapshot(&self, layer: &LayerRecord) -> Result<Snapshot, ImageError> {
+        let final_dir = self.snapshot_dir(&layer.chain_id);
+        if final_dir.exists() {
+            tracing::warn!(chain_id = %layer.chain_id, dir = ?final_dir, "incomplete snapshot found; unpacking again");
+            fsx::remove_tree(&final_dir)?;
+        }
+        let tmp = self.snapshots_dir().join(fsx::unique_name(&format!(
+            "tmp-{}-",
+            &layer.chain_id.hex()[..12]
+        )));
+        let result = self.unpack_into(layer, &tmp);
+        let marker = match result {
+            Ok(m) => m,
+            Err(e) => {
+                if let Err(cleanup) = fsx::remove_tree(&tmp) {
+                    tracing::warn!(dir = ?tmp, err = %cleanup, "removing failed snapshot");
+                }
+                return Err(e);
+            }
+        };
+        match std::fs::rename(&tmp, &final_dir) {
+            Ok(()) => fsx::sync_dir(&self.snapshots_dir())?,
+            Err(e) if final_dir.join(DONE).exists() => {
+                tracing::debug!(chain_id = %layer.chain_id, err = %e, "snapshot unpacked concurrently; keeping the other copy");
+                fsx::remove_tree(&tmp)?;
+            }
+            Err(e) => {
+                let _ = fsx::remove_tree(&tmp);
+                return Err(ImageError::io("renaming snapshot into", &final_dir, e));
+            }
+        }
+        tracing::info!(chain_id = %layer.chain_id, layer = %layer.digest, entries = marker.entries, bytes = marker.bytes, "layer unpacked");
+        Ok(Snapshot {
+            dir: final_dir,
+            marker,
+        })
+    }
+
+    fn unpack_into(&self, layer: &LayerRecord, tmp: &Path) -> Result<Marker, ImageError> {
+        let fs = tmp.join(FS);
+        fsx::ensure_dir(&fs)?;
+        let name = layer.digest.to_string();
+        if layer.media_type.contains("zstd") {
+            return Err(ImageError::UnsupportedMediaType {
+                location: self.blobs.path(&layer.digest).display().to_string(),
+                media_type: layer.media_type.clone(),
+                digest: name,
+            });
+        }
+        let blob = self.blobs.open(&layer.digest)?;
+        let mut buffered = BufReader::with_capacity(1 << 16, blob);
+        let head = buffered
+            .fill_buf()
+            .map_err(|e| ImageError::ReadLayer {
+                layer: name.clone(),
+                source: e,
+            })?
+            .to_vec();
+        let decoded: Box<dyn Read> = match Compression::sniff(&head) {
+            Some(Compression::Gzip) => Box::new(flate2::read::MultiGzDecoder::new(buffered)),
+            Some(Compression::None) => Box::new(buffered),
+            None => {
+                return Err(ImageError::UnsupportedMediaType {
+                    location: self.blobs.path(&layer.digest).display().to_string(),
+                    media_type: "zstd (by content)".into(),
+                    digest: name,
+                })
+            }
+        };
+        let mut hashing = HashingReader::new(decoded);
+        let whiteouts = if self.config.privileged {
+            WhiteoutFormat::Overlay
+        } else {
+            WhiteoutFormat::Sidecar
+        };
+        let opts = UnpackOptions {
+            limits: UnpackLimits {
+                max_bytes: self.config.max_layer_bytes,
+                max_entries: self.config.max_layer_entries,
+            },
+            whiteouts,
+            preserve_owner: self.config.privileged,
+        };
+        let report = unpack::unpack_layer(&mut hashing, &fs, &opts, &name)?;
+        let (diff_id, _) = hashing
+            .drain_and_finish()
+            .map_err(|e| ImageError::ReadLayer {
+                layer: name.clone(),
+                source: e,
+            })?;
+        if diff_id != layer.diff_id {
+            return Err(ImageError::DiffIdMismatch {
+                layer: name,
+                expected: layer.diff_id.to_string(),
+                actual: diff_id.to_string(),
+            });
+        }
+        let changes = serde_json::to_vec(&report.changes)
+            .map_err(|e| ImageError::io("encoding", tmp.join(CHANGES), std::io::Error::other(e)))?;
+        std::fs::write(tmp.join(CHANGES), changes)
+            .map_err(|e| ImageError::io("writing", tmp.join(CHANGES), e))?;
+        if self.config.sync_snapshots {
+            let fd = sys::open_dir(tmp).map_err(|e| ImageError::io("opening", tmp, e))?;
+            sys::syncfs(std::os::fd::AsFd::as_fd(&fd))
+                .map_err(|e| ImageError::io("syncing", tmp, e))?;
+        }
+        let marker = Marker {
+            chain_id: layer.chain_id.clone(),
+            diff_id,
+            whiteouts,
+            entries: report.entries,
+            bytes: report.bytes,
+        };
+        let bytes = serde_json::to_vec(&marker)
+            .map_err(|e| ImageError::io("encoding", tmp.join(DONE), std::io::Error::other(e)))?;
+        fsx::write_atomic(&tmp.join(DONE), &bytes)?;
+        Ok(marker)
+    }
+
+    /// Chain ids of every complete or partial snapshot directory, plus the `tmp-*` names.
+    pub(crate) fn snapshot_entries(&self) -> Result<Vec<(String, PathBuf)>, ImageError> {
+        let dir = self.snapshots_dir();
+        let rd = std::fs::read_dir(&dir).map_err(|e| ImageError::io("listing", &dir, e))?;
+        Ok(rd
+            .flatten()
+            .map(|e| (e.file_name().to_string_lossy().into_owned(), e.path()))
+            .collect())
+    }
+}

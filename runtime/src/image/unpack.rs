@@ -1,0 +1,493 @@
+//! Safe extraction of one layer tar into a directory.
+//!
+//! ```text
+//!  tar entry ──► clean path ──► resolve parent beneath target ──► create final component
+//!               (refuse ..)     (openat2 RESOLVE_BENEATH,         (O_EXCL / *at calls that
+//!                                mkdirat missing dirs)             never follow a symlink)
+//! ```
+//!
+//! Guarantees (the contract the tests prove with a canary beside the target):
+//! - nothing outside `target` is created, written, linked, chmod'ed or removed: every parent
+//!   is resolved with `openat2(RESOLVE_BENEATH)` from the target's descriptor, so a symlink
+//!   planted by an earlier entry (`evil -> /`, `evil -> ../../..`) makes a later `evil/x`
+//!   fail with [`UnsafeEntryReason::SymlinkEscape`] instead of writing through it; symlinks
+//!   that stay inside the target are followed as a normal tar would;
+//! - a leading `/` is treated as relative; any `..` component is refused, in entry names
+//!   and in hard-link targets;
+//! - hard links must name an entry that already exists inside the target;
+//! - character and block devices are refused (all of them); FIFOs are created (containerd
+//!   allows them and they carry no privilege);
+//! - at most `max_bytes` of file content and `max_entries` entries per layer;
+//! - `trusted.overlay.*`/`user.overlay.*` xattrs in the tar are dropped, so a layer cannot
+//!   forge overlay state (opaque dirs, redirects).
+//!
+//! Whiteouts (see `whiteout.rs`) are always returned in [`Changes`]; with
+//! [`WhiteoutFormat::Overlay`] they are also written as overlayfs expects them. Ownership is applied only with `preserve_owner` (root);
+//! otherwise files belong to the unpacking user. Directory modes and times are applied after
+//! the last entry, so a read-only directory can still receive its children. xattrs are not
+//! set on symlinks. On error the target is left partly filled: callers unpack into a temp
+//! directory and remove it.
+
+use std::ffi::OsStr;
+use std::io::{self, Read};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use super::beneath::{self, clean_path, Resolve};
+use super::error::{ImageError, UnsafeEntryReason};
+use super::sys;
+use super::whiteout::{self, Whiteout, OVERLAY_OPAQUE_XATTR};
+use super::whiteout::{Changes, WhiteoutFormat};
+
+/// Limits on one layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UnpackLimits {
+    /// Bytes of regular-file content.
+    pub max_bytes: u64,
+    /// Entries of any kind.
+    pub max_entries: u64,
+}
+
+/// Options of [`unpack_layer`].
+#[derive(Debug, Clone, Copy)]
+pub struct UnpackOptions {
+    pub limits: UnpackLimits,
+    pub whiteouts: WhiteoutFormat,
+    /// Apply the uid/gid from the tar (needs root).
+    pub preserve_owner: bool,
+}
+
+/// What an unpack did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UnpackReport {
+    pub entries: u64,
+    pub bytes: u64,
+    pub changes: Changes,
+}
+
+/// Unpacks the tar stream `reader` into the existing directory `target`. `layer` names the
+/// layer in errors. The reader is not drained past the end of the archive.
+pub fn unpack_layer(
+    reader: &mut dyn Read,
+    target: &Path,
+    opts: &UnpackOptions,
+    layer: &str,
+) -> Result<UnpackReport, ImageError> {
+    let root = sys::open_dir(target).map_err(|e| ImageError::io("opening", target, e))?;
+    let mut u = Unpacker {
+        root,
+        target,
+        opts,
+        layer,
+        report: UnpackReport::default(),
+        dirs: Vec::new(),
+    };
+    let mut archive = tar::Archive::new(reader);
+    let entries = archive.entries().map_err(|e| u.read_err(e))?;
+    for entry in entries {
+        let mut entry = entry.map_err(|e| u.read_err(e))?;
+        u.entry(&mut entry)?;
+    }
+    u.finish_dirs()?;
+    Ok(u.report)
+}
+
+/// Metadata of one entry, read from its header and PAX records.
+struct Meta {
+    mode: u32,
+    uid: u32,
+    gid: u32,
+    mtime: i64,
+    xattrs: Vec<(String, Vec<u8>)>,
+}
+
+struct Unpacker<'a> {
+    root: OwnedFd,
+    target: &'a Path,
+    opts: &'a UnpackOptions,
+    layer: &'a str,
+    report: UnpackReport,
+    /// Directories whose mode and times are applied at the end.
+    dirs: Vec<(PathBuf, Meta)>,
+}
+
+impl<'a> Unpacker<'a> {
+    fn read_err(&self, source: io::Error) -> ImageError {
+        ImageError::ReadLayer {
+            layer: self.layer.to_owned(),
+            source,
+        }
+    }
+
+    fn unsafe_entry(&self, entry: &str, reason: UnsafeEntryReason) -> ImageError {
+        tracing::warn!(layer = %self.layer, %entry, %reason, "refusing layer entry");
+        ImageError::UnsafeEntry {
+            layer: self.layer.to_owned(),
+            entry: entry.to_owned(),
+            reason,
+        }
+    }
+
+    fn write_err(&self, entry: &str, rel: &Path, source: io::Error) -> ImageError {
+        if sys::is_disk_full(&source) {
+            ImageError::DiskFull {
+                path: self.target.join(rel),
+            }
+        } else {
+            ImageError::WriteEntry {
+                layer: self.layer.to_owned(),
+                entry: entry.to_owned(),
+                source,
+            }
+        }
+    }
+
+    fn resolve_err(&self, entry: &str, rel: &Path, r: Resolve) -> ImageError {
+        match r {
+            Resolve::Unsafe(reason) => self.unsafe_entry(entry, reason),
+            Resolve::Io(e) => self.write_err(entry, rel, e),
+        }
+    }
+
+    fn entry<R: Read>(&mut self, entry: &mut tar::Entry<'_, R>) -> Result<(), ImageError> {
+        let raw = entry.path().map_err(|e| self.read_err(e))?.into_owned();
+        let name = raw.display().to_string();
+        self.report.entries += 1;
+        if self.report.entries > self.opts.limits.max_entries {
+            return Err(ImageError::TooManyEntries {
+                layer: self.layer.to_owned(),
+                entry: name,
+                limit: self.opts.limits.max_entries,
+            });
+        }
+        let rel = clean_path(&raw).map_err(|r| self.unsafe_entry(&name, r))?;
+        let kind = entry.header().entry_type();
+        let Some(file_name) = rel.file_name().map(OsStr::to_os_string) else {
+            // The layer root itself ("./" or "/"): keep the target's own metadata.
+            return Ok(());
+        };
+        let parent_rel = rel.parent().unwrap_or(Path::new("")).to_path_buf();
+        let fname = file_name.to_string_lossy().into_owned();
+        if let Some(w) = whiteout::classify(&fname) {
+            return self.whiteout(&name, &parent_rel, w);
+        }
+        use tar::EntryType as T;
+        if matches!(kind, T::Char | T::Block) {
+            return Err(self.unsafe_entry(&name, UnsafeEntryReason::DeviceNode));
+        }
+        let meta = self.meta(entry)?;
+        let parent = self
+            .open_parent(&parent_rel, true)
+            .map_err(|r| self.resolve_err(&name, &rel, r))?;
+        let pfd = parent.as_fd();
+        match kind {
+            T::Directory => self.directory(&name, &rel, pfd, &file_name, meta),
+            T::Regular | T::Continuous | T::GNUSparse => {
+                self.regular(&name, &rel, pfd, &file_name, entry, meta)
+            }
+            T::Symlink => {
+                let target = entry
+                    .link_name()
+                    .map_err(|e| self.read_err(e))?
+                    .map(|c| c.into_owned())
+                    .ok_or_else(|| self.unsafe_entry(&name, UnsafeEntryReason::InvalidName))?;
+                self.symlink(&name, &rel, pfd, &file_name, &target, meta)
+            }
+            T::Link => {
+                let target = entry
+                    .link_name()
+                    .map_err(|e| self.read_err(e))?
+                    .map(|c| c.into_owned())
+                    .ok_or_else(|| self.unsafe_entry(&name, UnsafeEntryReason::InvalidName))?;
+                self.hard_link(&name, &rel, pfd, &file_name, &target)
+            }
+            T::Fifo => {
+                self.replace(&name, &rel, pfd, &file_name, false)?;
+                sys::mknod_at(pfd, &file_name, libc::S_IFIFO | (meta.mode & 0o777), 0)
+                    .map_err(|e| self.write_err(&name, &rel, e))?;
+                self.apply_link_meta(&name, &rel, pfd, &file_name, &meta)
+            }
+            other => {
+                tracing::debug!(layer = %self.layer, entry = %name, kind = ?other, "skipping tar entry of unsupported kind");
+                Ok(())
+            }
+        }
+    }
+
+    fn meta<R: Read>(&self, entry: &mut tar::Entry<'_, R>) -> Result<Meta, ImageError> {
+        // Like Go's archive/tar (containerd), an empty or malformed numeric field reads as 0.
+        let h = entry.header();
+        let mut meta = Meta {
+            mode: h.mode().unwrap_or(0) & 0o7777,
+            uid: u32::try_from(h.uid().unwrap_or(0)).unwrap_or(0),
+            gid: u32::try_from(h.gid().unwrap_or(0)).unwrap_or(0),
+            mtime: i64::try_from(h.mtime().unwrap_or(0)).unwrap_or(0),
+            xattrs: Vec::new(),
+        };
+        if let Some(pax) = entry.pax_extensions().map_err(|e| self.read_err(e))? {
+            for ext in pax {
+                let ext = ext.map_err(|e| self.read_err(e))?;
+                let Ok(key) = ext.key() else { continue };
+                let value = ext.value().ok();
+                match key {
+                    "uid" => meta.uid = value.and_then(|v| v.parse().ok()).unwrap_or(meta.uid),
+                    "gid" => meta.gid = value.and_then(|v| v.parse().ok()).unwrap_or(meta.gid),
+                    "mtime" => {
+                        let secs = value.and_then(|v| v.split('.').next()?.parse().ok());
+                        meta.mtime = secs.unwrap_or(meta.mtime);
+                    }
+                    _ => {
+                        if let Some(x) = key.strip_prefix("SCHILY.xattr.") {
+                            if !x.starts_with("trusted.overlay.") && !x.starts_with("user.overlay.")
+                            {
+                                meta.xattrs.push((x.to_owned(), ext.value_bytes().to_vec()));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Ok(meta)
+    }
+
+    fn open_parent(&self, rel: &Path, create: bool) -> Result<OwnedFd, Resolve> {
+        beneath::open_dir(self.root.as_fd(), rel, create)
+    }
+
+    /// Removes whatever is at `name` so that a new entry can take its place. A directory is
+    /// kept when `keep_dir` (a directory entry over an existing directory merges).
+    fn replace(
+        &self,
+        entry: &str,
+        rel: &Path,
+        dir: BorrowedFd<'_>,
+        name: &OsStr,
+        keep_dir: bool,
+    ) -> Result<bool, ImageError> {
+        let existing = sys::lstat_at(dir, name).map_err(|e| self.write_err(entry, rel, e))?;
+        match existing {
+            None => Ok(false),
+            Some(st) if keep_dir && st.st_mode & libc::S_IFMT == libc::S_IFDIR => Ok(true),
+            Some(_) => {
+                sys::remove_at(dir, name).map_err(|e| self.write_err(entry, rel, e))?;
+                Ok(false)
+            }
+        }
+    }
+
+    fn directory(
+        &mut self,
+        entry: &str,
+        rel: &Path,
+        dir: BorrowedFd<'_>,
+        name: &OsStr,
+        meta: Meta,
+    ) -> Result<(), ImageError> {
+        if !self.replace(entry, rel, dir, name, true)? {
+            sys::mkdir_at(dir, name, 0o700).map_err(|e| self.write_err(entry, rel, e))?;
+        }
+        if self.opts.preserve_owner {
+            sys::lchown_at(dir, name, meta.uid, meta.gid)
+                .map_err(|e| self.write_err(entry, rel, e))?;
+        }
+        if !meta.xattrs.is_empty() {
+            let fd = sys::open_dir_beneath(dir, Path::new(name), libc::RESOLVE_NO_SYMLINKS)
+                .map_err(|e| self.write_err(entry, rel, e))?;
+            self.set_xattrs(entry, rel, fd.as_fd(), &meta)?;
+        }
+        self.dirs.push((rel.to_path_buf(), meta));
+        Ok(())
+    }
+
+    fn regular<R: Read>(
+        &mut self,
+        entry_name: &str,
+        rel: &Path,
+        dir: BorrowedFd<'_>,
+        name: &OsStr,
+        entry: &mut tar::Entry<'_, R>,
+        meta: Meta,
+    ) -> Result<(), ImageError> {
+        let size = entry.size();
+        let total = self.report.bytes.saturating_add(size);
+        if total > self.opts.limits.max_bytes {
+            return Err(ImageError::LayerTooLarge {
+                layer: self.layer.to_owned(),
+                entry: entry_name.to_owned(),
+                limit: self.opts.limits.max_bytes,
+            });
+        }
+        self.report.bytes = total;
+        self.replace(entry_name, rel, dir, name, false)?;
+        let mut file =
+            sys::create_file_at(dir, name).map_err(|e| self.write_err(entry_name, rel, e))?;
+        // Never trust the stream to stop at the header's size.
+        let copied = io::copy(&mut (&mut *entry).take(size), &mut file).map_err(|e| {
+            if sys::is_disk_full(&e) {
+                self.write_err(entry_name, rel, e)
+            } else {
+                self.read_err(e)
+            }
+        })?;
+        if copied != size {
+            return Err(self.read_err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("entry {entry_name:?} is truncated"),
+            )));
+        }
+        let fd = file.as_fd();
+        if self.opts.preserve_owner {
+            sys::lchown_at(fd, OsStr::new(""), meta.uid, meta.gid)
+                .map_err(|e| self.write_err(entry_name, rel, e))?;
+        }
+        // chmod after chown: chown clears setuid/setgid bits.
+        sys::fchmod(fd, meta.mode).map_err(|e| self.write_err(entry_name, rel, e))?;
+        self.set_xattrs(entry_name, rel, fd, &meta)?;
+        sys::set_times(fd, meta.mtime, 0).map_err(|e| self.write_err(entry_name, rel, e))
+    }
+
+    fn symlink(
+        &mut self,
+        entry: &str,
+        rel: &Path,
+        dir: BorrowedFd<'_>,
+        name: &OsStr,
+        target: &Path,
+        meta: Meta,
+    ) -> Result<(), ImageError> {
+        self.replace(entry, rel, dir, name, false)?;
+        sys::symlink_at(target.as_os_str(), dir, name)
+            .map_err(|e| self.write_err(entry, rel, e))?;
+        self.apply_link_meta(entry, rel, dir, name, &meta)
+    }
+
+    /// Owner and times of something that cannot be opened (symlink, FIFO).
+    fn apply_link_meta(
+        &self,
+        entry: &str,
+        rel: &Path,
+        dir: BorrowedFd<'_>,
+        name: &OsStr,
+        meta: &Meta,
+    ) -> Result<(), ImageError> {
+        if self.opts.preserve_owner {
+            sys::lchown_at(dir, name, meta.uid, meta.gid)
+                .map_err(|e| self.write_err(entry, rel, e))?;
+        }
+        sys::set_times_at(dir, name, meta.mtime, 0).map_err(|e| self.write_err(entry, rel, e))
+    }
+
+    fn hard_link(
+        &mut self,
+        entry: &str,
+        rel: &Path,
+        dir: BorrowedFd<'_>,
+        name: &OsStr,
+        target: &Path,
+    ) -> Result<(), ImageError> {
+        let outside = |_| self.unsafe_entry(entry, UnsafeEntryReason::HardLinkOutside);
+        let trel = clean_path(target).map_err(outside)?;
+        let Some(tname) = trel.file_name() else {
+            return Err(self.unsafe_entry(entry, UnsafeEntryReason::HardLinkToDirectory));
+        };
+        let tparent = self
+            .open_parent(trel.parent().unwrap_or(Path::new("")), false)
+            .map_err(|r| match r {
+                Resolve::Io(e) if e.kind() == io::ErrorKind::NotFound => {
+                    self.unsafe_entry(entry, UnsafeEntryReason::HardLinkTargetMissing)
+                }
+                Resolve::Unsafe(UnsafeEntryReason::SymlinkEscape) => {
+                    self.unsafe_entry(entry, UnsafeEntryReason::HardLinkOutside)
+                }
+                other => self.resolve_err(entry, rel, other),
+            })?;
+        let st = sys::lstat_at(tparent.as_fd(), tname)
+            .map_err(|e| self.write_err(entry, rel, e))?
+            .ok_or_else(|| self.unsafe_entry(entry, UnsafeEntryReason::HardLinkTargetMissing))?;
+        if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+            return Err(self.unsafe_entry(entry, UnsafeEntryReason::HardLinkToDirectory));
+        }
+        if let Some(existing) =
+            sys::lstat_at(dir, name).map_err(|e| self.write_err(entry, rel, e))?
+        {
+            if existing.st_dev == st.st_dev && existing.st_ino == st.st_ino {
+                return Ok(());
+            }
+        }
+        self.replace(entry, rel, dir, name, false)?;
+        sys::link_at(tparent.as_fd(), tname, dir, name).map_err(|e| self.write_err(entry, rel, e))
+    }
+
+    fn whiteout(&mut self, entry: &str, parent: &Path, w: Whiteout<'_>) -> Result<(), ImageError> {
+        let hidden = match w {
+            Whiteout::Hide(h) => h,
+            Whiteout::Invalid => {
+                return Err(self.unsafe_entry(entry, UnsafeEntryReason::InvalidWhiteout))
+            }
+            Whiteout::AufsMeta => {
+                tracing::debug!(layer = %self.layer, %entry, "skipping aufs metadata entry");
+                return Ok(());
+            }
+            Whiteout::Opaque => "",
+        };
+        let pfd = self
+            .open_parent(parent, true)
+            .map_err(|r| self.resolve_err(entry, parent, r))?;
+        let overlay = self.opts.whiteouts == WhiteoutFormat::Overlay;
+        if hidden.is_empty() {
+            if overlay {
+                sys::fsetxattr(pfd.as_fd(), OVERLAY_OPAQUE_XATTR, b"y")
+                    .map_err(|e| self.write_err(entry, parent, e))?;
+            }
+            let dir = parent.to_string_lossy().into_owned();
+            self.report.changes.opaque_dirs.insert(dir);
+            return Ok(());
+        }
+        let rel = parent.join(hidden);
+        if overlay {
+            let name = OsStr::new(hidden);
+            self.replace(entry, &rel, pfd.as_fd(), name, false)?;
+            sys::mknod_at(pfd.as_fd(), name, libc::S_IFCHR, 0)
+                .map_err(|e| self.write_err(entry, &rel, e))?;
+        }
+        let path = rel.to_string_lossy().into_owned();
+        self.report.changes.whiteouts.insert(path);
+        Ok(())
+    }
+
+    fn set_xattrs(
+        &self,
+        entry: &str,
+        rel: &Path,
+        fd: BorrowedFd<'_>,
+        meta: &Meta,
+    ) -> Result<(), ImageError> {
+        for (key, value) in &meta.xattrs {
+            if let Err(e) = sys::fsetxattr(fd, key, value) {
+                let unsupported = e.raw_os_error() == Some(libc::EOPNOTSUPP);
+                if self.opts.preserve_owner && !unsupported {
+                    return Err(self.write_err(entry, rel, e));
+                }
+                tracing::debug!(layer = %self.layer, %entry, xattr = %key, err = %e, "xattr not applied");
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies directory modes and times, deepest first, once all children exist.
+    fn finish_dirs(&mut self) -> Result<(), ImageError> {
+        let dirs = std::mem::take(&mut self.dirs);
+        for (rel, meta) in dirs.iter().rev() {
+            let entry = rel.display().to_string();
+            // The directory may have been replaced by a later entry: skip it then.
+            let Ok(fd) = sys::open_dir_beneath(self.root.as_fd(), rel, libc::RESOLVE_NO_SYMLINKS)
+            else {
+                continue;
+            };
+            sys::fchmod(fd.as_fd(), meta.mode).map_err(|e| self.write_err(&entry, rel, e))?;
+            sys::set_times(fd.as_fd(), meta.mtime, 0)
+                .map_err(|e| self.write_err(&entry, rel, e))?;
+        }
+        Ok(())
+    }
+}

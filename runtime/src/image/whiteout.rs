@@ -1,0 +1,89 @@
+//! How a layer deletes what lower layers have: OCI whiteouts, and their two on-disk
+//! representations in a snapshot.
+//!
+//! In a layer tar, `dir/.wh.<name>` deletes `dir/<name>` of the layers below, and
+//! `dir/.wh..wh..opq` hides everything the layers below have in `dir` (the layer's own
+//! entries in `dir` stay). Other `.wh..wh.*` names are aufs bookkeeping and are ignored.
+//!
+//! A snapshot always records both kinds in [`Changes`] (`changes.json`), which copy mode
+//! applies. With [`WhiteoutFormat::Overlay`] (root) they are also written the way
+//! overlayfs reads a lower layer, a 0:0 character device and the xattr
+//! `trusted.overlay.opaque=y`, so that the snapshots can be overlay-mounted directly.
+//! Rootless snapshots use [`WhiteoutFormat::Sidecar`]: creating those needs privileges
+//! (`trusted.*` xattrs), so they can only be copied.
+
+use std::collections::BTreeSet;
+
+use serde::{Deserialize, Serialize};
+
+const WHITEOUT_PREFIX: &str = ".wh.";
+const OPAQUE_MARKER: &str = ".wh..wh..opq";
+/// The xattr overlayfs reads to treat a lower directory as opaque.
+pub(crate) const OVERLAY_OPAQUE_XATTR: &str = "trusted.overlay.opaque";
+
+/// How whiteouts are represented in an unpacked tree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WhiteoutFormat {
+    /// 0:0 character devices and `trusted.overlay.opaque=y` (needs root), plus [`Changes`].
+    Overlay,
+    /// Only [`Changes`] (rootless).
+    Sidecar,
+}
+
+/// Paths (relative, `/`-separated, no leading `/`) deleted or made opaque by a layer.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Changes {
+    pub whiteouts: BTreeSet<String>,
+    /// Directories whose lower content is hidden; `""` is the layer root.
+    pub opaque_dirs: BTreeSet<String>,
+}
+
+/// What a file name in a layer means, if it is a whiteout name at all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Whiteout<'a> {
+    /// `.wh..wh..opq`: the containing directory is opaque.
+    Opaque,
+    /// `.wh.<name>`: `<name>` is deleted.
+    Hide(&'a str),
+    /// Another `.wh..wh.` name (aufs metadata): ignored.
+    AufsMeta,
+    /// `.wh.`, `.wh..` or `.wh...`: names nothing (refused).
+    Invalid,
+}
+
+/// Classifies one path component; `None` for an ordinary name.
+pub(crate) fn classify(file_name: &str) -> Option<Whiteout<'_>> {
+    let hidden = file_name.strip_prefix(WHITEOUT_PREFIX)?;
+    Some(if file_name == OPAQUE_MARKER {
+        Whiteout::Opaque
+    } else if hidden.starts_with(WHITEOUT_PREFIX) {
+        Whiteout::AufsMeta
+    } else if hidden.is_empty() || hidden == "." || hidden == ".." {
+        Whiteout::Invalid
+    } else {
+        Whiteout::Hide(hidden)
+    })
+}
+
+/// `true` for the 0:0 character device overlayfs uses as a whiteout.
+pub(crate) fn is_overlay_whiteout(meta: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    meta.file_type().is_char_device() && meta.rdev() == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn whiteout_names_are_classified_like_containerd() {
+        assert_eq!(classify("passwd"), None);
+        assert_eq!(classify(".wh.passwd"), Some(Whiteout::Hide("passwd")));
+        assert_eq!(classify(".wh..wh..opq"), Some(Whiteout::Opaque));
+        assert_eq!(classify(".wh..wh.plnk"), Some(Whiteout::AufsMeta));
+        assert_eq!(classify(".wh."), Some(Whiteout::Invalid));
+        assert_eq!(classify(".wh.."), Some(Whiteout::Invalid));
+        assert_eq!(classify(".wh..hidden"), Some(Whiteout::Hide(".hidden")));
+    }
+}

@@ -1,0 +1,482 @@
+//! Container verbs of [`LocalRuntime`](super::LocalRuntime): create, start, stop, remove
+//! and garbage collection. Each verb starts with its status guard.
+//!
+//! Create is all-or-nothing: the rootfs, bundle and libcontainer state it made are undone
+//! on any later failure, and a failed undo is reported together with the original error.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::watch;
+
+use super::record::{self, ContainerPhase, ContainerRecord};
+use super::{logs, not_found, remove_dir_all_if_exists, Entry, Inner};
+use crate::error::RuntimeError;
+use crate::image::RootfsMode;
+use crate::spec::{NamespaceMode, SandboxNamespaces, SpecInputs, UserNamespace};
+use crate::types::{
+    ContainerConfig, ContainerId, ContainerState, GcPolicy, SandboxId, SandboxState,
+};
+
+/// How long to wait for a SIGKILLed container to be reaped before reporting an error.
+const KILL_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl Inner {
+    pub(crate) async fn create_container(
+        &self,
+        sandbox_id: &SandboxId,
+        config: &ContainerConfig,
+    ) -> Result<ContainerId, RuntimeError> {
+        if config.name.is_empty() {
+            return Err(RuntimeError::InvalidConfig("container needs a name".into()));
+        }
+        let sandbox = {
+            let state = self.lock();
+            state
+                .sandboxes
+                .get(sandbox_id)
+                .cloned()
+                .ok_or_else(|| not_found("sandbox", sandbox_id.as_str()))?
+        };
+        if sandbox.state != SandboxState::Ready {
+            return Err(RuntimeError::InvalidConfig(format!(
+                "sandbox {sandbox_id} is not ready"
+            )));
+        }
+        let images = self.images.clone();
+        let reference = config.image.clone();
+        let image = tokio::task::spawn_blocking(move || images.get_image(&reference))
+            .await
+            .map_err(|e| RuntimeError::InvalidConfig(format!("image lookup task: {e}")))??
+            .ok_or_else(|| crate::image::ImageError::NotFound(config.image.clone()))?;
+
+        let id = ContainerId::random();
+        let dir = self.container_dir(&id);
+        std::fs::create_dir_all(&dir).map_err(|e| RuntimeError::io("create", &dir, e))?;
+        let cgroups_path = self.cgroups_path_for(&sandbox.config.cgroup_parent, &id);
+        let log_path = sandbox.config.log_directory.join(&config.log_path);
+        let mut rec = ContainerRecord {
+            id: id.clone(),
+            sandbox_id: sandbox_id.clone(),
+            pod_uid: sandbox.config.pod_uid.clone(),
+            config: config.clone(),
+            image_id: image.id.clone(),
+            log_path,
+            cgroups_path,
+            created_at: SystemTime::now(),
+            phase: ContainerPhase::Created {
+                pid: 0,
+                start_time: 0,
+            },
+        };
+
+        match self.make_container(&mut rec, &sandbox, &image, &dir).await {
+            Ok((stdout, stderr)) => {
+                let (tx, _) = watch::channel(false);
+                let early = {
+                    let mut state = self.lock();
+                    state.containers.insert(
+                        id.clone(),
+                        Entry {
+                            record: rec.clone(),
+                            exited: tx,
+                            tap: None,
+                        },
+                    );
+                    state.early_exits.remove(id.as_str())
+                };
+                self.persist(&rec);
+                self.spawn_log_pump(&id, rec.log_path.clone(), stdout, stderr);
+                if let Some((status, at)) = early {
+                    self.record_exit(&id, status, at);
+                }
+                tracing::debug!(container_id = %id, name = %config.name, "container created");
+                Ok(id)
+            }
+            Err(original) => match self.undo_create(&id, &dir).await {
+                Ok(()) => Err(original),
+                Err(cleanup) => Err(RuntimeError::Rollback {
+                    original: Box::new(original),
+                    cleanup: Box::new(cleanup),
+                }),
+            },
+        }
+    }
+
+    /// Prepares the rootfs and bundle and asks the zygote to create the container; on
+    /// success the record holds the init's pid and the log pipes are returned.
+    async fn make_container(
+        &self,
+        rec: &mut ContainerRecord,
+        sandbox: &super::record::SandboxRecord,
+        image: &crate::types::Image,
+        dir: &Path,
+    ) -> Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd), RuntimeError> {
+        // The record goes to disk first, so a crash from here on leaves a directory that
+        // start-up recognises and cleans.
+        record::save(dir, rec).map_err(|e| RuntimeError::io("save container record", dir, e))?;
+        let images = self.images.clone();
+        let (img, target) = (image.clone(), dir.to_owned());
+        let mode = if self.config.rootless {
+            RootfsMode::Copy
+        } else {
+            RootfsMode::Auto
+        };
+        let prepared =
+            tokio::task::spawn_blocking(move || images.prepare_rootfs(&img, &target, mode))
+                .await
+                .map_err(|e| RuntimeError::InvalidConfig(format!("rootfs task: {e}")))??;
+
+        let namespaces = sandbox_namespaces(sandbox);
+        let user_namespace = self.config.rootless.then(UserNamespace::current_user);
+        let hostname = if sandbox.config.hostname.is_empty() {
+            sandbox.config.name.clone()
+        } else {
+            sandbox.config.hostname.clone()
+        };
+        let spec = crate::spec::build_spec(&SpecInputs {
+            container: &rec.config,
+            image: &image.config,
+            rootfs: &prepared.rootfs,
+            hostname: &hostname,
+            namespaces: &namespaces,
+            cgroups_path: rec.cgroups_path.clone(),
+            user_namespace,
+        })?;
+        crate::spec::write_bundle_config(dir, &spec)?;
+
+        let (pid, start_time, stdout, stderr) = self
+            .zygote
+            .create(
+                rec.id.as_str(),
+                dir.to_owned(),
+                self.config.libcontainer_root(),
+            )
+            .await
+            .map_err(|e| RuntimeError::Create {
+                id: rec.id.clone(),
+                message: e.to_string(),
+            })?;
+        rec.phase = ContainerPhase::Created { pid, start_time };
+        Ok((stdout, stderr))
+    }
+
+    async fn undo_create(&self, id: &ContainerId, dir: &Path) -> Result<(), RuntimeError> {
+        let delete = self
+            .zygote
+            .delete(id.as_str(), self.config.libcontainer_root(), true)
+            .await;
+        self.release_and_remove(dir).await?;
+        delete.map_err(RuntimeError::from)
+    }
+
+    async fn release_and_remove(&self, dir: &Path) -> Result<(), RuntimeError> {
+        let images = self.images.clone();
+        let target = dir.to_owned();
+        tokio::task::spawn_blocking(move || images.release_rootfs(&target))
+            .await
+            .map_err(|e| RuntimeError::InvalidConfig(format!("rootfs task: {e}")))??;
+        remove_dir_all_if_exists(dir)
+    }
+
+    fn cgroups_path_for(&self, parent: &Option<String>, id: &ContainerId) -> Option<String> {
+        if self.config.rootless && !self.rootless_cgroups() {
+            return None;
+        }
+        let parent = parent
+            .clone()
+            .or_else(|| self.config.default_cgroup_parent.clone())?;
+        Some(format!("{}/{}", parent.trim_end_matches('/'), id))
+    }
+
+    /// Rootless containers get cgroups only where cgroup v2 delegates a subtree to us.
+    fn rootless_cgroups(&self) -> bool {
+        false
+    }
+
+    fn spawn_log_pump(
+        &self,
+        id: &ContainerId,
+        log_path: PathBuf,
+        stdout: std::os::fd::OwnedFd,
+        stderr: std::os::fd::OwnedFd,
+    ) {
+        // The tap is looked up when the first output arrives, so `tap_output` between
+        // create and start sees everything; taking it closes the subscriber's channel when
+        // the pump ends.
+        let id = id.clone();
+        let inner = self.this.clone();
+        let tap: logs::TapSource = Box::new(move || {
+            let inner = inner.upgrade()?;
+            let mut state = inner.lock();
+            state.containers.get_mut(&id)?.tap.take()
+        });
+        tokio::spawn(logs::pump(log_path, stdout, stderr, Some(tap)));
+    }
+
+    pub(crate) async fn start_container(&self, id: &ContainerId) -> Result<(), RuntimeError> {
+        {
+            let state = self.lock();
+            let entry = state
+                .containers
+                .get(id)
+                .ok_or_else(|| not_found("container", id.as_str()))?;
+            if !entry.record.phase.can_start() {
+                return Err(RuntimeError::IncorrectState {
+                    id: id.clone(),
+                    state: entry.record.phase.state(),
+                    action: "start",
+                });
+            }
+        }
+        self.zygote
+            .start(id.as_str(), self.config.libcontainer_root())
+            .await
+            .map_err(|e| RuntimeError::Start {
+                id: id.clone(),
+                message: e.to_string(),
+            })?;
+        let rec = {
+            let mut state = self.lock();
+            let Some(entry) = state.containers.get_mut(id) else {
+                return Ok(());
+            };
+            // The exit may already have been recorded: then the phase stays Exited.
+            if let ContainerPhase::Created { pid, start_time } = entry.record.phase {
+                entry.record.phase = ContainerPhase::Running {
+                    pid,
+                    start_time,
+                    started_at: SystemTime::now(),
+                };
+            } else if let ContainerPhase::Exited { started_at, .. } = &mut entry.record.phase {
+                started_at.get_or_insert_with(SystemTime::now);
+            }
+            entry.record.clone()
+        };
+        self.persist(&rec);
+        Ok(())
+    }
+
+    /// Sends `signal` to the container's init, guarded against pid reuse by its start time.
+    fn signal(&self, id: &ContainerId, signal: i32) -> Result<bool, RuntimeError> {
+        let process = {
+            let state = self.lock();
+            let entry = state
+                .containers
+                .get(id)
+                .ok_or_else(|| not_found("container", id.as_str()))?;
+            entry.record.phase.process()
+        };
+        let Some((pid, start_time)) = process else {
+            return Ok(false);
+        };
+        let Ok(pidfd) = crate::zygote::sys::pidfd_open(pid) else {
+            return Ok(false);
+        };
+        // Checked after opening the pidfd: from here the pid cannot be reused under us.
+        if crate::zygote::process_start_time(pid).ok() != Some(start_time) {
+            return Ok(false);
+        }
+        match crate::zygote::sys::pidfd_send_signal(&pidfd, signal) {
+            Ok(()) => Ok(true),
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(false),
+            Err(e) => Err(RuntimeError::Kill {
+                id: id.clone(),
+                message: e.to_string(),
+            }),
+        }
+    }
+
+    /// Waits up to `limit` for the container to exit. The exit normally arrives from our
+    /// zygote; a container run by another process (another `ironlet ctr`) is watched
+    /// through a pidfd and its exit read from the record that process's zygote wrote.
+    async fn wait_exited(&self, id: &ContainerId, limit: Duration) -> bool {
+        let (mut rx, process) = {
+            let state = self.lock();
+            match state.containers.get(id) {
+                Some(e) => (e.exited.subscribe(), e.record.phase.process()),
+                None => return true,
+            }
+        };
+        let ours = async {
+            let _ = rx.wait_for(|exited| *exited).await;
+        };
+        let theirs = async {
+            if let Some((pid, start_time)) = process {
+                wait_process_gone(pid, start_time).await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+            // Let the owning zygote reap and record the exit first.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        let outcome = tokio::time::timeout(limit, async {
+            tokio::select! {
+                () = ours => true,
+                () = theirs => false,
+            }
+        })
+        .await;
+        match outcome {
+            Ok(true) => true,
+            Ok(false) => {
+                self.record_external_exit(id);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Records the exit of a container whose process another process reaped.
+    fn record_external_exit(&self, id: &ContainerId) {
+        let recorded = crate::zygote::exits::read(&self.config.exits_dir(), id.as_str());
+        let (status, at) = match recorded {
+            Some(crate::zygote::Event::Exited {
+                status,
+                at_unix_nanos,
+                ..
+            }) => (
+                status,
+                SystemTime::UNIX_EPOCH + Duration::from_nanos(at_unix_nanos as u64),
+            ),
+            None => (
+                crate::zygote::WireExit::Signal(libc::SIGKILL),
+                SystemTime::now(),
+            ),
+        };
+        self.record_exit(id, status, at);
+    }
+
+    pub(crate) async fn stop_container(
+        &self,
+        id: &ContainerId,
+        grace: Duration,
+    ) -> Result<(), RuntimeError> {
+        let state = {
+            let state = self.lock();
+            let entry = state
+                .containers
+                .get(id)
+                .ok_or_else(|| not_found("container", id.as_str()))?;
+            entry.record.phase.state()
+        };
+        if state == ContainerState::Exited {
+            return Ok(());
+        }
+        if !grace.is_zero() && self.signal(id, libc::SIGTERM)? && self.wait_exited(id, grace).await
+        {
+            return Ok(());
+        }
+        self.signal(id, libc::SIGKILL)?;
+        if self.wait_exited(id, KILL_TIMEOUT).await {
+            Ok(())
+        } else {
+            Err(RuntimeError::Kill {
+                id: id.clone(),
+                message: format!("still running {}s after SIGKILL", KILL_TIMEOUT.as_secs()),
+            })
+        }
+    }
+
+    pub(crate) async fn remove_container(&self, id: &ContainerId) -> Result<(), RuntimeError> {
+        let exists = self.lock().containers.contains_key(id);
+        if !exists {
+            // Possibly a leftover directory from a crash: clean what is there.
+            let dir = self.container_dir(id);
+            if dir.exists() {
+                self.undo_create(id, &dir).await?;
+            }
+            return Ok(());
+        }
+        self.stop_container(id, Duration::ZERO).await?;
+        self.zygote
+            .delete(id.as_str(), self.config.libcontainer_root(), true)
+            .await?;
+        self.release_and_remove(&self.container_dir(id)).await?;
+        crate::zygote::exits::remove(&self.config.exits_dir(), id.as_str());
+        self.lock().containers.remove(id);
+        tracing::debug!(container_id = %id, "container removed");
+        Ok(())
+    }
+
+    pub(crate) async fn garbage_collect(&self, policy: &GcPolicy) -> Result<usize, RuntimeError> {
+        let now = SystemTime::now();
+        let mut groups: HashMap<(String, String), Vec<(SystemTime, ContainerId)>> = HashMap::new();
+        {
+            let state = self.lock();
+            for e in state.containers.values() {
+                if let ContainerPhase::Exited { finished_at, .. } = e.record.phase {
+                    let old_enough = now
+                        .duration_since(finished_at)
+                        .is_ok_and(|age| age >= policy.min_age);
+                    if old_enough {
+                        groups
+                            .entry((e.record.pod_uid.clone(), e.record.config.name.clone()))
+                            .or_default()
+                            .push((e.record.created_at, e.record.id.clone()));
+                    }
+                }
+            }
+        }
+        let mut victims = Vec::new();
+        let mut kept = Vec::new();
+        for (_, mut dead) in groups {
+            dead.sort_by_key(|(created, _)| std::cmp::Reverse(*created));
+            let keep = policy.max_per_pod_container.min(dead.len());
+            victims.extend(dead.split_off(keep));
+            kept.extend(dead);
+        }
+        if policy.max_containers >= 0 && kept.len() as i64 > policy.max_containers {
+            kept.sort_by_key(|(created, _)| *created);
+            let excess = kept.len() - policy.max_containers as usize;
+            victims.extend(kept.into_iter().take(excess));
+        }
+        let count = victims.len();
+        for (_, id) in victims {
+            self.remove_container(&id).await?;
+        }
+        Ok(count)
+    }
+}
+
+/// Resolves when the process (pid, start time) no longer runs.
+async fn wait_process_gone(pid: i32, start_time: u64) {
+    let Ok(pidfd) = crate::zygote::sys::pidfd_open(pid) else {
+        return;
+    };
+    if crate::zygote::process_start_time(pid).ok() != Some(start_time) {
+        return;
+    }
+    // SAFETY: the AsyncFd owns the pidfd for its whole life.
+    match unsafe { tokio::io::unix::AsyncFd::register(pidfd) } {
+        // A pidfd turns readable when its process exits.
+        Ok(fd) => {
+            let _ = fd.readable().await;
+        }
+        Err(_) => loop {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            if crate::zygote::process_start_time(pid).ok() != Some(start_time) {
+                return;
+            }
+        },
+    }
+}
+
+fn sandbox_namespaces(sandbox: &super::record::SandboxRecord) -> SandboxNamespaces {
+    let pick = |shared: bool, host: bool, kind: &str| match (&sandbox.namespace_dir, shared, host) {
+        (Some(dir), true, _) => NamespaceMode::Join(dir.join(kind)),
+        (_, _, true) => NamespaceMode::Host,
+        _ => NamespaceMode::New,
+    };
+    SandboxNamespaces {
+        net: pick(sandbox.net, sandbox.config.host_network, "net"),
+        ipc: pick(sandbox.ipc, sandbox.config.host_ipc, "ipc"),
+        uts: pick(sandbox.uts, sandbox.config.host_network, "uts"),
+        pid: if sandbox.config.host_pid {
+            NamespaceMode::Host
+        } else {
+            NamespaceMode::New
+        },
+    }
+}

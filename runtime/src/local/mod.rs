@@ -1,0 +1,498 @@
+//! [`LocalRuntime`]: the in-process implementation of [`Runtime`](crate::Runtime).
+//!
+//! ```text
+//!  caller ──► LocalRuntime ──► ImageStore (rootfs) ─► spec (config.json) ─► zygote (create)
+//!                 ▲                                                            │
+//!                 └──── exit events (pidfd reaps) ◄────────────────────────────┘
+//!                 └──── log pumps: pipes ─► /var/log/pods/<ns>_<name>_<uid>/<ctr>/<n>.log
+//! ```
+//!
+//! State lives in memory (one `std::sync::Mutex`, never held across an await) and in
+//! records under `<root-dir>` (`sandboxes/<id>/`, `containers/<id>/`, `exits/`), so other
+//! processes can read it. Files here: `mod.rs` (type, construction, events), `sandbox.rs`,
+//! `container.rs` (create/start/stop/remove), `exec.rs`, `record.rs`, `logs.rs`.
+
+mod container;
+mod exec;
+pub mod logs;
+pub mod record;
+mod sandbox;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use tokio::sync::{broadcast, mpsc, oneshot, watch};
+
+use crate::error::RuntimeError;
+use crate::image::ImageStore;
+use crate::traits::{Runtime, RuntimeEvent, RuntimeVersion};
+use crate::types::{
+    ContainerConfig, ContainerFilter, ContainerId, ContainerStatus, ExecOutput, ExitReason,
+    GcPolicy, PodSandboxConfig, PodSandboxStatus, PodStatus, SandboxId,
+};
+use crate::zygote::{Event, WireExit, ZygoteClient, ZygoteHandle};
+use logs::OutputChunk;
+use record::{ContainerPhase, ContainerRecord, SandboxRecord};
+
+/// How the runtime is set up.
+#[derive(Debug, Clone)]
+pub struct LocalRuntimeConfig {
+    /// The data root (kubelet `--root-dir`).
+    pub root_dir: PathBuf,
+    /// Run containers in user namespaces mapped to the invoking user.
+    pub rootless: bool,
+    /// Cgroup parent for containers whose sandbox names none; `None`: no cgroup at all.
+    pub default_cgroup_parent: Option<String>,
+}
+
+impl LocalRuntimeConfig {
+    /// kubelet's default `--root-dir` is `/var/lib/kubelet`; ours is `/var/lib/ironlet` as
+    /// root and `$XDG_DATA_HOME/ironlet` (or `~/.local/share/ironlet`) rootless.
+    pub fn default_root_dir(rootless: bool) -> PathBuf {
+        if !rootless {
+            return PathBuf::from("/var/lib/ironlet");
+        }
+        if let Some(xdg) = std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
+            return PathBuf::from(xdg).join("ironlet");
+        }
+        let home = std::env::var_os("HOME").unwrap_or_else(|| "/tmp".into());
+        PathBuf::from(home).join(".local/share/ironlet")
+    }
+
+    pub fn containers_dir(&self) -> PathBuf {
+        self.root_dir.join("containers")
+    }
+    pub fn sandboxes_dir(&self) -> PathBuf {
+        self.root_dir.join("sandboxes")
+    }
+    pub fn exits_dir(&self) -> PathBuf {
+        self.root_dir.join("exits")
+    }
+    /// libcontainer's own state root.
+    pub fn libcontainer_root(&self) -> PathBuf {
+        self.root_dir.join("libcontainer")
+    }
+    pub fn images_dir(&self) -> PathBuf {
+        self.root_dir.join("images")
+    }
+}
+
+/// One container in memory: its record plus who waits for it.
+struct Entry {
+    record: ContainerRecord,
+    /// Flips to true once the exit is recorded.
+    exited: watch::Sender<bool>,
+    /// Raw output subscribers, registered before start.
+    tap: Option<mpsc::UnboundedSender<OutputChunk>>,
+}
+
+#[derive(Default)]
+struct State {
+    sandboxes: HashMap<SandboxId, SandboxRecord>,
+    containers: HashMap<ContainerId, Entry>,
+    /// Exits that arrived before their container's create reply was processed.
+    early_exits: HashMap<String, (WireExit, SystemTime)>,
+    /// Exec processes waiting for their exit code, by exec id.
+    exec_waiters: HashMap<String, oneshot::Sender<i32>>,
+}
+
+pub(crate) struct Inner {
+    this: std::sync::Weak<Inner>,
+    config: LocalRuntimeConfig,
+    zygote: ZygoteClient,
+    images: Arc<ImageStore>,
+    state: Mutex<State>,
+    events: broadcast::Sender<RuntimeEvent>,
+    cgroups: Option<ironlet_cgroups::Hierarchy>,
+}
+
+/// The in-process runtime. Cheap to clone.
+#[derive(Clone)]
+pub struct LocalRuntime {
+    inner: Arc<Inner>,
+}
+
+impl LocalRuntime {
+    /// Opens the data root and connects to a zygote spawned earlier with
+    /// [`crate::zygote::spawn`]. Must run inside a tokio runtime.
+    pub async fn new(
+        config: LocalRuntimeConfig,
+        zygote: ZygoteHandle,
+        images: Arc<ImageStore>,
+    ) -> Result<Self, RuntimeError> {
+        for dir in [
+            config.containers_dir(),
+            config.sandboxes_dir(),
+            config.exits_dir(),
+            config.libcontainer_root(),
+        ] {
+            std::fs::create_dir_all(&dir).map_err(|e| RuntimeError::io("create", &dir, e))?;
+        }
+        let (event_tx, event_rx) = mpsc::unbounded_channel();
+        let zygote = ZygoteClient::new(zygote, event_tx)?;
+        zygote.set_exit_dir(config.exits_dir()).await?;
+        let cgroups = match ironlet_cgroups::Hierarchy::detect() {
+            Ok(h) => Some(h),
+            Err(err) => {
+                tracing::warn!(%err, "no cgroup hierarchy; OOM kills cannot be told apart");
+                None
+            }
+        };
+        let state = State {
+            sandboxes: record::load_all::<SandboxRecord>(&config.sandboxes_dir())
+                .into_iter()
+                .map(|r| (r.id.clone(), r))
+                .collect(),
+            ..State::default()
+        };
+        let (events, _) = broadcast::channel(4096);
+        let inner = Arc::new_cyclic(|this| Inner {
+            this: this.clone(),
+            config,
+            zygote,
+            images,
+            state: Mutex::new(state),
+            events,
+            cgroups,
+        });
+        inner.load_containers();
+        tokio::spawn(event_loop(Arc::downgrade(&inner), event_rx));
+        Ok(Self { inner })
+    }
+
+    pub fn config(&self) -> &LocalRuntimeConfig {
+        &self.inner.config
+    }
+
+    /// Subscribes to a container's raw output. Call between create and start to see all of
+    /// it; the channel closes when the container's output ends.
+    pub fn tap_output(
+        &self,
+        id: &ContainerId,
+    ) -> Result<mpsc::UnboundedReceiver<OutputChunk>, RuntimeError> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut state = self.inner.lock();
+        let entry = state
+            .containers
+            .get_mut(id)
+            .ok_or_else(|| not_found("container", id.as_str()))?;
+        entry.tap = Some(tx);
+        Ok(rx)
+    }
+
+    /// Waits until the container has exited; returns its status.
+    pub async fn wait(&self, id: &ContainerId) -> Result<ContainerStatus, RuntimeError> {
+        let mut rx = {
+            let state = self.inner.lock();
+            let entry = state
+                .containers
+                .get(id)
+                .ok_or_else(|| not_found("container", id.as_str()))?;
+            entry.exited.subscribe()
+        };
+        // The sender lives as long as the entry; an error means it was removed meanwhile.
+        let _ = rx.wait_for(|exited| *exited).await;
+        self.inner.status_of(id)
+    }
+}
+
+pub(crate) fn not_found(kind: &'static str, id: &str) -> RuntimeError {
+    RuntimeError::NotFound {
+        kind,
+        id: id.to_owned(),
+    }
+}
+
+impl Inner {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // A panic while holding the lock leaves data that is still consistent record by
+        // record; keep serving rather than poisoning every later call.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn status_of(&self, id: &ContainerId) -> Result<ContainerStatus, RuntimeError> {
+        let state = self.lock();
+        state
+            .containers
+            .get(id)
+            .map(|e| e.record.status())
+            .ok_or_else(|| not_found("container", id.as_str()))
+    }
+
+    fn container_dir(&self, id: &ContainerId) -> PathBuf {
+        self.config.containers_dir().join(id.as_str())
+    }
+
+    /// Loads container records at start-up. Containers whose exit was recorded while
+    /// nobody listened get that exit; the rest are marked unknown-exited unless their
+    /// process is still alive (re-adoption proper is the supervisor's job).
+    fn load_containers(&self) {
+        let records = record::load_all::<ContainerRecord>(&self.config.containers_dir());
+        let mut state = self.lock();
+        for mut rec in records {
+            if let Some((pid, start_time)) = rec.phase.process() {
+                if let Some(Event::Exited {
+                    status,
+                    at_unix_nanos,
+                    ..
+                }) = crate::zygote::exits::read(&self.config.exits_dir(), rec.id.as_str())
+                {
+                    let at = SystemTime::UNIX_EPOCH + Duration::from_nanos(at_unix_nanos as u64);
+                    let reason = self.exit_reason(&rec, status);
+                    rec.phase = rec.phase.exited(at, exit_code(status), reason);
+                } else if crate::zygote::process_start_time(pid).ok() != Some(start_time) {
+                    // Gone without a trace: kubelet reports such containers as 137/Error.
+                    rec.phase = rec.phase.exited(SystemTime::now(), 137, ExitReason::Error);
+                }
+            }
+            let exited = rec.phase.process().is_none();
+            let (tx, _) = watch::channel(exited);
+            state.containers.insert(
+                rec.id.clone(),
+                Entry {
+                    record: rec,
+                    exited: tx,
+                    tap: None,
+                },
+            );
+        }
+    }
+
+    fn exit_reason(&self, rec: &ContainerRecord, status: WireExit) -> ExitReason {
+        let oom = match (&self.cgroups, &rec.cgroups_path) {
+            (Some(h), Some(path)) => {
+                ironlet_cgroups::CgroupPath::new(path)
+                    .and_then(|p| h.oom_kill_count(&p))
+                    .unwrap_or(0)
+                    > 0
+            }
+            _ => false,
+        };
+        if oom {
+            ExitReason::OOMKilled
+        } else if exit_code(status) == 0 {
+            ExitReason::Completed
+        } else {
+            ExitReason::Error
+        }
+    }
+
+    fn persist(&self, rec: &ContainerRecord) {
+        let dir = self.container_dir(&rec.id);
+        if let Err(err) = record::save(&dir, rec) {
+            tracing::error!(container_id = %rec.id, %err, "saving container record failed");
+        }
+    }
+
+    /// Applies one event from the zygote.
+    fn on_event(&self, event: Event) {
+        let Event::Exited {
+            id,
+            exec_id,
+            status,
+            at_unix_nanos,
+            ..
+        } = event;
+        let at = SystemTime::UNIX_EPOCH + Duration::from_nanos(at_unix_nanos as u64);
+        let mut state = self.lock();
+        if let Some(exec_id) = exec_id {
+            if let Some(tx) = state.exec_waiters.remove(&exec_id) {
+                let _ = tx.send(exit_code(status));
+            }
+            return;
+        }
+        drop(state);
+        let Some(cid) = ContainerId::parse(&id) else {
+            return;
+        };
+        self.record_exit(&cid, status, at);
+    }
+
+    /// Moves a container to Exited (once), persists it, wakes waiters and tells the PLEG.
+    /// An exit for a container not registered yet is kept until its create completes.
+    fn record_exit(&self, id: &ContainerId, status: WireExit, at: SystemTime) {
+        let mut state = self.lock();
+        let Some(entry) = state.containers.get_mut(id) else {
+            state.early_exits.insert(id.to_string(), (status, at));
+            return;
+        };
+        if !matches!(entry.record.phase, ContainerPhase::Exited { .. }) {
+            let reason = self.exit_reason(&entry.record, status);
+            entry.record.phase = entry.record.phase.exited(at, exit_code(status), reason);
+        } else {
+            return;
+        }
+        let rec = entry.record.clone();
+        entry.exited.send_replace(true);
+        drop(state);
+        self.persist(&rec);
+        let code = exit_code(status);
+        tracing::debug!(container_id = %id, code, "container exited");
+        let _ = self.events.send(RuntimeEvent::ContainerExited {
+            id: id.clone(),
+            pod_uid: rec.pod_uid,
+            exit_code: code,
+            observed_at: std::time::Instant::now(),
+        });
+    }
+}
+
+pub(crate) fn exit_code(status: WireExit) -> i32 {
+    match status {
+        WireExit::Code(c) => c,
+        WireExit::Signal(s) => 128 + s,
+    }
+}
+
+async fn event_loop(inner: std::sync::Weak<Inner>, mut rx: mpsc::UnboundedReceiver<Event>) {
+    while let Some(event) = rx.recv().await {
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        inner.on_event(event);
+    }
+}
+
+#[async_trait]
+impl Runtime for LocalRuntime {
+    fn version(&self) -> RuntimeVersion {
+        RuntimeVersion {
+            runtime_name: "ironlet",
+            runtime_version: env!("CARGO_PKG_VERSION"),
+        }
+    }
+
+    async fn run_pod_sandbox(&self, config: &PodSandboxConfig) -> Result<SandboxId, RuntimeError> {
+        self.inner.run_pod_sandbox(config).await
+    }
+
+    async fn stop_pod_sandbox(&self, id: &SandboxId) -> Result<(), RuntimeError> {
+        self.inner.stop_pod_sandbox(id).await
+    }
+
+    async fn remove_pod_sandbox(&self, id: &SandboxId) -> Result<(), RuntimeError> {
+        self.inner.remove_pod_sandbox(id).await
+    }
+
+    async fn pod_sandbox_status(&self, id: &SandboxId) -> Result<PodSandboxStatus, RuntimeError> {
+        let state = self.inner.lock();
+        state
+            .sandboxes
+            .get(id)
+            .map(SandboxRecord::status)
+            .ok_or_else(|| not_found("sandbox", id.as_str()))
+    }
+
+    async fn list_pod_sandboxes(&self) -> Result<Vec<PodSandboxStatus>, RuntimeError> {
+        let state = self.inner.lock();
+        Ok(state
+            .sandboxes
+            .values()
+            .map(SandboxRecord::status)
+            .collect())
+    }
+
+    async fn create_container(
+        &self,
+        sandbox: &SandboxId,
+        config: &ContainerConfig,
+    ) -> Result<ContainerId, RuntimeError> {
+        self.inner.create_container(sandbox, config).await
+    }
+
+    async fn start_container(&self, id: &ContainerId) -> Result<(), RuntimeError> {
+        self.inner.start_container(id).await
+    }
+
+    async fn stop_container(&self, id: &ContainerId, grace: Duration) -> Result<(), RuntimeError> {
+        self.inner.stop_container(id, grace).await
+    }
+
+    async fn remove_container(&self, id: &ContainerId) -> Result<(), RuntimeError> {
+        self.inner.remove_container(id).await
+    }
+
+    async fn container_status(&self, id: &ContainerId) -> Result<ContainerStatus, RuntimeError> {
+        self.inner.status_of(id)
+    }
+
+    async fn list_containers(
+        &self,
+        filter: &ContainerFilter,
+    ) -> Result<Vec<ContainerStatus>, RuntimeError> {
+        let state = self.inner.lock();
+        let mut out: Vec<_> = state
+            .containers
+            .values()
+            .map(|e| &e.record)
+            .filter(|r| {
+                filter
+                    .sandbox_id
+                    .as_ref()
+                    .is_none_or(|s| *s == r.sandbox_id)
+            })
+            .filter(|r| filter.pod_uid.as_ref().is_none_or(|u| *u == r.pod_uid))
+            .filter(|r| filter.state.is_none_or(|s| s == r.phase.state()))
+            .map(ContainerRecord::status)
+            .collect();
+        out.sort_by_key(|s| s.created_at);
+        Ok(out)
+    }
+
+    async fn pod_status(&self, pod_uid: &str) -> Result<PodStatus, RuntimeError> {
+        let state = self.inner.lock();
+        let sandboxes: Vec<_> = state
+            .sandboxes
+            .values()
+            .filter(|s| s.config.pod_uid == pod_uid)
+            .map(SandboxRecord::status)
+            .collect();
+        let mut containers: Vec<_> = state
+            .containers
+            .values()
+            .filter(|e| e.record.pod_uid == pod_uid)
+            .map(|e| e.record.status())
+            .collect();
+        containers.sort_by_key(|s| std::cmp::Reverse(s.created_at));
+        let (name, namespace) = sandboxes
+            .first()
+            .map(|s| (s.config.name.clone(), s.config.namespace.clone()))
+            .unwrap_or_default();
+        Ok(PodStatus {
+            pod_uid: pod_uid.to_owned(),
+            name,
+            namespace,
+            sandboxes,
+            containers,
+        })
+    }
+
+    async fn exec_sync(
+        &self,
+        id: &ContainerId,
+        cmd: &[String],
+        timeout: Option<Duration>,
+    ) -> Result<ExecOutput, RuntimeError> {
+        self.inner.exec_sync(id, cmd, timeout).await
+    }
+
+    async fn garbage_collect(&self, policy: &GcPolicy) -> Result<usize, RuntimeError> {
+        self.inner.garbage_collect(policy).await
+    }
+
+    fn subscribe(&self) -> broadcast::Receiver<RuntimeEvent> {
+        self.inner.events.subscribe()
+    }
+}
+
+/// Removes a directory tree, treating "already gone" as success.
+pub(crate) fn remove_dir_all_if_exists(path: &Path) -> Result<(), RuntimeError> {
+    match std::fs::remove_dir_all(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(RuntimeError::io("remove", path, e)),
+    }
+}

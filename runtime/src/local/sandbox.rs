@@ -1,0 +1,140 @@
+//! Pod sandboxes without a pause process: a directory, a record and, unless the pod uses
+//! the host's, network/IPC/UTS namespaces pinned by bind mounts (`<dir>/ns/{net,ipc,uts}`).
+//! Rootless sandboxes share nothing: each container gets its own namespaces, because an
+//! unprivileged user cannot pin namespace files on the host.
+
+use std::time::{Duration, SystemTime};
+
+use nix::mount::MntFlags;
+
+use super::record::{self, SandboxRecord};
+use super::{not_found, remove_dir_all_if_exists, Inner};
+use crate::error::RuntimeError;
+use crate::types::{ContainerId, PodSandboxConfig, SandboxId, SandboxState};
+
+impl Inner {
+    pub(crate) async fn run_pod_sandbox(
+        &self,
+        config: &PodSandboxConfig,
+    ) -> Result<SandboxId, RuntimeError> {
+        if config.pod_uid.is_empty() || config.name.is_empty() {
+            return Err(RuntimeError::InvalidConfig(
+                "sandbox needs a pod uid and a name".into(),
+            ));
+        }
+        let id = SandboxId::random();
+        let dir = self.config.sandboxes_dir().join(id.as_str());
+        std::fs::create_dir_all(&dir).map_err(|e| RuntimeError::io("create", &dir, e))?;
+        let share = !self.config.rootless;
+        let (net, ipc, uts) = (
+            share && !config.host_network,
+            share && !config.host_ipc,
+            share && !config.host_network,
+        );
+        let mut rec = SandboxRecord {
+            id: id.clone(),
+            config: config.clone(),
+            created_at: SystemTime::now(),
+            state: SandboxState::Ready,
+            namespace_dir: None,
+            net,
+            ipc,
+            uts,
+        };
+        let result = self.make_sandbox(&mut rec).await;
+        if let Err(original) = result {
+            if let Err(cleanup) = self.destroy_sandbox_files(&rec) {
+                return Err(RuntimeError::Rollback {
+                    original: Box::new(original),
+                    cleanup: Box::new(cleanup),
+                });
+            }
+            return Err(original);
+        }
+        self.lock().sandboxes.insert(id.clone(), rec);
+        Ok(id)
+    }
+
+    async fn make_sandbox(&self, rec: &mut SandboxRecord) -> Result<(), RuntimeError> {
+        let dir = self.config.sandboxes_dir().join(rec.id.as_str());
+        if !rec.config.log_directory.as_os_str().is_empty() {
+            std::fs::create_dir_all(&rec.config.log_directory).map_err(|e| {
+                RuntimeError::io("create log directory", &rec.config.log_directory, e)
+            })?;
+        }
+        if rec.net || rec.ipc || rec.uts {
+            let ns_dir = dir.join("ns");
+            std::fs::create_dir_all(&ns_dir).map_err(|e| RuntimeError::io("create", &ns_dir, e))?;
+            rec.namespace_dir = Some(ns_dir.clone());
+            let hostname = if rec.config.hostname.is_empty() {
+                rec.config.name.clone()
+            } else {
+                rec.config.hostname.clone()
+            };
+            self.zygote
+                .create_namespaces(ns_dir, hostname, rec.net, rec.ipc, rec.uts)
+                .await?;
+        }
+        record::save(&dir, rec).map_err(|e| RuntimeError::io("save sandbox record", &dir, e))
+    }
+
+    fn sandbox_containers(&self, id: &SandboxId) -> Vec<ContainerId> {
+        let state = self.lock();
+        state
+            .containers
+            .values()
+            .filter(|e| e.record.sandbox_id == *id)
+            .map(|e| e.record.id.clone())
+            .collect()
+    }
+
+    pub(crate) async fn stop_pod_sandbox(&self, id: &SandboxId) -> Result<(), RuntimeError> {
+        if !self.lock().sandboxes.contains_key(id) {
+            return Err(not_found("sandbox", id.as_str()));
+        }
+        for cid in self.sandbox_containers(id) {
+            self.stop_container(&cid, Duration::ZERO).await?;
+        }
+        let rec = {
+            let mut state = self.lock();
+            let Some(rec) = state.sandboxes.get_mut(id) else {
+                return Ok(());
+            };
+            rec.state = SandboxState::NotReady;
+            rec.clone()
+        };
+        let dir = self.config.sandboxes_dir().join(id.as_str());
+        record::save(&dir, &rec).map_err(|e| RuntimeError::io("save sandbox record", &dir, e))
+    }
+
+    pub(crate) async fn remove_pod_sandbox(&self, id: &SandboxId) -> Result<(), RuntimeError> {
+        for cid in self.sandbox_containers(id) {
+            self.remove_container(&cid).await?;
+        }
+        let rec = self.lock().sandboxes.remove(id);
+        if let Some(rec) = rec {
+            self.destroy_sandbox_files(&rec)?;
+        }
+        Ok(())
+    }
+
+    /// Unpins the namespaces and removes the sandbox directory; idempotent.
+    fn destroy_sandbox_files(&self, rec: &SandboxRecord) -> Result<(), RuntimeError> {
+        if let Some(ns_dir) = &rec.namespace_dir {
+            for kind in ["net", "ipc", "uts"] {
+                let file = ns_dir.join(kind);
+                if file.exists() {
+                    match nix::mount::umount2(&file, MntFlags::MNT_DETACH) {
+                        Ok(())
+                        | Err(nix::errno::Errno::EINVAL)
+                        | Err(nix::errno::Errno::ENOENT) => {}
+                        Err(e) => {
+                            return Err(RuntimeError::io("unmount namespace", &file, e.into()))
+                        }
+                    }
+                }
+            }
+        }
+        remove_dir_all_if_exists(&self.config.sandboxes_dir().join(rec.id.as_str()))
+    }
+}

@@ -1,0 +1,270 @@
+//! The agent's async end of the zygote socket.
+//!
+//! Any number of tasks may call at once: each request gets a sequence number and a oneshot
+//! for its reply; one reader task routes replies to their callers and events to a single
+//! unbounded channel, so no exit is ever dropped for a slow consumer.
+
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::io::unix::AsyncFd;
+use tokio::sync::{mpsc, oneshot};
+
+use super::protocol::{
+    recv_message, send_message, Envelope, Event, Inbound, Reply, Request, MAX_MESSAGE,
+};
+use super::{ZygoteError, ZygoteHandle};
+
+type Pending = Arc<Mutex<Option<HashMap<u64, oneshot::Sender<(Reply, Vec<OwnedFd>)>>>>>;
+
+/// A connection to the zygote. Cheap to share behind an `Arc`.
+pub struct ZygoteClient {
+    sock: Arc<AsyncFd<OwnedFd>>,
+    pending: Pending,
+    next_seq: AtomicU64,
+    pub pid: i32,
+}
+
+/// The output pipes and pid of a started exec process.
+pub struct ExecHandle {
+    pub pid: i32,
+    pub stdout: OwnedFd,
+    pub stderr: OwnedFd,
+}
+
+impl ZygoteClient {
+    /// Wraps a spawned zygote; must run inside a tokio runtime. Events go to `events`.
+    pub fn new(
+        handle: ZygoteHandle,
+        events: mpsc::UnboundedSender<Event>,
+    ) -> Result<Self, ZygoteError> {
+        nix::fcntl::fcntl(
+            handle.sock.as_raw_fd(),
+            nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+        )
+        .map_err(|e| ZygoteError::Socket(e.into()))?;
+        // SAFETY: the descriptor is owned by the AsyncFd and never replaced while registered.
+        let sock =
+            unsafe { AsyncFd::register(handle.sock) }.map_err(|e| ZygoteError::Socket(e.into()))?;
+        let sock = Arc::new(sock);
+        let pending: Pending = Arc::new(Mutex::new(Some(HashMap::new())));
+        tokio::spawn(read_loop(sock.clone(), pending.clone(), events));
+        Ok(Self {
+            sock,
+            pending,
+            next_seq: AtomicU64::new(1),
+            pid: handle.pid,
+        })
+    }
+
+    async fn call(&self, request: Request) -> Result<(Reply, Vec<OwnedFd>), ZygoteError> {
+        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut guard = self.pending.lock().map_err(|_| ZygoteError::Gone)?;
+            guard.as_mut().ok_or(ZygoteError::Gone)?.insert(seq, tx);
+        }
+        let envelope = Envelope { seq, request };
+        loop {
+            let mut ready = self.sock.writable().await.map_err(ZygoteError::Socket)?;
+            match send_message(self.sock.get_ref().as_raw_fd(), &envelope, &[]) {
+                Err(ZygoteError::Socket(e)) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    ready.clear_ready();
+                }
+                Err(e) => {
+                    self.forget(seq);
+                    return Err(e);
+                }
+                Ok(()) => break,
+            }
+        }
+        match rx.await {
+            Ok((Reply::Failed { message }, _)) => Err(ZygoteError::Failed(message)),
+            Ok(reply) => Ok(reply),
+            Err(_) => Err(ZygoteError::Gone),
+        }
+    }
+
+    fn forget(&self, seq: u64) {
+        if let Ok(mut guard) = self.pending.lock() {
+            if let Some(map) = guard.as_mut() {
+                map.remove(&seq);
+            }
+        }
+    }
+
+    /// Creates a container; returns its init pid, start time and the stdout/stderr read ends.
+    pub async fn create(
+        &self,
+        id: &str,
+        bundle: PathBuf,
+        state_root: PathBuf,
+    ) -> Result<(i32, u64, OwnedFd, OwnedFd), ZygoteError> {
+        let (reply, fds) = self
+            .call(Request::Create {
+                id: id.to_owned(),
+                bundle,
+                state_root,
+            })
+            .await?;
+        match (reply, two_fds(fds)) {
+            (Reply::Created { pid, start_time }, Some((out, err))) => {
+                Ok((pid, start_time, out, err))
+            }
+            (other, _) => Err(ZygoteError::Unexpected(format!("{other:?}"))),
+        }
+    }
+
+    pub async fn start(&self, id: &str, state_root: PathBuf) -> Result<(), ZygoteError> {
+        self.call(Request::Start {
+            id: id.to_owned(),
+            state_root,
+        })
+        .await
+        .map(drop)
+    }
+
+    pub async fn kill(&self, id: &str, signal: i32) -> Result<(), ZygoteError> {
+        self.call(Request::Kill {
+            id: id.to_owned(),
+            signal,
+        })
+        .await
+        .map(drop)
+    }
+
+    pub async fn delete(
+        &self,
+        id: &str,
+        state_root: PathBuf,
+        force: bool,
+    ) -> Result<(), ZygoteError> {
+        self.call(Request::Delete {
+            id: id.to_owned(),
+            state_root,
+            force,
+        })
+        .await
+        .map(drop)
+    }
+
+    pub async fn exec(
+        &self,
+        id: &str,
+        exec_id: &str,
+        state_root: PathBuf,
+        args: Vec<String>,
+        env: Vec<(String, String)>,
+        cwd: Option<PathBuf>,
+    ) -> Result<ExecHandle, ZygoteError> {
+        let (reply, fds) = self
+            .call(Request::Exec {
+                id: id.to_owned(),
+                exec_id: exec_id.to_owned(),
+                state_root,
+                args,
+                env,
+                cwd,
+            })
+            .await?;
+        match (reply, two_fds(fds)) {
+            (Reply::Execd { pid }, Some((stdout, stderr))) => Ok(ExecHandle {
+                pid,
+                stdout,
+                stderr,
+            }),
+            (other, _) => Err(ZygoteError::Unexpected(format!("{other:?}"))),
+        }
+    }
+
+    pub async fn create_namespaces(
+        &self,
+        dir: PathBuf,
+        hostname: String,
+        net: bool,
+        ipc: bool,
+        uts: bool,
+    ) -> Result<(), ZygoteError> {
+        self.call(Request::CreateNamespaces {
+            dir,
+            hostname,
+            net,
+            ipc,
+            uts,
+        })
+        .await
+        .map(drop)
+    }
+
+    pub async fn adopt(&self, id: &str, pid: i32, start_time: u64) -> Result<(), ZygoteError> {
+        self.call(Request::Adopt {
+            id: id.to_owned(),
+            pid,
+            start_time,
+        })
+        .await
+        .map(drop)
+    }
+
+    pub async fn set_exit_dir(&self, dir: PathBuf) -> Result<(), ZygoteError> {
+        self.call(Request::SetExitDir { dir }).await.map(drop)
+    }
+}
+
+fn two_fds(fds: Vec<OwnedFd>) -> Option<(OwnedFd, OwnedFd)> {
+    let mut it = fds.into_iter();
+    Some((it.next()?, it.next()?))
+}
+
+async fn read_loop(
+    sock: Arc<AsyncFd<OwnedFd>>,
+    pending: Pending,
+    events: mpsc::UnboundedSender<Event>,
+) {
+    let mut buf = vec![0u8; MAX_MESSAGE];
+    'outer: loop {
+        let mut ready = match sock.readable().await {
+            Ok(r) => r,
+            Err(err) => {
+                tracing::error!(%err, "zygote socket failed");
+                break;
+            }
+        };
+        loop {
+            match recv_message::<Inbound>(sock.get_ref().as_raw_fd(), &mut buf) {
+                Ok(Some((Inbound::Reply { seq, reply }, fds))) => {
+                    let waiter = pending
+                        .lock()
+                        .ok()
+                        .and_then(|mut g| g.as_mut().and_then(|m| m.remove(&seq)));
+                    if let Some(tx) = waiter {
+                        let _ = tx.send((reply, fds));
+                    }
+                }
+                Ok(Some((Inbound::Event(event), _))) => {
+                    let _ = events.send(event);
+                }
+                Ok(None) => {
+                    tracing::error!("the zygote hung up");
+                    break 'outer;
+                }
+                Err(ZygoteError::Socket(e)) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    ready.clear_ready();
+                    break;
+                }
+                Err(ZygoteError::Decode(err)) => tracing::warn!(%err, "undecodable zygote message"),
+                Err(err) => {
+                    tracing::error!(%err, "zygote socket failed");
+                    break 'outer;
+                }
+            }
+        }
+    }
+    // Fail every caller still waiting, and refuse new calls.
+    if let Ok(mut guard) = pending.lock() {
+        guard.take();
+    }
+}

@@ -1,0 +1,186 @@
+//! The wire protocol between the agent (a tokio process) and the zygote.
+//!
+//! Messages are JSON documents, one per `SOCK_SEQPACKET` datagram, so framing is the
+//! kernel's. File descriptors (log pipes) travel beside a message as `SCM_RIGHTS`.
+//! Requests carry a client-chosen `seq`; the zygote answers each with exactly one
+//! [`Reply`] of the same `seq`, in any order. [`Event`]s (process exits) are unsolicited.
+
+use std::io::IoSlice;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::PathBuf;
+
+use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
+use serde::{Deserialize, Serialize};
+
+use super::ZygoteError;
+
+/// Largest message either side sends; exec output never travels inline (it uses pipes).
+pub(crate) const MAX_MESSAGE: usize = 256 * 1024;
+/// At most this many descriptors ride along one message.
+const MAX_FDS: usize = 4;
+
+/// What the agent asks of the zygote.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Request {
+    /// Create a container from a bundle (libcontainer `as_init().build()`); its init waits
+    /// for `Start`. Reply: [`Reply::Created`] with the read ends of stdout and stderr pipes.
+    Create {
+        id: String,
+        bundle: PathBuf,
+        state_root: PathBuf,
+    },
+    /// Let a created container's init exec the user process.
+    Start { id: String, state_root: PathBuf },
+    /// Signal a container's init through the pidfd the zygote holds.
+    Kill { id: String, signal: i32 },
+    /// Delete libcontainer's state and cgroups of a stopped container.
+    Delete {
+        id: String,
+        state_root: PathBuf,
+        force: bool,
+    },
+    /// Run a process in a running container (libcontainer tenant). Reply: [`Reply::Execd`]
+    /// with output pipes; the exit arrives as an [`Event::Exited`] with `exec_id`.
+    Exec {
+        id: String,
+        exec_id: String,
+        state_root: PathBuf,
+        args: Vec<String>,
+        env: Vec<(String, String)>,
+        cwd: Option<PathBuf>,
+    },
+    /// Create network, IPC and UTS namespaces held by bind mounts under `dir`.
+    CreateNamespaces {
+        dir: PathBuf,
+        hostname: String,
+        net: bool,
+        ipc: bool,
+        uts: bool,
+    },
+    /// Re-adopt a running container process (after a client restart): watch `pid` again if
+    /// its start time still matches.
+    Adopt {
+        id: String,
+        pid: i32,
+        start_time: u64,
+    },
+    /// Remember an exit durably under this directory (`<dir>/<id>.json`).
+    SetExitDir { dir: PathBuf },
+}
+
+/// The zygote's answer to one request.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Reply {
+    Created { pid: i32, start_time: u64 },
+    Execd { pid: i32 },
+    Done,
+    Failed { message: String },
+}
+
+/// Something that happened without being asked.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Event {
+    /// A watched process ended and was reaped. `exec_id` is set for exec processes.
+    Exited {
+        id: String,
+        exec_id: Option<String>,
+        pid: i32,
+        status: WireExit,
+        /// Wall-clock time of the reap, in nanoseconds since the epoch.
+        at_unix_nanos: u128,
+    },
+}
+
+/// How a process ended, on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WireExit {
+    Code(i32),
+    Signal(i32),
+}
+
+/// A message from the agent.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Envelope {
+    pub seq: u64,
+    pub request: Request,
+}
+
+/// A message from the zygote.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Inbound {
+    Reply { seq: u64, reply: Reply },
+    Event(Event),
+}
+
+/// Sends one message with descriptors; blocks on a blocking socket, returns `EAGAIN` on a
+/// non-blocking one.
+pub(crate) fn send_message<T: Serialize>(
+    sock: RawFd,
+    msg: &T,
+    fds: &[RawFd],
+) -> Result<(), ZygoteError> {
+    let bytes = serde_json::to_vec(msg).map_err(|e| ZygoteError::Encode(e.to_string()))?;
+    if bytes.len() > MAX_MESSAGE {
+        return Err(ZygoteError::Encode(format!(
+            "message of {} bytes exceeds {MAX_MESSAGE}",
+            bytes.len()
+        )));
+    }
+    let iov = [IoSlice::new(&bytes)];
+    let cmsg = [ControlMessage::ScmRights(fds)];
+    let cmsgs: &[ControlMessage] = if fds.is_empty() { &[] } else { &cmsg };
+    loop {
+        match sendmsg::<()>(sock, &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, None) {
+            Ok(_) => return Ok(()),
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(ZygoteError::Socket(std::io::Error::from(e))),
+        }
+    }
+}
+
+/// Receives one message and its descriptors. `Ok(None)` means the peer hung up.
+pub(crate) fn recv_message<T: for<'de> Deserialize<'de>>(
+    sock: RawFd,
+    buf: &mut [u8],
+) -> Result<Option<(T, Vec<OwnedFd>)>, ZygoteError> {
+    let mut cmsg_space = nix::cmsg_space!([RawFd; MAX_FDS]);
+    let (len, fds) = loop {
+        let mut iov = [std::io::IoSliceMut::new(buf)];
+        match recvmsg::<()>(
+            sock,
+            &mut iov,
+            Some(&mut cmsg_space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        ) {
+            Ok(msg) => {
+                let mut fds = Vec::new();
+                for cmsg in msg.cmsgs().map_err(|e| ZygoteError::Socket(e.into()))? {
+                    if let ControlMessageOwned::ScmRights(raw) = cmsg {
+                        // SAFETY: the kernel just installed these descriptors for us.
+                        fds.extend(
+                            raw.into_iter()
+                                .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
+                        );
+                    }
+                }
+                if msg.flags.contains(MsgFlags::MSG_TRUNC) {
+                    return Err(ZygoteError::Decode("message truncated".into()));
+                }
+                break (msg.bytes, fds);
+            }
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(ZygoteError::Socket(std::io::Error::from(e))),
+        }
+    };
+    if len == 0 {
+        return Ok(None);
+    }
+    let msg =
+        serde_json::from_slice(&buf[..len]).map_err(|e| ZygoteError::Decode(e.to_string()))?;
+    Ok(Some((msg, fds)))
+}
+
+/// Raw descriptor numbers of a list of owned descriptors, for [`send_message`].
+pub(crate) fn raw_fds(fds: &[OwnedFd]) -> Vec<RawFd> {
+    fds.iter().map(AsRawFd::as_raw_fd).collect()
+}

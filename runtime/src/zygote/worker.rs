@@ -1,0 +1,322 @@
+//! What a forked worker of the zygote does: exactly one libcontainer call (or namespace
+//! setup) in a fresh single-threaded process, whose result it writes to a pipe before
+//! `_exit`.
+//!
+//! A worker per call gives libcontainer what it assumes, a process of its own: it may
+//! `chdir`, write `/proc/self/oom_score_adj` and clone freely without disturbing the agent,
+//! the zygote or a concurrent call.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use libcontainer::container::builder::ContainerBuilder;
+use libcontainer::container::Container;
+use libcontainer::syscall::syscall::SyscallType;
+use nix::mount::MsFlags;
+use nix::sched::CloneFlags;
+use serde::{Deserialize, Serialize};
+
+use super::protocol::Request;
+
+/// What a worker reports back to the zygote.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) enum WorkerResult {
+    /// The pid of the process the call created (container init or exec process), if any.
+    Ok {
+        pid: Option<i32>,
+    },
+    Err {
+        message: String,
+    },
+}
+
+/// Descriptors a worker hands to the container process.
+pub(crate) struct Stdio {
+    pub stdout: OwnedFd,
+    pub stderr: OwnedFd,
+}
+
+/// Runs `request` and writes the result to `result_pipe`. Never returns.
+pub(crate) fn run(request: Request, stdio: Option<Stdio>, result_pipe: OwnedFd) -> ! {
+    let result = match perform(request, stdio) {
+        Ok(pid) => WorkerResult::Ok { pid },
+        Err(message) => WorkerResult::Err { message },
+    };
+    let mut file = std::fs::File::from(result_pipe);
+    let code = match serde_json::to_vec(&result) {
+        Ok(bytes) if file.write_all(&bytes).is_ok() => 0,
+        _ => 1,
+    };
+    drop(file);
+    // SAFETY: _exit skips atexit handlers and destructors shared with the parent's image.
+    unsafe { libc::_exit(code) }
+}
+
+fn perform(request: Request, stdio: Option<Stdio>) -> Result<Option<i32>, String> {
+    // (container id, whether libcontainer will add processes to its cgroup)
+    let cgroup_user = match &request {
+        Request::Create { id, .. } | Request::Exec { id, .. } => Some((id.clone(), true)),
+        Request::Delete { id, .. } => Some((id.clone(), false)),
+        _ => None,
+    };
+    if let Some((id, adds)) = cgroup_user.filter(|_| !nix::unistd::geteuid().is_root()) {
+        hide_cgroups_from_libcontainer(&id, adds)?;
+    }
+    match request {
+        Request::Create {
+            id,
+            bundle,
+            state_root,
+        } => create(&id, &bundle, &state_root, stdio).map(Some),
+        Request::Start { id, state_root } => {
+            let mut container = load(&state_root, &id)?;
+            container
+                .start()
+                .map_err(|e| format!("start: {e}"))
+                .map(|()| None)
+        }
+        Request::Delete {
+            id,
+            state_root,
+            force,
+        } => delete(&id, &state_root, force).map(|()| None),
+        Request::Exec {
+            id,
+            state_root,
+            args,
+            env,
+            cwd,
+            ..
+        } => exec(&id, &state_root, args, env, cwd, stdio).map(Some),
+        Request::CreateNamespaces {
+            dir,
+            hostname,
+            net,
+            ipc,
+            uts,
+        } => create_namespaces(&dir, &hostname, net, ipc, uts).map(|()| None),
+        other => Err(format!("not a worker request: {other:?}")),
+    }
+}
+
+fn dev_null() -> Result<OwnedFd, String> {
+    std::fs::File::open("/dev/null")
+        .map(OwnedFd::from)
+        .map_err(|e| format!("open /dev/null: {e}"))
+}
+
+fn builder(id: &str, state_root: &Path, stdio: Option<Stdio>) -> Result<ContainerBuilder, String> {
+    let mut builder = ContainerBuilder::new(id.to_owned(), SyscallType::Linux)
+        .with_root_path(state_root)
+        .map_err(|e| format!("state root {}: {e}", state_root.display()))?
+        .with_stdin(dev_null()?);
+    if let Some(stdio) = stdio {
+        builder = builder.with_stdout(stdio.stdout).with_stderr(stdio.stderr);
+    }
+    Ok(builder)
+}
+
+fn create(id: &str, bundle: &Path, state_root: &Path, stdio: Option<Stdio>) -> Result<i32, String> {
+    let container = builder(id, state_root, stdio)?
+        .validate_id()
+        .map_err(|e| format!("container id: {e}"))?
+        .as_init(bundle)
+        .with_systemd(false)
+        .with_detach(true)
+        .build()
+        .map_err(|e| format!("create: {e}"))?;
+    container
+        .pid()
+        .map(|p| p.as_raw())
+        .ok_or_else(|| "create: container has no pid".to_owned())
+}
+
+fn load(state_root: &Path, id: &str) -> Result<Container, String> {
+    Container::load(state_root.join(id)).map_err(|e| format!("load state of {id}: {e}"))
+}
+
+fn delete(id: &str, state_root: &Path, force: bool) -> Result<(), String> {
+    if !state_root.join(id).exists() {
+        return Ok(());
+    }
+    let mut container = load(state_root, id)?;
+    container.delete(force).map_err(|e| format!("delete: {e}"))
+}
+
+fn exec(
+    id: &str,
+    state_root: &Path,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    cwd: Option<PathBuf>,
+    stdio: Option<Stdio>,
+) -> Result<i32, String> {
+    let pid = builder(id, state_root, stdio)?
+        .as_tenant()
+        .with_container_args(args)
+        .with_env(env.into_iter().collect::<HashMap<_, _>>())
+        .with_cwd(cwd)
+        .with_detach(true)
+        .build()
+        .map_err(|e| format!("exec: {e}"))?;
+    Ok(pid.as_raw())
+}
+
+/// Rootless without cgroup delegation: libcontainer's cgroup v1 manager has no rootless
+/// mode and fails to create its cgroup. So the worker moves into a user namespace that maps
+/// just its own ids (which lets it own a mount namespace) and covers every cgroup
+/// mount with a private tmpfs: libcontainer then "manages" empty directories nobody else
+/// sees, and on a pure v2 host finds no v1 controller at all. The container's own user
+/// namespace nests inside this one with the same ids, so nothing changes for the
+/// container; it simply has no limits, which the CLI and agent report.
+fn hide_cgroups_from_libcontainer(container_id: &str, adds_tasks: bool) -> Result<(), String> {
+    let uid = nix::unistd::geteuid().as_raw();
+    let gid = nix::unistd::getegid().as_raw();
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| format!("rootless: read mountinfo: {e}"))?;
+    nix::sched::unshare(CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNS)
+        .map_err(|e| format!("rootless: unshare user+mount namespace: {e}"))?;
+    let write = |file: &str, content: String| {
+        std::fs::write(file, content).map_err(|e| format!("rootless: write {file}: {e}"))
+    };
+    write("/proc/self/setgroups", "deny".into())?;
+    write("/proc/self/uid_map", format!("{uid} {uid} 1"))?;
+    write("/proc/self/gid_map", format!("{gid} {gid} 1"))?;
+    nix::mount::mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(|e| format!("rootless: make / private: {e}"))?;
+    for mount_point in cgroup_mount_points(&mountinfo) {
+        // cpuset refuses tasks until cpus and mems are set, copied down from the parent.
+        let cpuset: Vec<(String, String)> = ["cpuset.cpus", "cpuset.mems"]
+            .iter()
+            .filter_map(|f| {
+                let v = std::fs::read_to_string(Path::new(&mount_point).join(f)).ok()?;
+                Some((f.to_string(), v))
+            })
+            .collect();
+        nix::mount::mount(
+            Some("tmpfs"),
+            mount_point.as_str(),
+            Some("tmpfs"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+            Some("mode=755,size=64k"),
+        )
+        .map_err(|e| format!("rootless: cover {mount_point}: {e}"))?;
+        if !adds_tasks {
+            continue;
+        }
+        // libcontainer's default cgroup path for a spec without one; it opens (without
+        // creating) `cgroup.procs` there to add the container's processes.
+        let dir = Path::new(&mount_point).join(format!(":youki:{container_id}"));
+        std::fs::create_dir_all(&dir)
+            .and_then(|()| std::fs::write(dir.join("cgroup.procs"), b""))
+            .and_then(|()| {
+                cpuset.iter().try_for_each(|(file, value)| {
+                    std::fs::write(Path::new(&mount_point).join(file), value)?;
+                    std::fs::write(dir.join(file), value)
+                })
+            })
+            .map_err(|e| format!("rootless: prepare {}: {e}", dir.display()))?;
+    }
+    Ok(())
+}
+
+/// Mount points of cgroup (v1) and cgroup2 file systems, from `/proc/self/mountinfo`.
+fn cgroup_mount_points(mountinfo: &str) -> Vec<String> {
+    mountinfo
+        .lines()
+        .filter_map(|line| {
+            let (left, right) = line.split_once(" - ")?;
+            let fstype = right.split_whitespace().next()?;
+            let mount_point = left.split_whitespace().nth(4)?;
+            matches!(fstype, "cgroup" | "cgroup2").then(|| mount_point.replace("\\040", " "))
+        })
+        .collect()
+}
+
+/// Unshares the requested namespaces and pins each with a bind mount of
+/// `/proc/self/ns/<kind>` onto `<dir>/<kind>`, as `ip netns add` does; no process has to
+/// stay behind to hold them.
+fn create_namespaces(
+    dir: &Path,
+    hostname: &str,
+    net: bool,
+    ipc: bool,
+    uts: bool,
+) -> Result<(), String> {
+    let mut flags = CloneFlags::empty();
+    for (wanted, flag) in [
+        (net, CloneFlags::CLONE_NEWNET),
+        (ipc, CloneFlags::CLONE_NEWIPC),
+        (uts, CloneFlags::CLONE_NEWUTS),
+    ] {
+        if wanted {
+            flags |= flag;
+        }
+    }
+    nix::sched::unshare(flags).map_err(|e| format!("unshare {flags:?}: {e}"))?;
+    if uts {
+        nix::unistd::sethostname(hostname).map_err(|e| format!("sethostname {hostname}: {e}"))?;
+    }
+    if net {
+        loopback_up()?;
+    }
+    for (wanted, kind) in [(net, "net"), (ipc, "ipc"), (uts, "uts")] {
+        if !wanted {
+            continue;
+        }
+        let target = dir.join(kind);
+        std::fs::File::create(&target).map_err(|e| format!("create {}: {e}", target.display()))?;
+        let source = format!("/proc/self/ns/{kind}");
+        nix::mount::mount(
+            Some(source.as_str()),
+            &target,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .map_err(|e| format!("bind {source} to {}: {e}", target.display()))?;
+    }
+    Ok(())
+}
+
+/// Brings `lo` up in the current network namespace (SIOCSIFFLAGS), so pods can talk to
+/// themselves on 127.0.0.1 without a CNI loopback plugin.
+fn loopback_up() -> Result<(), String> {
+    let sock = nix::sys::socket::socket(
+        nix::sys::socket::AddressFamily::Inet,
+        nix::sys::socket::SockType::Datagram,
+        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .map_err(|e| format!("socket for lo: {e}"))?;
+    // SAFETY: ifreq is plain data; zeroed is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: valid socket and ifreq pointer for the duration of the calls.
+    unsafe {
+        if libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) < 0 {
+            return Err(format!(
+                "SIOCGIFFLAGS lo: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+        if libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) < 0 {
+            return Err(format!(
+                "SIOCSIFFLAGS lo: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,596 @@
+//! Real containers on this machine, as root: output and exit codes, limits, seccomp, exec,
+//! concurrency, stop timing and clean-up. A custom harness (`harness = false`) forks the
+//! zygote before the test threads exist, exactly as the binary does.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use ironlet_runtime::image::{ImageStore, ImageStoreConfig, LocalImageService};
+use ironlet_runtime::types::{
+    ContainerConfig, ContainerState, ExitReason, LinuxResources, PodSandboxConfig, SandboxId,
+    SeccompProfile,
+};
+use ironlet_runtime::{ImageService, LocalRuntime, LocalRuntimeConfig, Runtime};
+use libtest_mimic::{Arguments, Failed, Trial};
+
+type TestFn = fn(&Env) -> Result<()>;
+
+struct Env {
+    rt: tokio::runtime::Runtime,
+    runtime: LocalRuntime,
+    root: PathBuf,
+}
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The test images, built by `images/build` (deterministic, no network).
+fn busybox_layout() -> Result<PathBuf> {
+    let out = repo_root().join("images/out");
+    let layout = out.join("busybox");
+    if !layout.join("index.json").exists() {
+        let status = std::process::Command::new(repo_root().join("images/build"))
+            .arg(&out)
+            .status()
+            .context("running images/build")?;
+        ensure!(status.success(), "images/build failed");
+    }
+    Ok(layout)
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    if !nix::unistd::geteuid().is_root() {
+        println!("containers: skipped, needs root");
+        return;
+    }
+    // Before any thread: the zygote forks from a single-threaded process.
+    let zygote = match ironlet_runtime::zygote::spawn() {
+        Ok(z) => z,
+        Err(e) => {
+            eprintln!("cannot spawn the zygote: {e}");
+            std::process::exit(1);
+        }
+    };
+    let env = match setup(zygote) {
+        Ok(env) => Arc::new(env),
+        Err(e) => {
+            eprintln!("test setup failed: {e:#}");
+            std::process::exit(1);
+        }
+    };
+    let tests: Vec<(&str, TestFn)> = vec![
+        (
+            "output_lands_in_the_cri_log_and_the_exit_code_is_right",
+            output_and_exit_code,
+        ),
+        (
+            "a_memory_limit_kills_a_memory_hog_and_the_status_says_oomkilled",
+            memory_limit_oom,
+        ),
+        ("a_pids_limit_stops_a_fork_bomb", pids_limit),
+        ("a_seccomp_blocked_syscall_fails_with_eperm", seccomp_eperm),
+        ("exec_returns_output_and_exit_code", exec_output),
+        (
+            "fifty_containers_started_concurrently_all_finish",
+            fifty_concurrent,
+        ),
+        (
+            "stop_sends_sigterm_then_sigkill_after_the_grace_period",
+            stop_grace,
+        ),
+        (
+            "containers_of_a_sandbox_share_network_and_uts_namespaces",
+            sandbox_sharing,
+        ),
+        (
+            "removal_leaves_no_directory_mount_or_cgroup_behind",
+            removal_cleans_up,
+        ),
+        (
+            "the_container_oom_score_adj_does_not_touch_the_caller",
+            oom_score_adj_isolated,
+        ),
+        (
+            "a_missing_image_fails_create_and_leaves_nothing",
+            missing_image,
+        ),
+    ];
+    let trials = tests
+        .into_iter()
+        .map(|(name, f)| {
+            let env = env.clone();
+            Trial::test(name, move || {
+                f(&env).map_err(|e| Failed::from(format!("{e:#}")))
+            })
+        })
+        .collect();
+    let conclusion = libtest_mimic::run(&args, trials);
+    let root = env.root.clone();
+    drop(env);
+    let _ = std::fs::remove_dir_all(root);
+    conclusion.exit();
+}
+
+fn setup(zygote: ironlet_runtime::zygote::ZygoteHandle) -> Result<Env> {
+    let root = std::env::temp_dir().join(format!("ironlet-rt-test-{}", std::process::id()));
+    std::fs::create_dir_all(&root)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let layout = busybox_layout()?;
+    let runtime = rt.block_on(async {
+        let store = Arc::new(ImageStore::open_with(
+            &root.join("images"),
+            ImageStoreConfig::default(),
+        )?);
+        LocalImageService::new(store.clone())
+            .import(&layout)
+            .await?;
+        let config = LocalRuntimeConfig {
+            root_dir: root.clone(),
+            rootless: false,
+            default_cgroup_parent: Some(format!("/ironlet-test-{}", std::process::id())),
+        };
+        anyhow::Ok(LocalRuntime::new(config, zygote, store).await?)
+    })?;
+    Ok(Env { rt, runtime, root })
+}
+
+fn sandbox_config(env: &Env, name: &str) -> PodSandboxConfig {
+    let uid = ironlet_runtime::types::ContainerId::random().to_string();
+    PodSandboxConfig {
+        pod_uid: uid.clone(),
+        name: name.to_owned(),
+        namespace: "test".into(),
+        hostname: name.to_owned(),
+        log_directory: env.root.join("logs").join(format!("test_{name}_{uid}")),
+        ..PodSandboxConfig::default()
+    }
+}
+
+fn container(name: &str, script: &str) -> ContainerConfig {
+    ContainerConfig {
+        name: name.to_owned(),
+        image: "busybox".into(),
+        command: vec!["sh".into(), "-c".into(), script.into()],
+        log_path: PathBuf::from(format!("{name}/0.log")),
+        labels: BTreeMap::new(),
+        ..ContainerConfig::default()
+    }
+}
+
+/// Creates a sandbox with one container, starts it and returns both ids.
+async fn start_one(
+    env: &Env,
+    config: &ContainerConfig,
+) -> Result<(SandboxId, ironlet_runtime::types::ContainerId)> {
+    let sandbox = env
+        .runtime
+        .run_pod_sandbox(&sandbox_config(env, &config.name))
+        .await?;
+    let id = env.runtime.create_container(&sandbox, config).await?;
+    env.runtime.start_container(&id).await?;
+    Ok((sandbox, id))
+}
+
+async fn wait_exit(
+    env: &Env,
+    id: &ironlet_runtime::types::ContainerId,
+    secs: u64,
+) -> Result<ironlet_runtime::types::ContainerStatus> {
+    tokio::time::timeout(Duration::from_secs(secs), env.runtime.wait(id))
+        .await
+        .with_context(|| format!("container did not exit within {secs}s: is the exit event lost?"))?
+        .map_err(Into::into)
+}
+
+/// Reads a CRI log as (stream, content) pairs, after the pump has caught up.
+async fn log_lines(path: &Path, want_at_least: usize) -> Vec<(String, String)> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let lines: Vec<_> = text
+            .lines()
+            .filter_map(ironlet_runtime::local::logs::parse_record)
+            .map(|(s, _, c)| (s.to_owned(), c.to_owned()))
+            .collect();
+        if lines.len() >= want_at_least || Instant::now() > deadline {
+            return lines;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn cleanup(env: &Env, sandbox: &SandboxId) -> Result<()> {
+    env.runtime.stop_pod_sandbox(sandbox).await?;
+    env.runtime.remove_pod_sandbox(sandbox).await?;
+    Ok(())
+}
+
+fn output_and_exit_code(env: &Env) -> Result<()> {
+    env.rt.block_on(async {
+        let (sandbox, id) = start_one(
+            env,
+            &container("out", "echo to-stdout; echo to-stderr >&2; exit 3"),
+        )
+        .await?;
+        let status = wait_exit(env, &id, 20).await?;
+        ensure!(
+            status.exit_code == Some(3),
+            "exit code {:?}",
+            status.exit_code
+        );
+        ensure!(
+            status.reason == Some(ExitReason::Error),
+            "reason {:?}",
+            status.reason
+        );
+        ensure!(status.started_at.is_some() && status.finished_at.is_some());
+        let lines = log_lines(&status.log_path, 2).await;
+        ensure!(
+            lines.contains(&("stdout".into(), "to-stdout".into())),
+            "log: {lines:?}"
+        );
+        ensure!(
+            lines.contains(&("stderr".into(), "to-stderr".into())),
+            "log: {lines:?}"
+        );
+        ensure!(
+            status.log_path.ends_with("out/0.log"),
+            "log path {:?}",
+            status.log_path
+        );
+        let (sandbox2, id2) = start_one(env, &container("ok", "true")).await?;
+        let ok = wait_exit(env, &id2, 20).await?;
+        ensure!(
+            ok.exit_code == Some(0) && ok.reason == Some(ExitReason::Completed),
+            "{ok:?}"
+        );
+        cleanup(env, &sandbox).await?;
+        cleanup(env, &sandbox2).await
+    })
+}
+
+fn memory_limit_oom(env: &Env) -> Result<()> {
+    env.rt.block_on(async {
+        let mut config = container("hog", "tail /dev/zero");
+        config.resources = LinuxResources {
+            memory_limit_bytes: Some(16 << 20),
+            ..LinuxResources::default()
+        };
+        let (sandbox, id) = start_one(env, &config).await?;
+        let status = wait_exit(env, &id, 30).await?;
+        ensure!(
+            status.reason == Some(ExitReason::OOMKilled),
+            "status {status:?}"
+        );
+        ensure!(
+            status.exit_code == Some(137),
+            "exit code {:?}",
+            status.exit_code
+        );
+        cleanup(env, &sandbox).await
+    })
+}
+
+fn pids_limit(env: &Env) -> Result<()> {
+    env.rt.block_on(async {
+        // busybox sh gives up the script at the first failed fork.
+        let bomb = "i=0; while [ $i -lt 40 ]; do sleep 5 & i=$((i+1)); done; echo all-forked; wait";
+        let mut limited = container("forkbomb", bomb);
+        limited.resources.pids_limit = Some(10);
+        let mut roomy = container("forkroom", bomb);
+        roomy.resources.pids_limit = Some(100);
+        let (s1, id1) = start_one(env, &limited).await?;
+        let (s2, id2) = start_one(env, &roomy).await?;
+        let a = wait_exit(env, &id1, 30).await?;
+        let la = log_lines(&a.log_path, 1).await;
+        ensure!(
+            la.iter()
+                .any(|(s, l)| s == "stderr" && l.contains("can't fork")),
+            "no fork failure: {la:?}"
+        );
+        ensure!(
+            !la.iter().any(|(_, l)| l == "all-forked"),
+            "40 forks succeeded under a limit of 10"
+        );
+        ensure!(a.exit_code != Some(0), "exit {:?}", a.exit_code);
+        // The same script with room to spare forks all 40: the limit made the difference.
+        let b = wait_exit(env, &id2, 30).await?;
+        let lb = log_lines(&b.log_path, 1).await;
+        ensure!(
+            lb.iter().any(|(_, l)| l == "all-forked"),
+            "control run: {lb:?}"
+        );
+        ensure!(b.exit_code == Some(0), "control exit {:?}", b.exit_code);
+        cleanup(env, &s1).await?;
+        cleanup(env, &s2).await
+    })
+}
+
+fn seccomp_eperm(env: &Env) -> Result<()> {
+    env.rt.block_on(async {
+        // `unshare` is not in the RuntimeDefault allow-list without CAP_SYS_ADMIN.
+        let script = "unshare -U true 2>&1; echo rc=$?";
+        let (s1, confined) = start_one(env, &container("confined", script)).await?;
+        let mut open = container("unconfined", script);
+        open.security.seccomp = SeccompProfile::Unconfined;
+        let (s2, unconfined) = start_one(env, &open).await?;
+        let a = wait_exit(env, &confined, 20).await?;
+        let b = wait_exit(env, &unconfined, 20).await?;
+        let la = log_lines(&a.log_path, 1).await;
+        let lb = log_lines(&b.log_path, 1).await;
+        let text_a: String = la.iter().map(|(_, l)| format!("{l}\n")).collect();
+        let text_b: String = lb.iter().map(|(_, l)| format!("{l}\n")).collect();
+        ensure!(
+            text_a.contains("Operation not permitted"),
+            "confined: {text_a}"
+        );
+        ensure!(!text_a.contains("rc=0"), "confined: {text_a}");
+        ensure!(text_b.contains("rc=0"), "unconfined: {text_b}");
+        cleanup(env, &s1).await?;
+        cleanup(env, &s2).await
+    })
+}
+
+fn exec_output(env: &Env) -> Result<()> {
+    env.rt.block_on(async {
+        let (sandbox, id) = start_one(env, &container("exec", "sleep 60")).await?;
+        let cmd: Vec<String> = ["sh", "-c", "echo hi; echo oops >&2; exit 7"]
+            .map(String::from)
+            .to_vec();
+        let out = env
+            .runtime
+            .exec_sync(&id, &cmd, Some(Duration::from_secs(10)))
+            .await?;
+        ensure!(
+            out.stdout == b"hi\n",
+            "stdout {:?}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        ensure!(
+            out.stderr == b"oops\n",
+            "stderr {:?}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        ensure!(out.exit_code == 7, "exit code {}", out.exit_code);
+        let slow: Vec<String> = ["sleep", "30"].map(String::from).to_vec();
+        let started = Instant::now();
+        let timed_out = env
+            .runtime
+            .exec_sync(&id, &slow, Some(Duration::from_millis(500)))
+            .await;
+        ensure!(
+            timed_out.is_err(),
+            "a 30 s exec finished within a 0.5 s timeout"
+        );
+        ensure!(started.elapsed() < Duration::from_secs(5));
+        let st = env.runtime.container_status(&id).await?;
+        ensure!(
+            st.state == ContainerState::Running,
+            "exec disturbed the container: {st:?}"
+        );
+        cleanup(env, &sandbox).await
+    })
+}
+
+fn fifty_concurrent(env: &Env) -> Result<()> {
+    env.rt.block_on(async {
+        let mut tasks = Vec::new();
+        for i in 0..50 {
+            let runtime = env.runtime.clone();
+            let sb = sandbox_config(env, &format!("c{i}"));
+            tasks.push(tokio::spawn(async move {
+                let sandbox = runtime.run_pod_sandbox(&sb).await?;
+                let id = runtime
+                    .create_container(
+                        &sandbox,
+                        &container(&format!("c{i}"), &format!("echo n={i}")),
+                    )
+                    .await?;
+                runtime.start_container(&id).await?;
+                let status = runtime.wait(&id).await?;
+                anyhow::Ok((sandbox, status))
+            }));
+        }
+        let all = tokio::time::timeout(Duration::from_secs(120), futures_join(tasks))
+            .await
+            .context(
+                "50 concurrent containers did not all finish in 120 s: a create or start hangs",
+            )?;
+        for (i, result) in all.into_iter().enumerate() {
+            let (sandbox, status) = result??;
+            if status.exit_code != Some(0) {
+                bail!("container {i} ended with {:?}", status.exit_code);
+            }
+            let lines = log_lines(&status.log_path, 1).await;
+            ensure!(
+                lines.iter().any(|(_, l)| *l == format!("n={i}")),
+                "container {i} log {lines:?}"
+            );
+            cleanup(env, &sandbox).await?;
+        }
+        Ok(())
+    })
+}
+
+async fn futures_join<T>(
+    tasks: Vec<tokio::task::JoinHandle<T>>,
+) -> Vec<Result<T, tokio::task::JoinError>> {
+    let mut out = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        out.push(t.await);
+    }
+    out
+}
+
+fn stop_grace(env: &Env) -> Result<()> {
+    env.rt.block_on(async {
+        let script = "trap 'echo got-term' TERM; echo ready; while true; do sleep 0.1; done";
+        let (sandbox, id) = start_one(env, &container("stubborn", script)).await?;
+        let st = env.runtime.container_status(&id).await?;
+        log_lines(&st.log_path, 1).await;
+        let started = Instant::now();
+        env.runtime
+            .stop_container(&id, Duration::from_secs(2))
+            .await?;
+        let took = started.elapsed();
+        ensure!(
+            took >= Duration::from_millis(1900),
+            "SIGKILL came early: {took:?}"
+        );
+        ensure!(took < Duration::from_secs(4), "SIGKILL came late: {took:?}");
+        let status = env.runtime.container_status(&id).await?;
+        ensure!(status.exit_code == Some(137), "exit {:?}", status.exit_code);
+        let lines = log_lines(&status.log_path, 2).await;
+        ensure!(
+            lines.iter().any(|(_, l)| l == "got-term"),
+            "no SIGTERM seen: {lines:?}"
+        );
+
+        // A container that honours SIGTERM stops at once.
+        let (sandbox2, id2) = start_one(
+            env,
+            &container(
+                "polite",
+                "trap 'exit 0' TERM; while true; do sleep 0.1; done",
+            ),
+        )
+        .await?;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let started = Instant::now();
+        env.runtime
+            .stop_container(&id2, Duration::from_secs(10))
+            .await?;
+        ensure!(
+            started.elapsed() < Duration::from_secs(2),
+            "stop waited {:?}",
+            started.elapsed()
+        );
+        let status = env.runtime.container_status(&id2).await?;
+        ensure!(status.exit_code == Some(0), "exit {:?}", status.exit_code);
+        cleanup(env, &sandbox).await?;
+        cleanup(env, &sandbox2).await
+    })
+}
+
+fn sandbox_sharing(env: &Env) -> Result<()> {
+    env.rt.block_on(async {
+        let sandbox = env
+            .runtime
+            .run_pod_sandbox(&sandbox_config(env, "shared"))
+            .await?;
+        let probe = "readlink /proc/self/ns/net; readlink /proc/self/ns/uts; hostname";
+        let a = env
+            .runtime
+            .create_container(&sandbox, &container("a", probe))
+            .await?;
+        let b = env
+            .runtime
+            .create_container(&sandbox, &container("b", probe))
+            .await?;
+        env.runtime.start_container(&a).await?;
+        env.runtime.start_container(&b).await?;
+        let sa = wait_exit(env, &a, 20).await?;
+        let sb = wait_exit(env, &b, 20).await?;
+        let la = log_lines(&sa.log_path, 3).await;
+        let lb = log_lines(&sb.log_path, 3).await;
+        ensure!(
+            la.len() == 3 && la == lb,
+            "namespaces differ: {la:?} vs {lb:?}"
+        );
+        ensure!(la[2].1 == "shared", "hostname {:?}", la[2].1);
+        let host_net = std::fs::read_link("/proc/self/ns/net")?;
+        ensure!(
+            la[0].1 != host_net.to_string_lossy(),
+            "the pod uses the host network"
+        );
+        cleanup(env, &sandbox).await
+    })
+}
+
+fn removal_cleans_up(env: &Env) -> Result<()> {
+    env.rt.block_on(async {
+        let mut config = container("tidy", "sleep 60");
+        config.resources.memory_limit_bytes = Some(64 << 20);
+        let (sandbox, id) = start_one(env, &config).await?;
+        let dir = env.root.join("containers").join(id.as_str());
+        ensure!(dir.join("rootfs").exists(), "no rootfs at {dir:?}");
+        let cg = format!(
+            "/sys/fs/cgroup/memory/ironlet-test-{}/{}",
+            std::process::id(),
+            id
+        );
+        let v1 = Path::new("/sys/fs/cgroup/memory").exists();
+        if v1 {
+            ensure!(Path::new(&cg).exists(), "no memory cgroup {cg}");
+        }
+        cleanup(env, &sandbox).await?;
+        ensure!(!dir.exists(), "container directory left: {dir:?}");
+        if v1 {
+            ensure!(!Path::new(&cg).exists(), "cgroup left: {cg}");
+        }
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo")?;
+        ensure!(!mounts.contains(id.as_str()), "a mount of {id} is left");
+        ensure!(
+            !mounts.contains(sandbox.as_str()),
+            "a namespace mount of {sandbox} is left"
+        );
+        ensure!(!env.root.join("sandboxes").join(sandbox.as_str()).exists());
+        Ok(())
+    })
+}
+
+fn oom_score_adj_isolated(env: &Env) -> Result<()> {
+    env.rt.block_on(async {
+        let before = std::fs::read_to_string("/proc/self/oom_score_adj")?;
+        let mut config = container("adj", "cat /proc/self/oom_score_adj");
+        config.resources.oom_score_adj = Some(999);
+        let (sandbox, id) = start_one(env, &config).await?;
+        let status = wait_exit(env, &id, 20).await?;
+        let lines = log_lines(&status.log_path, 1).await;
+        ensure!(
+            lines.first().map(|l| l.1.as_str()) == Some("999"),
+            "container saw {lines:?}"
+        );
+        let after = std::fs::read_to_string("/proc/self/oom_score_adj")?;
+        ensure!(
+            before == after,
+            "caller's oom_score_adj changed from {before} to {after}"
+        );
+        cleanup(env, &sandbox).await
+    })
+}
+
+fn missing_image(env: &Env) -> Result<()> {
+    env.rt.block_on(async {
+        let sandbox = env
+            .runtime
+            .run_pod_sandbox(&sandbox_config(env, "noimage"))
+            .await?;
+        let before: Vec<_> = std::fs::read_dir(env.root.join("containers"))?.collect();
+        let mut config = container("x", "true");
+        config.image = "does-not-exist:1".into();
+        let err = env.runtime.create_container(&sandbox, &config).await;
+        let Err(err) = err else {
+            bail!("create succeeded without an image")
+        };
+        ensure!(
+            err.kubelet_reason() == "ErrImageNeverPull" || err.kubelet_reason() == "ErrImagePull",
+            "reason {}",
+            err.kubelet_reason()
+        );
+        let after: Vec<_> = std::fs::read_dir(env.root.join("containers"))?.collect();
+        ensure!(
+            before.len() == after.len(),
+            "create left a directory behind"
+        );
+        cleanup(env, &sandbox).await
+    })
+}

@@ -1,0 +1,292 @@
+//! Container root file systems: overlay (new mount API, 60 layers) and copy, whiteouts and
+//! opaque directories applied, release idempotent, crash-interrupted snapshots redone.
+
+mod image_support;
+
+use std::collections::BTreeSet;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+use image_support::{layered_image, store, store_with, tree, LayerBuilder, TestImage};
+use ironlet_runtime::image::{ImageError, ImageStore, RootfsMode};
+
+fn is_root() -> bool {
+    std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
+}
+
+fn expected_layered_tree() -> BTreeSet<String> {
+    [
+        "bin",
+        "bin/su",
+        "bin/tool",
+        "etc",
+        "etc/alias",
+        "etc/keep",
+        "etc/layer3",
+        "lib",
+        "lib/libx.so",
+        "lib/libx.so.1",
+        "opaque",
+        "opaque/new",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect()
+}
+
+/// Checks the merged view of [`layered_image`].
+fn assert_layered_rootfs(rootfs: &Path) {
+    assert_eq!(tree(rootfs), expected_layered_tree());
+    assert_eq!(
+        std::fs::read(rootfs.join("etc/keep")).unwrap(),
+        b"keep v2\n"
+    );
+    assert_eq!(
+        std::fs::read_link(rootfs.join("etc/alias")).unwrap(),
+        Path::new("keep")
+    );
+    assert_eq!(
+        std::fs::read(rootfs.join("etc/alias")).unwrap(),
+        b"keep v2\n"
+    );
+    let a = std::fs::metadata(rootfs.join("lib/libx.so")).unwrap();
+    let b = std::fs::metadata(rootfs.join("lib/libx.so.1")).unwrap();
+    assert_eq!(a.ino(), b.ino(), "hard link kept");
+    assert_eq!(
+        std::fs::metadata(rootfs.join("bin/su")).unwrap().mode() & 0o7777,
+        0o4755
+    );
+    assert_eq!(
+        std::fs::metadata(rootfs.join("etc/layer3")).unwrap().mode() & 0o7777,
+        0o600
+    );
+}
+
+fn import_layered(store: &ImageStore, dir: &Path) -> String {
+    let img = layered_image();
+    let layout = img.write_layout(&dir.join("layered"), Some("latest"));
+    store.import(&layout).unwrap();
+    img.id()
+}
+
+fn is_mounted(path: &Path) -> bool {
+    let Ok(mounts) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    let p = path.to_string_lossy();
+    mounts
+        .lines()
+        .any(|l| l.split(' ').nth(4) == Some(p.as_ref()))
+}
+
+#[test]
+fn an_overlay_rootfs_of_the_layered_image_applies_whiteouts_and_opaque_dirs() {
+    if !is_root() {
+        eprintln!("skipped: overlay needs root");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (_d, store) = store();
+    import_layered(&store, tmp.path());
+    let target = tmp.path().join("bundle");
+    let prepared = store
+        .prepare_rootfs("layered", &target, RootfsMode::Overlay)
+        .unwrap();
+    assert_eq!(prepared.mode, RootfsMode::Overlay);
+    assert_eq!(prepared.rootfs, target.join("rootfs"));
+    assert!(is_mounted(&prepared.rootfs));
+    assert_layered_rootfs(&prepared.rootfs);
+
+    // Container writes land in upper, never in a snapshot.
+    let snapshots_before = tree(&store.root().join("snapshots"));
+    std::fs::write(prepared.rootfs.join("etc/written"), b"w").unwrap();
+    std::fs::remove_file(prepared.rootfs.join("etc/keep")).unwrap();
+    assert!(target.join("upper/etc/written").exists());
+    assert_eq!(tree(&store.root().join("snapshots")), snapshots_before);
+
+    // Preparing again returns the same mount.
+    let again = store
+        .prepare_rootfs("layered", &target, RootfsMode::Auto)
+        .unwrap();
+    assert_eq!(again, prepared);
+    assert!(prepared.rootfs.join("etc/written").exists());
+
+    store.release_rootfs(&target).unwrap();
+    assert!(!is_mounted(&prepared.rootfs));
+    assert!(!target.exists());
+    store.release_rootfs(&target).unwrap();
+}
+
+#[test]
+fn a_copied_rootfs_of_the_layered_image_matches_the_overlay_view() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_d, store) = store();
+    let id = import_layered(&store, tmp.path());
+    let target = tmp.path().join("bundle");
+    let prepared = store
+        .prepare_rootfs(&id, &target, RootfsMode::Copy)
+        .unwrap();
+    assert_eq!(prepared.mode, RootfsMode::Copy);
+    assert_eq!(prepared.image_id, id);
+    assert!(!is_mounted(&prepared.rootfs));
+    assert_layered_rootfs(&prepared.rootfs);
+    // No overlay artefacts are copied.
+    assert_eq!(
+        xattr::get(prepared.rootfs.join("opaque"), "trusted.overlay.opaque").unwrap_or(None),
+        None
+    );
+    std::fs::write(target.join("config.json"), b"{}").unwrap();
+    store.release_rootfs(&target).unwrap();
+    assert!(!target.join("rootfs").exists());
+    assert!(
+        target.join("config.json").exists(),
+        "the runtime's own files stay"
+    );
+    store.release_rootfs(&target).unwrap();
+}
+
+#[test]
+fn auto_mode_uses_overlay_as_root() {
+    if !is_root() {
+        eprintln!("skipped: overlay needs root");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (_d, store) = store();
+    let id = import_layered(&store, tmp.path());
+    let image = store.get_image(&id).unwrap().unwrap();
+    let target = tmp.path().join("auto");
+    let prepared = store
+        .prepare_rootfs(&image, &target, RootfsMode::Auto)
+        .unwrap();
+    assert_eq!(prepared.mode, RootfsMode::Overlay);
+    store.release_rootfs(&target).unwrap();
+}
+
+#[test]
+fn a_rootless_store_copies_with_its_sidecar_whiteouts_and_refuses_overlay() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_d, store) = store_with(|c| c.privileged = false);
+    import_layered(&store, tmp.path());
+    // No whiteout devices or trusted xattrs in the snapshots: only changes.json.
+    let snaps = store.root().join("snapshots");
+    for entry in std::fs::read_dir(&snaps).unwrap() {
+        let dir = entry.unwrap().path();
+        assert!(dir.join("changes.json").is_file());
+        assert!(dir.join("done").is_file());
+    }
+    let target = tmp.path().join("bundle");
+    let err = store
+        .prepare_rootfs("layered", &target, RootfsMode::Overlay)
+        .unwrap_err();
+    assert!(
+        matches!(err, ImageError::OverlayUnavailable { .. }),
+        "{err}"
+    );
+    assert_eq!(err.kubelet_reason(), "CreateContainerError");
+    assert!(
+        !target.join("rootfs").exists(),
+        "a failed prepare leaves nothing"
+    );
+    assert_eq!(image_support::count(&store.root().join("leases")), 0);
+
+    let prepared = store
+        .prepare_rootfs("layered", &target, RootfsMode::Auto)
+        .unwrap();
+    assert_eq!(prepared.mode, RootfsMode::Copy);
+    assert_layered_rootfs(&prepared.rootfs);
+    store.release_rootfs(&target).unwrap();
+}
+
+#[test]
+fn a_snapshot_interrupted_before_its_done_marker_is_unpacked_again() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_d, store) = store();
+    import_layered(&store, tmp.path());
+    let snaps = store.root().join("snapshots");
+    let victim = std::fs::read_dir(&snaps)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    std::fs::remove_file(victim.join("done")).unwrap();
+    crate::image_support::tree(&victim.join("fs"))
+        .iter()
+        .filter(|p| !p.contains('/'))
+        .for_each(|p| {
+            let _ = std::fs::remove_file(victim.join("fs").join(p));
+        });
+    // A crashed unpack also leaves a temp dir behind.
+    std::fs::create_dir_all(snaps.join("tmp-crashed-1/fs/partial")).unwrap();
+    let target = tmp.path().join("bundle");
+    let prepared = store
+        .prepare_rootfs("layered", &target, RootfsMode::Copy)
+        .unwrap();
+    assert_layered_rootfs(&prepared.rootfs);
+    assert!(victim.join("done").is_file());
+    store.release_rootfs(&target).unwrap();
+    store.gc().unwrap();
+    assert!(!snaps.join("tmp-crashed-1").exists());
+}
+
+#[test]
+fn sixty_layers_are_overlay_mounted_past_the_legacy_option_limit() {
+    if !is_root() {
+        eprintln!("skipped: overlay needs root");
+        return;
+    }
+    const LAYERS: usize = 60;
+    let layers: Vec<Vec<u8>> = (0..LAYERS)
+        .map(|i| {
+            LayerBuilder::new()
+                .file(&format!("layers/{i:02}"), format!("{i}").as_bytes(), 0o644)
+                .file("common", format!("{i}").as_bytes(), 0o644)
+                .build()
+        })
+        .collect();
+    let img = TestImage::new(layers);
+    let tmp = tempfile::tempdir().unwrap();
+    let (_d, store) = store();
+    store
+        .import(&img.write_layout(&tmp.path().join("sixty"), Some("latest")))
+        .unwrap();
+    // The legacy mount(2) string would not fit in a page.
+    let snapshot_path_len = store
+        .root()
+        .join("snapshots")
+        .join("x".repeat(64))
+        .join("fs")
+        .as_os_str()
+        .len();
+    assert!(
+        (snapshot_path_len + 1) * LAYERS > 4096,
+        "test paths too short to prove anything"
+    );
+    let target = tmp.path().join("bundle");
+    let prepared = store
+        .prepare_rootfs("sixty", &target, RootfsMode::Overlay)
+        .unwrap();
+    assert_eq!(prepared.mode, RootfsMode::Overlay);
+    let files = tree(&prepared.rootfs.join("layers"));
+    assert_eq!(files.len(), LAYERS);
+    assert_eq!(
+        std::fs::read_to_string(prepared.rootfs.join("common")).unwrap(),
+        format!("{}", LAYERS - 1),
+        "the top layer wins"
+    );
+    store.release_rootfs(&target).unwrap();
+    assert!(!is_mounted(&prepared.rootfs));
+}
+
+#[test]
+fn preparing_an_unknown_image_is_not_found_and_leaves_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_d, store) = store();
+    let target = tmp.path().join("bundle");
+    let err = store
+        .prepare_rootfs("nothere", &target, RootfsMode::Auto)
+        .unwrap_err();
+    assert!(matches!(err, ImageError::NotFound(_)), "{err}");
+    assert!(!target.exists());
+}

@@ -1,0 +1,1 @@
+//! ironlet-e2e
