@@ -93,7 +93,7 @@ async fn run(zygote: ironlet_runtime::zygote::ZygoteHandle, iterations: usize) -
             let id = format!("bench-{i}-{round}");
             let took = match bin {
                 None => in_process(&client, &mut events, &id, &bundle, &state_root).await?,
-                Some(bin) => external(bin, &id, &bundle, work.path())?,
+                Some(bin) => external(bin, &id, &work.path().join("bundle-peers"), work.path())?,
             };
             if round >= 3 {
                 samples[i].push(took);
@@ -156,6 +156,13 @@ async fn make_bundle(dir: &Path) -> Result<PathBuf> {
         cgroups_path: Some("/ironlet-bench/c".into()),
         user_namespace: None,
     })?;
+    // The peers get the spec as is (seccomp inside, compiled by them per container);
+    // ironlet's bundle gets it the way the runtime writes it: the profile beside the
+    // spec, compiled once by the zygote. Same rootfs, same cgroup path.
+    let peers = dir.join("bundle-peers");
+    std::fs::create_dir_all(&peers)?;
+    ironlet_runtime::spec::write_bundle_config(&peers, &spec)?;
+    let spec = ironlet_runtime::zygote::seccomp::precompile_profile(spec, &bundle)?;
     ironlet_runtime::spec::write_bundle_config(&bundle, &spec)?;
     Ok(bundle)
 }

@@ -360,6 +360,17 @@ fn exec_output(env: &Env) -> Result<()> {
             String::from_utf8_lossy(&out.stderr)
         );
         ensure!(out.exit_code == 7, "exit code {}", out.exit_code);
+        // Exec'd processes run under the container's seccomp profile too.
+        let blocked: Vec<String> = ["unshare", "-U", "true"].map(String::from).to_vec();
+        let out = env
+            .runtime
+            .exec_sync(&id, &blocked, Some(Duration::from_secs(10)))
+            .await?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        ensure!(
+            out.exit_code != 0 && err.contains("Operation not permitted"),
+            "exec escaped seccomp: {err}"
+        );
         let slow: Vec<String> = ["sleep", "30"].map(String::from).to_vec();
         let started = Instant::now();
         let timed_out = env

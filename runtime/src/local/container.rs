@@ -144,6 +144,7 @@ impl Inner {
             cgroups_path: rec.cgroups_path.clone(),
             user_namespace,
         })?;
+        let spec = crate::zygote::seccomp::precompile_profile(spec, dir)?;
         crate::spec::write_bundle_config(dir, &spec)?;
 
         let (pid, start_time, stdout, stderr) = self

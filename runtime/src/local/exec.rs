@@ -49,6 +49,7 @@ impl Inner {
                 id.as_str(),
                 &exec_id,
                 self.config.libcontainer_root(),
+                self.container_dir(id),
                 cmd.to_vec(),
                 Vec::new(),
                 None,

@@ -12,6 +12,7 @@
 mod client;
 pub mod exits;
 pub(crate) mod protocol;
+pub mod seccomp;
 mod server;
 pub(crate) mod sys;
 mod worker;

@@ -45,6 +45,8 @@ pub enum Request {
         id: String,
         exec_id: String,
         state_root: PathBuf,
+        /// The container's bundle, for its precompiled seccomp profile.
+        bundle: PathBuf,
         args: Vec<String>,
         env: Vec<(String, String)>,
         cwd: Option<PathBuf>,

@@ -77,6 +77,7 @@ struct Server {
     watched: Vec<Watched>,
     exit_dir: Option<PathBuf>,
     buf: Vec<u8>,
+    filters: super::seccomp::FilterCache,
 }
 
 /// Runs the zygote until the agent has hung up and every owned process has ended.
@@ -93,6 +94,7 @@ pub(crate) fn serve(sock: OwnedFd) -> ! {
         watched: Vec::new(),
         exit_dir: None,
         buf: vec![0; MAX_MESSAGE],
+        filters: super::seccomp::FilterCache::default(),
     };
     let code = match server.run() {
         Ok(()) => 0,
@@ -274,6 +276,13 @@ impl Server {
 
     fn spawn_worker(&mut self, seq: u64, request: Request) -> Result<(), String> {
         let wants_stdio = matches!(request, Request::Create { .. } | Request::Exec { .. });
+        // Compiled here, once per profile; the forked worker inherits the program.
+        let seccomp = match &request {
+            Request::Create { bundle, .. } | Request::Exec { bundle, .. } => {
+                self.filters.for_bundle(bundle)?
+            }
+            _ => None,
+        };
         let (mut pipes, stdio) = if wants_stdio {
             let (out_r, out_w) = sys::pipe().map_err(|e| format!("pipe: {e}"))?;
             let (err_r, err_w) = sys::pipe().map_err(|e| format!("pipe: {e}"))?;
@@ -308,7 +317,7 @@ impl Server {
                 drop(result_r);
                 drop(kind);
                 self.sock = None;
-                worker::run(request, stdio, result_w)
+                worker::run(request, stdio, seccomp, result_w)
             }
             Ok(ForkResult::Parent { child }) => {
                 drop(result_w);

@@ -39,8 +39,13 @@ pub(crate) struct Stdio {
 }
 
 /// Runs `request` and writes the result to `result_pipe`. Never returns.
-pub(crate) fn run(request: Request, stdio: Option<Stdio>, result_pipe: OwnedFd) -> ! {
-    let result = match perform(request, stdio) {
+pub(crate) fn run(
+    request: Request,
+    stdio: Option<Stdio>,
+    seccomp: Option<Program>,
+    result_pipe: OwnedFd,
+) -> ! {
+    let result = match perform(request, stdio, seccomp) {
         Ok(pid) => WorkerResult::Ok { pid },
         Err(message) => WorkerResult::Err { message },
     };
@@ -54,7 +59,14 @@ pub(crate) fn run(request: Request, stdio: Option<Stdio>, result_pipe: OwnedFd) 
     unsafe { libc::_exit(code) }
 }
 
-fn perform(request: Request, stdio: Option<Stdio>) -> Result<Option<i32>, String> {
+/// A compiled seccomp program (see `seccomp.rs`).
+pub(crate) type Program = std::sync::Arc<Vec<libc::sock_filter>>;
+
+fn perform(
+    request: Request,
+    stdio: Option<Stdio>,
+    seccomp: Option<Program>,
+) -> Result<Option<i32>, String> {
     // (container id, whether libcontainer will add processes to its cgroup)
     let cgroup_user = match &request {
         Request::Create { id, .. } | Request::Exec { id, .. } => Some((id.clone(), true)),
@@ -69,7 +81,7 @@ fn perform(request: Request, stdio: Option<Stdio>) -> Result<Option<i32>, String
             id,
             bundle,
             state_root,
-        } => create(&id, &bundle, &state_root, stdio).map(Some),
+        } => create(&id, &bundle, &state_root, stdio, seccomp).map(Some),
         Request::Start { id, state_root } => {
             let mut container = load(&state_root, &id)?;
             container
@@ -89,7 +101,7 @@ fn perform(request: Request, stdio: Option<Stdio>) -> Result<Option<i32>, String
             env,
             cwd,
             ..
-        } => exec(&id, &state_root, args, env, cwd, stdio).map(Some),
+        } => exec(&id, &state_root, args, env, cwd, stdio, seccomp).map(Some),
         Request::CreateNamespaces {
             dir,
             hostname,
@@ -107,7 +119,12 @@ fn dev_null() -> Result<OwnedFd, String> {
         .map_err(|e| format!("open /dev/null: {e}"))
 }
 
-fn builder(id: &str, state_root: &Path, stdio: Option<Stdio>) -> Result<ContainerBuilder, String> {
+fn builder(
+    id: &str,
+    state_root: &Path,
+    stdio: Option<Stdio>,
+    seccomp: Option<Program>,
+) -> Result<ContainerBuilder, String> {
     let mut builder = ContainerBuilder::new(id.to_owned(), SyscallType::Linux)
         .with_root_path(state_root)
         .map_err(|e| format!("state root {}: {e}", state_root.display()))?
@@ -115,11 +132,20 @@ fn builder(id: &str, state_root: &Path, stdio: Option<Stdio>) -> Result<Containe
     if let Some(stdio) = stdio {
         builder = builder.with_stdout(stdio.stdout).with_stderr(stdio.stderr);
     }
+    if let Some(program) = seccomp {
+        builder = builder.with_executor(super::seccomp::SeccompExecutor { program });
+    }
     Ok(builder)
 }
 
-fn create(id: &str, bundle: &Path, state_root: &Path, stdio: Option<Stdio>) -> Result<i32, String> {
-    let container = builder(id, state_root, stdio)?
+fn create(
+    id: &str,
+    bundle: &Path,
+    state_root: &Path,
+    stdio: Option<Stdio>,
+    seccomp: Option<Program>,
+) -> Result<i32, String> {
+    let container = builder(id, state_root, stdio, seccomp)?
         .validate_id()
         .map_err(|e| format!("container id: {e}"))?
         .as_init(bundle)
@@ -152,8 +178,9 @@ fn exec(
     env: Vec<(String, String)>,
     cwd: Option<PathBuf>,
     stdio: Option<Stdio>,
+    seccomp: Option<Program>,
 ) -> Result<i32, String> {
-    let pid = builder(id, state_root, stdio)?
+    let pid = builder(id, state_root, stdio, seccomp)?
         .as_tenant()
         .with_container_args(args)
         .with_env(env.into_iter().collect::<HashMap<_, _>>())
