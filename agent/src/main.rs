@@ -13,10 +13,26 @@ fn main() -> ExitCode {
     match cli::run(args) {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("ironlet: {err:#}");
+            eprintln!("ironlet: {}", error_chain(&err));
             ExitCode::from(1)
         }
     }
+}
+
+/// The error and its causes joined by ": ", skipping a cause whose text the message
+/// before it already includes (typed errors often print their source inline).
+fn error_chain(err: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if !out.contains(&text) {
+            if !out.is_empty() {
+                out.push_str(": ");
+            }
+            out.push_str(&text);
+        }
+    }
+    out
 }
 
 fn init_logging(verbose: u8) {
@@ -27,10 +43,12 @@ fn init_logging(verbose: u8) {
         _ => "trace",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_env("IRONLET_LOG")
-        // libcontainer warns about every v1 controller this kernel lacks; keep that quiet.
+        // libcontainer warns about every v1 controller this kernel lacks, and its errors
+        // reach the user inside ironlet's own messages; show them only when asked (-vv).
         .unwrap_or_else(|_| {
+            let lib = if verbose >= 2 { default } else { "off" };
             tracing_subscriber::EnvFilter::new(format!(
-                "{default},libcgroups=error,libcontainer=error"
+                "{default},libcgroups={lib},libcontainer={lib}"
             ))
         });
     tracing_subscriber::fmt()

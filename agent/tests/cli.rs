@@ -358,3 +358,50 @@ fn a_rootless_container_runs_as_an_unprivileged_user() {
         text(&run.stderr)
     );
 }
+
+#[test]
+fn bad_input_gets_a_clear_error_and_leaves_nothing_behind() {
+    if !is_root() {
+        return;
+    }
+    let node = Node::new();
+    let missing = node.ironlet(&["ctr", "run", "no-such-image:1", "--", "true"]);
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(
+        text(&missing.stderr).contains("no-such-image"),
+        "{}",
+        text(&missing.stderr)
+    );
+    let no_binary = node.ironlet(&["ctr", "run", "busybox", "--", "/no/such/binary"]);
+    assert_eq!(no_binary.status.code(), Some(1));
+    assert!(
+        text(&no_binary.stderr).contains("/no/such/binary"),
+        "{}",
+        text(&no_binary.stderr)
+    );
+    let garbage = node.root.path().join("garbage.tar");
+    std::fs::write(&garbage, b"not a tar").unwrap();
+    let import = node.ironlet(&["images", "import", &garbage.to_string_lossy()]);
+    assert_eq!(import.status.code(), Some(1));
+    assert!(
+        text(&import.stderr).contains("garbage.tar"),
+        "{}",
+        text(&import.stderr)
+    );
+    // Nothing half-made: no container record, directory, or mount.
+    let ps = node.ironlet(&["ctr", "ps", "-a", "-q"]);
+    assert_eq!(text(&ps.stdout).trim(), "");
+    let dirs = std::fs::read_dir(node.root.path().join("containers"))
+        .unwrap()
+        .count();
+    assert_eq!(dirs, 0, "a failed create left a container directory");
+    let sandboxes = std::fs::read_dir(node.root.path().join("sandboxes"))
+        .unwrap()
+        .count();
+    assert_eq!(sandboxes, 0, "a failed run left its sandbox");
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !mounts.contains(&*node.root.path().to_string_lossy()),
+        "a mount under the root is left"
+    );
+}
