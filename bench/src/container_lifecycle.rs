@@ -71,6 +71,7 @@ async fn run(zygote: ironlet_runtime::zygote::ZygoteHandle, iterations: usize) -
     let bundle = make_bundle(work.path()).await?;
     let (tx, mut events) = mpsc::unbounded_channel();
     let client = ZygoteClient::new(zygote, tx)?;
+    let hierarchy = ironlet_cgroups::Hierarchy::detect().ok();
     let state_root = work.path().join("state");
     std::fs::create_dir_all(&state_root)?;
 
@@ -92,7 +93,9 @@ async fn run(zygote: ironlet_runtime::zygote::ZygoteHandle, iterations: usize) -
         for (i, (_, bin)) in peers.iter().enumerate() {
             let id = format!("bench-{i}-{round}");
             let took = match bin {
-                None => in_process(&client, &mut events, &id, &bundle, &state_root).await?,
+                None => {
+                    in_process(&client, &mut events, &id, &bundle, &state_root, &hierarchy).await?
+                }
                 Some(bin) => external(bin, &id, &work.path().join("bundle-peers"), work.path())?,
             };
             if round >= 3 {
@@ -173,6 +176,7 @@ async fn in_process(
     id: &str,
     bundle: &Path,
     state_root: &Path,
+    hierarchy: &Option<ironlet_cgroups::Hierarchy>,
 ) -> Result<Duration> {
     let started = Instant::now();
     let phases = std::env::var_os("BENCH_PHASES").is_some();
@@ -197,7 +201,15 @@ async fn in_process(
         }
     }
     let exited = started.elapsed();
-    client.delete(id, state_root.to_owned(), false).await?;
+    // As the runtime removes an exited container (see `local::cleanup`).
+    if !ironlet_runtime::local::cleanup::remove_exited(
+        hierarchy.as_ref(),
+        Some("/ironlet-bench/c"),
+        state_root,
+        id,
+    ) {
+        client.delete(id, state_root.to_owned(), true).await?;
+    }
     if phases {
         eprintln!(
             "create {:.1} start {:.1} exit {:.1} delete {:.1} ms",

@@ -585,7 +585,6 @@ fn missing_image(env: &Env) -> Result<()> {
             .runtime
             .run_pod_sandbox(&sandbox_config(env, "noimage"))
             .await?;
-        let before: Vec<_> = std::fs::read_dir(env.root.join("containers"))?.collect();
         let mut config = container("x", "true");
         config.image = "does-not-exist:1".into();
         let err = env.runtime.create_container(&sandbox, &config).await;
@@ -597,11 +596,23 @@ fn missing_image(env: &Env) -> Result<()> {
             "reason {}",
             err.kubelet_reason()
         );
-        let after: Vec<_> = std::fs::read_dir(env.root.join("containers"))?.collect();
+        // Other tests run concurrently: look for anything of this sandbox, on disk too.
+        let filter = ironlet_runtime::types::ContainerFilter {
+            sandbox_id: Some(sandbox.clone()),
+            ..Default::default()
+        };
         ensure!(
-            before.len() == after.len(),
-            "create left a directory behind"
+            env.runtime.list_containers(&filter).await?.is_empty(),
+            "create left a container"
         );
+        for dir in std::fs::read_dir(env.root.join("containers"))? {
+            let record =
+                std::fs::read_to_string(dir?.path().join("record.json")).unwrap_or_default();
+            ensure!(
+                !record.contains(sandbox.as_str()),
+                "create left a directory behind"
+            );
+        }
         cleanup(env, &sandbox).await
     })
 }

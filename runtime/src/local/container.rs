@@ -391,9 +391,24 @@ impl Inner {
             return Ok(());
         }
         self.stop_container(id, Duration::ZERO).await?;
-        self.zygote
-            .delete(id.as_str(), self.config.libcontainer_root(), true)
-            .await?;
+        let cgroups_path = {
+            let state = self.lock();
+            state
+                .containers
+                .get(id)
+                .and_then(|e| e.record.cgroups_path.clone())
+        };
+        let cleaned = super::cleanup::remove_exited(
+            self.cgroups.as_ref(),
+            cgroups_path.as_deref(),
+            &self.config.libcontainer_root(),
+            id.as_str(),
+        );
+        if !cleaned {
+            self.zygote
+                .delete(id.as_str(), self.config.libcontainer_root(), true)
+                .await?;
+        }
         self.release_and_remove(&self.container_dir(id)).await?;
         crate::zygote::exits::remove(&self.config.exits_dir(), id.as_str());
         self.lock().containers.remove(id);

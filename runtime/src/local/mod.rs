@@ -12,6 +12,7 @@
 //! processes can read it. Files here: `mod.rs` (type, construction, events), `sandbox.rs`,
 //! `container.rs` (create/start/stop/remove), `exec.rs`, `record.rs`, `logs.rs`.
 
+pub mod cleanup;
 mod container;
 mod exec;
 pub mod logs;
