@@ -275,13 +275,14 @@ mod tests {
     use crate::spec::{build_spec, SandboxNamespaces, SpecInputs};
     use crate::types::{ContainerConfig, ImageConfig};
 
-    fn runtime_default_profile() -> LinuxSeccomp {
+    fn spec_running_true(security: crate::types::SecurityConfig) -> Spec {
         let config = ContainerConfig {
             name: "c".into(),
             command: vec!["true".into()],
+            security,
             ..ContainerConfig::default()
         };
-        let spec = build_spec(&SpecInputs {
+        build_spec(&SpecInputs {
             container: &config,
             image: &ImageConfig::default(),
             rootfs: Path::new("/"),
@@ -290,8 +291,12 @@ mod tests {
             cgroups_path: None,
             user_namespace: None,
         })
-        .expect("spec");
-        spec.linux()
+        .expect("spec")
+    }
+
+    fn runtime_default_profile() -> LinuxSeccomp {
+        spec_running_true(Default::default())
+            .linux()
             .as_ref()
             .and_then(|l| l.seccomp().clone())
             .expect("RuntimeDefault has a profile")
@@ -320,25 +325,10 @@ mod tests {
     #[test]
     fn specs_without_no_new_privileges_keep_their_profile_for_libcontainer() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let config = ContainerConfig {
-            name: "c".into(),
-            command: vec!["true".into()],
-            security: crate::types::SecurityConfig {
-                no_new_privs: false,
-                ..Default::default()
-            },
-            ..ContainerConfig::default()
-        };
-        let spec = build_spec(&SpecInputs {
-            container: &config,
-            image: &ImageConfig::default(),
-            rootfs: Path::new("/"),
-            hostname: "h",
-            namespaces: &SandboxNamespaces::default(),
-            cgroups_path: None,
-            user_namespace: None,
-        })
-        .expect("spec");
+        let spec = spec_running_true(crate::types::SecurityConfig {
+            no_new_privs: false,
+            ..Default::default()
+        });
         let kept = precompile_profile(spec, dir.path()).expect("ok");
         assert!(kept
             .linux()
