@@ -274,7 +274,12 @@ pub struct PodSandboxStatus {
     pub config: PodSandboxConfig,
     pub state: SandboxState,
     pub created_at: SystemTime,
+    /// The pod's IPv4 address on the CNI network; `None` for host-network pods and where
+    /// no network was set up (rootless).
     pub ip: Option<String>,
+    /// The pinned network namespace file (`<sandbox>/ns/net`), `None` when the pod uses the
+    /// host's network. Probes and hooks connect from inside it when the pod has no IP.
+    pub netns_path: Option<PathBuf>,
 }
 
 /// A pod as the runtime sees it: its sandboxes and all containers, including exited ones

@@ -151,6 +151,9 @@ pub struct SandboxRecord {
     pub net: bool,
     pub ipc: bool,
     pub uts: bool,
+    /// The pod's address on the CNI network, once set up.
+    #[serde(default)]
+    pub ip: Option<String>,
 }
 
 impl SandboxRecord {
@@ -160,7 +163,12 @@ impl SandboxRecord {
             config: self.config.clone(),
             state: self.state,
             created_at: self.created_at,
-            ip: None,
+            ip: self.ip.clone(),
+            netns_path: self
+                .namespace_dir
+                .as_ref()
+                .filter(|_| self.net)
+                .map(|dir| dir.join("net")),
         }
     }
 }

@@ -40,6 +40,7 @@ impl Inner {
             net,
             ipc,
             uts,
+            ip: None,
         };
         let result = self.make_sandbox(&mut rec).await;
         if let Err(original) = result {
