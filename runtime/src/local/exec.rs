@@ -10,6 +10,7 @@ use tokio::sync::oneshot;
 use super::{not_found, Inner};
 use crate::error::RuntimeError;
 use crate::types::{ContainerId, ContainerState, ExecOutput};
+use crate::zygote::ExecProcess;
 
 /// Output beyond this is dropped (the process still runs to completion): exec is for
 /// probes and short commands, not for streaming.
@@ -47,12 +48,14 @@ impl Inner {
             .zygote
             .exec(
                 id.as_str(),
-                &exec_id,
-                self.config.libcontainer_root(),
-                self.container_dir(id),
-                cmd.to_vec(),
-                Vec::new(),
-                None,
+                ExecProcess {
+                    exec_id: exec_id.clone(),
+                    state_root: self.config.libcontainer_root(),
+                    bundle: self.container_dir(id),
+                    args: cmd.to_vec(),
+                    env: Vec::new(),
+                    cwd: None,
+                },
             )
             .await
         {

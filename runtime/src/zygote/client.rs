@@ -28,6 +28,19 @@ pub struct ZygoteClient {
     pub pid: i32,
 }
 
+/// A process to run in a running container's namespaces.
+pub struct ExecProcess {
+    /// Names the exec in exit events.
+    pub exec_id: String,
+    /// libcontainer's state root.
+    pub state_root: PathBuf,
+    /// The container's bundle directory.
+    pub bundle: PathBuf,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub cwd: Option<PathBuf>,
+}
+
 /// The output pipes and pid of a started exec process.
 pub struct ExecHandle {
     pub pid: i32,
@@ -151,20 +164,21 @@ impl ZygoteClient {
         .map(drop)
     }
 
-    pub async fn exec(
-        &self,
-        id: &str,
-        exec_id: &str,
-        state_root: PathBuf,
-        bundle: PathBuf,
-        args: Vec<String>,
-        env: Vec<(String, String)>,
-        cwd: Option<PathBuf>,
-    ) -> Result<ExecHandle, ZygoteError> {
+    /// Starts `process` in container `id`'s namespaces; its output arrives on the two pipes
+    /// of the returned handle.
+    pub async fn exec(&self, id: &str, process: ExecProcess) -> Result<ExecHandle, ZygoteError> {
+        let ExecProcess {
+            exec_id,
+            state_root,
+            bundle,
+            args,
+            env,
+            cwd,
+        } = process;
         let (reply, fds) = self
             .call(Request::Exec {
                 id: id.to_owned(),
-                exec_id: exec_id.to_owned(),
+                exec_id,
                 state_root,
                 bundle,
                 args,

@@ -19,7 +19,7 @@ mod worker;
 
 use std::os::fd::OwnedFd;
 
-pub use client::{ExecHandle, ZygoteClient};
+pub use client::{ExecHandle, ExecProcess, ZygoteClient};
 pub use protocol::{Event, WireExit};
 pub use sys::process_start_time;
 
