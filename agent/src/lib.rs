@@ -7,3 +7,8 @@ pub mod admission;
 pub mod config;
 pub mod pod_manager;
 pub mod qos;
+pub mod pod_cache;
+pub mod pod_workers;
+#[cfg(test)]
+pub(crate) mod testing;
+pub mod pleg;
