@@ -258,10 +258,8 @@ impl PodWorkers {
                         entry.state = PodLifecycle::terminating(grace);
                         entry.pod = pod;
                     }
-                    (PodLifecycle::Syncing, None) => {
-                        if update_type != UpdateType::Sync {
-                            entry.pod = pod;
-                        }
+                    (PodLifecycle::Syncing, None) if update_type != UpdateType::Sync => {
+                        entry.pod = pod;
                     }
                     (PodLifecycle::Terminating { grace: current, .. }, Some(grace)) => {
                         *current = (*current).min(grace);
