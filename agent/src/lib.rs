@@ -12,3 +12,4 @@ pub mod pod_workers;
 #[cfg(test)]
 pub(crate) mod testing;
 pub mod pleg;
+pub mod kubelet;

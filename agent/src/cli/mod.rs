@@ -1,5 +1,5 @@
-//! Command-line surface: `ironlet images …` and `ironlet ctr …` (crictl-like commands that
-//! work directly on the data root, no agent needed).
+//! Command-line surface: `ironlet run` (the node agent), `ironlet images …` and `ironlet ctr …`
+//! (crictl-like commands that work directly on the data root, no agent needed).
 //!
 //! Flag names follow the kubelet (`--root-dir`) and crictl/podman habits; exit codes are
 //! 0 on success, 1 on an error of ironlet's, and the container's own exit code for
@@ -7,6 +7,7 @@
 
 mod ctr;
 mod images;
+mod run;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -37,6 +38,8 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run the node agent: static pods from --pod-manifest-path, kept in their desired state.
+    Run(run::RunArgs),
     /// Manage the local image store.
     #[command(subcommand)]
     Images(images::ImagesCommand),
@@ -61,6 +64,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             rt.block_on(images::run(&root, cmd))
         }
         Command::Ctr(cmd) => ctr::run(cli.root_dir, cmd),
+        Command::Run(args) => run::run(cli.root_dir, args),
     }
 }
 

@@ -286,9 +286,14 @@ impl PodWorkers {
     }
 
     /// Forgets finished workers of pods that are no longer desired, and marks every UID not
-    /// in `desired` and not known as not running. Returns the state of every known UID.
+    /// known as not running from now on. Returns the state of every UID known before the
+    /// call, including the finished ones it just forgot (so their leftovers can be removed).
     pub fn sync_known_pods(&self, desired: &HashSet<String>) -> HashMap<String, PodLifecycle> {
         let mut entries = self.shared.lock();
+        let states = entries
+            .iter()
+            .map(|(uid, e)| (uid.clone(), e.state.clone()))
+            .collect();
         entries.retain(|uid, entry| {
             desired.contains(uid)
                 || entry.state != PodLifecycle::Finished
@@ -296,10 +301,7 @@ impl PodWorkers {
                 || entry.active
         });
         self.shared.known_pods_synced.store(true, Ordering::SeqCst);
-        entries
-            .iter()
-            .map(|(uid, e)| (uid.clone(), e.state.clone()))
-            .collect()
+        states
     }
 
     fn lifecycle(&self, uid: &str) -> Option<PodLifecycle> {

@@ -235,6 +235,7 @@ async fn sync_known_pods_forgets_finished_workers_of_undesired_pods() {
     }
     settle().await;
     let states = w.sync_known_pods(&["b".to_owned()].into());
-    assert_eq!(states.len(), 1);
+    assert_eq!(states.get("a"), Some(&PodLifecycle::Finished));
     assert_eq!(states.get("b"), Some(&PodLifecycle::Syncing));
+    assert_eq!(w.known_uids(), vec!["b".to_owned()]);
 }

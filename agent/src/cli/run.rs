@@ -1,0 +1,224 @@
+//! `ironlet run`: the node agent. Flags are kubelet's where kubelet has one
+//! (`--pod-manifest-path`, `--node-name`/`--hostname-override`, `--root-dir`,
+//! `--sync-frequency`, `--max-pods`, `--system-reserved`, …).
+//!
+//! Start-up order matters: the zygote is forked before tokio starts any thread.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use ironlet::kubelet::{Kubelet, KubeletConfig};
+use ironlet_runtime::image::LocalImageService;
+use ironlet_runtime::{LocalRuntime, LocalRuntimeConfig};
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Directory (or file) of static pod manifests (kubelet's --pod-manifest-path).
+    #[arg(long = "pod-manifest-path", visible_alias = "manifests")]
+    pub pod_manifest_path: Option<PathBuf>,
+    /// URL of a pod manifest (or list) polled for static pods.
+    #[arg(long = "manifest-url")]
+    pub manifest_url: Option<String>,
+    /// The node's name; default: the host name.
+    #[arg(long = "node-name", visible_alias = "hostname-override")]
+    pub node_name: Option<String>,
+    /// Where pod logs go (KubeletConfiguration podLogsDir). Default: /var/log/pods as
+    /// root, <root-dir>/logs rootless.
+    #[arg(long = "pod-logs-dir")]
+    pub pod_logs_dir: Option<PathBuf>,
+    /// Max period between pod syncs (e.g. 1m, 30s).
+    #[arg(long = "sync-frequency", value_parser = parse_duration, default_value = "1m")]
+    pub sync_frequency: Duration,
+    /// Full re-read period of the manifest path (inotify makes changes immediate).
+    #[arg(long = "file-check-frequency", value_parser = parse_duration, default_value = "20s")]
+    pub file_check_frequency: Duration,
+    /// Poll period of --manifest-url.
+    #[arg(long = "http-check-frequency", value_parser = parse_duration, default_value = "20s")]
+    pub http_check_frequency: Duration,
+    /// Period of the PLEG's safety relist (events are the primary path).
+    #[arg(long = "pleg-relist-period", value_parser = parse_duration, default_value = "60s")]
+    pub pleg_relist_period: Duration,
+    /// Maximum number of pods on this node.
+    #[arg(long = "max-pods", default_value_t = 110)]
+    pub max_pods: u64,
+    /// Resources reserved for the system, e.g. cpu=500m,memory=1Gi.
+    #[arg(long = "system-reserved", value_parser = parse_reserved)]
+    pub system_reserved: Option<Reserved>,
+    /// Resources reserved for Kubernetes daemons, e.g. cpu=100m,memory=256Mi.
+    #[arg(long = "kube-reserved", value_parser = parse_reserved)]
+    pub kube_reserved: Option<Reserved>,
+    /// Parent cgroup of the pods' tree (`<cgroup-root>/kubepods`).
+    #[arg(long = "cgroup-root", default_value = "/")]
+    pub cgroup_root: String,
+    /// Use the RuntimeDefault seccomp profile for containers that name none.
+    #[arg(long = "seccomp-default")]
+    pub seccomp_default: bool,
+}
+
+/// CPU and memory set aside from allocatable.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Reserved {
+    cpu_milli: u64,
+    memory_bytes: u64,
+}
+
+fn parse_reserved(text: &str) -> Result<Reserved, String> {
+    let mut out = Reserved::default();
+    for pair in text.split(',').filter(|p| !p.is_empty()) {
+        let (key, value) = pair
+            .split_once('=')
+            .ok_or_else(|| format!("{pair:?} is not NAME=QUANTITY"))?;
+        let q = ironlet::qos::Quantity::parse(value).map_err(|e| format!("{key}: {e}"))?;
+        match key {
+            "cpu" => out.cpu_milli = q.milli_amount().map_err(|e| format!("cpu: {e}"))?,
+            "memory" => out.memory_bytes = q.amount().map_err(|e| format!("memory: {e}"))?,
+            "ephemeral-storage" | "pid" => {}
+            other => return Err(format!("unknown resource {other:?} (cpu, memory)")),
+        }
+    }
+    Ok(out)
+}
+
+/// Go-style durations as kubelet flags take them: `90s`, `1m`, `1m30s`, `500ms`, `2h`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let mut total = Duration::ZERO;
+    let mut rest = text.trim();
+    if rest.is_empty() {
+        return Err("empty duration".into());
+    }
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit() && c != '.')
+            .ok_or_else(|| format!("{text:?}: missing unit (ms, s, m, h)"))?;
+        let (number, tail) = rest.split_at(digits);
+        let value: f64 = number
+            .parse()
+            .map_err(|_| format!("{text:?}: bad number {number:?}"))?;
+        let unit_len = tail
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(tail.len());
+        let (unit, next) = tail.split_at(unit_len);
+        let seconds = match unit {
+            "ms" => value / 1000.0,
+            "s" => value,
+            "m" => value * 60.0,
+            "h" => value * 3600.0,
+            other => return Err(format!("{text:?}: unknown unit {other:?} (ms, s, m, h)")),
+        };
+        total += Duration::from_secs_f64(seconds);
+        rest = next;
+    }
+    Ok(total)
+}
+
+pub fn run(root_flag: Option<PathBuf>, args: RunArgs) -> anyhow::Result<ExitCode> {
+    let rootless = super::running_rootless();
+    let root_dir = super::root_dir(&root_flag, rootless);
+    if args.pod_manifest_path.is_none() && args.manifest_url.is_none() {
+        bail!("no pod source: give --pod-manifest-path DIR (or --manifest-url URL)");
+    }
+    let node_name = match args.node_name.clone() {
+        Some(n) => n,
+        None => nix::unistd::gethostname()
+            .context("reading the host name (or pass --node-name)")?
+            .to_string_lossy()
+            .to_lowercase(),
+    };
+    let mut config = KubeletConfig::new(node_name, root_dir.clone());
+    config.pod_log_dir = args.pod_logs_dir.clone().unwrap_or_else(|| {
+        if rootless {
+            root_dir.join("logs")
+        } else {
+            PathBuf::from("/var/log/pods")
+        }
+    });
+    config.manifest_path = args.pod_manifest_path.clone();
+    config.manifest_url = args.manifest_url.clone();
+    config.sync_frequency = args.sync_frequency;
+    config.file_check_frequency = args.file_check_frequency;
+    config.http_check_frequency = args.http_check_frequency;
+    config.pleg_relist_period = args.pleg_relist_period;
+    config.max_pods = args.max_pods;
+    let reserved = [args.system_reserved, args.kube_reserved];
+    config.reserved_cpu_milli = reserved.iter().flatten().map(|r| r.cpu_milli).sum();
+    config.reserved_memory_bytes = reserved.iter().flatten().map(|r| r.memory_bytes).sum();
+    config.cgroup_root = format!("{}/kubepods", args.cgroup_root.trim_end_matches('/'));
+    config.seccomp_default = args.seccomp_default;
+
+    // The zygote must exist before any thread: tokio starts below.
+    let zygote = ironlet_runtime::zygote::spawn().context("starting the zygote")?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(async move {
+        let store = super::open_images(&root_dir)?;
+        let runtime_config = LocalRuntimeConfig {
+            root_dir: root_dir.clone(),
+            rootless,
+            default_cgroup_parent: None,
+        };
+        let runtime = LocalRuntime::new(runtime_config, zygote, store.clone())
+            .await
+            .with_context(|| format!("opening the runtime at {}", root_dir.display()))?;
+        let images = Arc::new(LocalImageService::new(store));
+        let socket = config.socket_path();
+        let kubelet = Kubelet::start(config, Arc::new(runtime), images)
+            .await
+            .context("starting the node agent")?;
+        let server = ironlet::server::serve_kubelet(&socket, &kubelet)
+            .await
+            .context("starting the local server")?;
+        tracing::info!(socket = %socket.display(), "ironlet is running");
+        kubelet.run(shutdown_signal()).await;
+        server.abort();
+        let _ = std::fs::remove_file(&socket);
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+/// SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        _ => {
+            tracing::error!("cannot listen for signals; stop ironlet with SIGKILL");
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_as_kubelet_flags_do() {
+        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+        assert!(parse_duration("10").is_err());
+        assert!(parse_duration("5d").is_err());
+        assert!(parse_duration("").is_err());
+    }
+
+    #[test]
+    fn reservations_parse_cpu_and_memory() {
+        let r = parse_reserved("cpu=500m,memory=1Gi");
+        assert!(matches!(r, Ok(Reserved { cpu_milli: 500, memory_bytes: 1073741824 })));
+        assert!(parse_reserved("gpu=1").is_err());
+        assert!(parse_reserved("cpu").is_err());
+    }
+}

@@ -1,0 +1,90 @@
+//! [`KubeletConfig`]: the settings of `ironlet run`, each field named and defaulted after
+//! the kubelet flag or `KubeletConfiguration` field it mirrors.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ironlet_cgroups::CgroupOptions;
+
+/// Settings of the node agent.
+#[derive(Debug, Clone)]
+pub struct KubeletConfig {
+    /// `--node-name` / `--hostname-override`; default: the host name.
+    pub node_name: String,
+    /// `--root-dir`: the data root (images, pods, state).
+    pub root_dir: PathBuf,
+    /// Where pod logs go (kubelet: `/var/log/pods`).
+    pub pod_log_dir: PathBuf,
+    /// `--pod-manifest-path` (alias `--manifests`): static pods.
+    pub manifest_path: Option<PathBuf>,
+    /// `--manifest-url`: static pods from a URL.
+    pub manifest_url: Option<String>,
+    /// `--file-check-frequency` (kubelet default 20 s); inotify makes changes immediate.
+    pub file_check_frequency: Duration,
+    /// `--http-check-frequency` (kubelet default 20 s).
+    pub http_check_frequency: Duration,
+    /// `--sync-frequency` (kubelet default 1 min).
+    pub sync_frequency: Duration,
+    /// PLEG relist period (ironlet's safety net; events are the primary path).
+    pub pleg_relist_period: Duration,
+    /// `--max-pods` (kubelet default 110).
+    pub max_pods: u64,
+    /// `--system-reserved` + `--kube-reserved` CPU, millicores (kubelet default none).
+    pub reserved_cpu_milli: u64,
+    /// `--system-reserved` + `--kube-reserved` memory, bytes (kubelet default none).
+    pub reserved_memory_bytes: u64,
+    /// `--cgroup-root`-relative name of the pods' tree (kubelet: `kubepods`).
+    pub cgroup_root: String,
+    /// CFS quota, period and pod pids limit (kubelet `cpuCFSQuota`, `podPidsLimit`).
+    pub cgroup_options: CgroupOptions,
+    /// `--seccomp-default`: RuntimeDefault for containers that name no profile
+    /// (kubelet default false: Unconfined).
+    pub seccomp_default: bool,
+    /// Dead containers kept per pod container (kubelet `--maximum-dead-containers-per-container`, 1).
+    pub max_dead_per_container: usize,
+    /// How often housekeeping runs (kubelet: every 2 s).
+    pub housekeeping_period: Duration,
+    /// Node labels admission matches nodeSelector against (besides the well-known ones).
+    pub node_labels: std::collections::BTreeMap<String, String>,
+}
+
+impl KubeletConfig {
+    /// Defaults for a node named `node_name` with data under `root_dir`.
+    pub fn new(node_name: impl Into<String>, root_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            node_name: node_name.into(),
+            root_dir: root_dir.into(),
+            pod_log_dir: PathBuf::from("/var/log/pods"),
+            manifest_path: None,
+            manifest_url: None,
+            file_check_frequency: Duration::from_secs(20),
+            http_check_frequency: Duration::from_secs(20),
+            sync_frequency: Duration::from_secs(60),
+            pleg_relist_period: Duration::from_secs(60),
+            max_pods: 110,
+            reserved_cpu_milli: 0,
+            reserved_memory_bytes: 0,
+            cgroup_root: "kubepods".into(),
+            cgroup_options: CgroupOptions::default(),
+            seccomp_default: false,
+            max_dead_per_container: 1,
+            housekeeping_period: Duration::from_secs(2),
+            node_labels: Default::default(),
+        }
+    }
+
+    /// `<root>/pods`: per-pod volumes and termination-message files.
+    pub fn pods_dir(&self) -> PathBuf {
+        self.root_dir.join("pods")
+    }
+
+    /// `<root>/ironlet.sock`: the local inspection socket.
+    pub fn socket_path(&self) -> PathBuf {
+        self.root_dir.join("ironlet.sock")
+    }
+
+    /// The log directory of one pod: `<pod_log_dir>/<ns>_<name>_<uid>` (kubelet's layout).
+    pub fn pod_log_directory(&self, namespace: &str, name: &str, uid: &str) -> PathBuf {
+        self.pod_log_dir.join(format!("{namespace}_{name}_{uid}"))
+    }
+}

@@ -1,0 +1,59 @@
+//! Kubernetes events about pods (`Pulled`, `Created`, `Started`, `Killing`, `BackOff`,
+//! `Unhealthy`, `FailedMount`, …) behind the [`EventRecorder`] seam: logged through
+//! `tracing` without an API server; the API-backed recorder plugs in here.
+
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::config::pod_full_name;
+
+/// `Normal` or `Warning`, as in `v1.Event.type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventType {
+    Normal,
+    Warning,
+}
+
+impl EventType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Normal => "Normal",
+            Self::Warning => "Warning",
+        }
+    }
+}
+
+/// kubelet's event reasons (`pkg/kubelet/events`), as values to match.
+pub mod reason {
+    pub const PULLED: &str = "Pulled";
+    pub const FAILED: &str = "Failed";
+    pub const CREATED: &str = "Created";
+    pub const STARTED: &str = "Started";
+    pub const KILLING: &str = "Killing";
+    pub const BACK_OFF: &str = "BackOff";
+    pub const UNHEALTHY: &str = "Unhealthy";
+    pub const FAILED_MOUNT: &str = "FailedMount";
+    pub const FAILED_POST_START_HOOK: &str = "FailedPostStartHook";
+    pub const FAILED_PRE_STOP_HOOK: &str = "FailedPreStopHook";
+    pub const FAILED_CREATE_POD_SANDBOX: &str = "FailedCreatePodSandBox";
+    pub const SANDBOX_CHANGED: &str = "SandboxChanged";
+    pub const ERR_IMAGE_NEVER_PULL: &str = "ErrImageNeverPull";
+}
+
+/// Where pod events go.
+pub trait EventRecorder: Send + Sync {
+    fn event(&self, pod: &Pod, kind: EventType, reason: &'static str, message: String);
+}
+
+/// Logs events; the default without an API server.
+#[derive(Debug, Default)]
+pub struct TracingRecorder;
+
+impl EventRecorder for TracingRecorder {
+    fn event(&self, pod: &Pod, kind: EventType, reason: &'static str, message: String) {
+        let pod = pod_full_name(pod);
+        match kind {
+            EventType::Normal => tracing::info!(%pod, reason, %message, "event"),
+            EventType::Warning => tracing::warn!(%pod, reason, %message, "event"),
+        }
+    }
+}

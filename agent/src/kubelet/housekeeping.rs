@@ -1,0 +1,135 @@
+//! Housekeeping (kubelet's `HandlePodCleanups`), every 2 s once all sources are ready:
+//! tell the workers which pods are desired, kill runtime pods nobody wants (left by a
+//! deleted pod or a previous agent run), and remove what finished pods leave behind —
+//! sandboxes, containers, pod directories and logs — so a removed pod leaves nothing.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use ironlet_runtime::types::{ContainerFilter, ContainerState, PodSandboxStatus, SandboxState};
+use k8s_openapi::api::core::v1::{Pod, PodSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use super::Kubelet;
+use crate::config::pod_uid;
+use crate::pod_workers::{KillPodOptions, PodLifecycle, UpdatePodOptions, UpdateType};
+
+/// Grace period for runtime pods whose spec is unknown (kubelet kills them with the
+/// default grace of the runtime; a short one keeps start-up clean-up quick).
+const ORPHAN_GRACE_SECONDS: i64 = 2;
+
+impl Kubelet {
+    pub(super) async fn housekeeping(&mut self) {
+        let desired: HashSet<String> = self
+            .lock_manager()
+            .pods()
+            .iter()
+            .map(|p| pod_uid(p).to_owned())
+            .filter(|uid| !self.rejected.contains_key(uid))
+            .collect();
+        let states = self.workers.sync_known_pods(&desired);
+
+        let (sandboxes, containers) = match tokio::try_join!(
+            self.runtime.list_pod_sandboxes(),
+            self.runtime.list_containers(&ContainerFilter::default())
+        ) {
+            Ok(listed) => listed,
+            Err(err) => {
+                tracing::warn!(%err, "housekeeping: listing the runtime failed");
+                return;
+            }
+        };
+        let mut by_uid: HashMap<String, Vec<PodSandboxStatus>> = HashMap::new();
+        for sandbox in sandboxes {
+            by_uid
+                .entry(sandbox.config.pod_uid.clone())
+                .or_default()
+                .push(sandbox);
+        }
+        for (uid, sandboxes) in by_uid {
+            if desired.contains(&uid) {
+                continue;
+            }
+            match states.get(&uid) {
+                Some(PodLifecycle::Finished) => self.remove_pod_leftovers(&uid, &sandboxes).await,
+                Some(_) => {}
+                None => {
+                    let ids: HashSet<_> = sandboxes.iter().map(|s| s.id.clone()).collect();
+                    let running = sandboxes.iter().any(|s| s.state == SandboxState::Ready)
+                        || containers.iter().any(|c| {
+                            ids.contains(&c.sandbox_id) && c.state == ContainerState::Running
+                        });
+                    if running {
+                        tracing::info!(pod_uid = %uid, "killing runtime pod that is not desired");
+                        self.workers.update_pod(UpdatePodOptions {
+                            update_type: UpdateType::Kill,
+                            pod: orphan_pod(&uid, &sandboxes),
+                            kill: Some(KillPodOptions {
+                                grace_period_override: Some(ORPHAN_GRACE_SECONDS),
+                                completed: None,
+                            }),
+                        });
+                    } else {
+                        self.remove_pod_leftovers(&uid, &sandboxes).await;
+                    }
+                }
+            }
+        }
+        // Finished pods whose sandboxes are already gone: drop their status and files.
+        for (uid, state) in &states {
+            if *state == PodLifecycle::Finished && !desired.contains(uid) {
+                self.statuses.remove(uid);
+                self.remove_pod_dir(uid);
+            }
+        }
+    }
+
+    /// Removes a dead pod's sandboxes (with their containers), its directory and its logs.
+    async fn remove_pod_leftovers(&self, uid: &str, sandboxes: &[PodSandboxStatus]) {
+        for sandbox in sandboxes {
+            if let Err(err) = self.runtime.remove_pod_sandbox(&sandbox.id).await {
+                tracing::warn!(pod_uid = %uid, sandbox = %sandbox.id, %err, "removing sandbox failed");
+                return;
+            }
+            remove_dir(&sandbox.config.log_directory);
+        }
+        self.statuses.remove(uid);
+        self.remove_pod_dir(uid);
+        tracing::info!(pod_uid = %uid, "pod removed");
+    }
+
+    fn remove_pod_dir(&self, uid: &str) {
+        // UIDs come from our own records; refuse anything that is not a plain name.
+        if uid.is_empty() || uid.contains('/') || uid == "." || uid == ".." {
+            return;
+        }
+        remove_dir(&self.config.pods_dir().join(uid));
+    }
+}
+
+fn remove_dir(path: &PathBuf) {
+    match std::fs::remove_dir_all(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(err) => tracing::warn!(path = %path.display(), %err, "removing directory failed"),
+    }
+}
+
+/// A stand-in pod for a runtime pod whose spec is gone: enough to kill it.
+fn orphan_pod(uid: &str, sandboxes: &[PodSandboxStatus]) -> Arc<Pod> {
+    let config = sandboxes.first().map(|s| &s.config);
+    Arc::new(Pod {
+        metadata: ObjectMeta {
+            uid: Some(uid.to_owned()),
+            name: config.map(|c| c.name.clone()),
+            namespace: config.map(|c| c.namespace.clone()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodSpec {
+            termination_grace_period_seconds: Some(ORPHAN_GRACE_SECONDS),
+            ..PodSpec::default()
+        }),
+        status: None,
+    })
+}

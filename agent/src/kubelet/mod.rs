@@ -1,0 +1,398 @@
+//! The node agent proper: wires pod sources, the pod manager, admission, pod workers, the
+//! PLEG and probes together and runs kubelet's sync loop.
+//!
+//! ```text
+//!  PodConfig ──ADD/UPDATE/REMOVE──┐
+//!  PLEG events ───────────────────┤   sync loop (select!)  ──► PodWorkers ──► NodeSyncer
+//!  probe results ─────────────────┤   admission on ADD         (one task per UID)
+//!  housekeeping tick (2 s) ───────┘   orphans, GC, known pods
+//! ```
+//!
+//! Where to start: [`Kubelet::start`] builds everything from a [`KubeletConfig`] and a
+//! runtime; [`Kubelet::run`] is the loop and returns when the shutdown future completes.
+
+pub mod config;
+pub mod container_config;
+pub mod events;
+mod housekeeping;
+pub mod status_store;
+pub mod syncer;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ironlet_cgroups::{Hierarchy, NodeCapacity, NodeCgroups};
+use ironlet_runtime::{ImageService, Runtime};
+use k8s_openapi::api::core::v1::Pod;
+use tokio::sync::mpsc;
+
+use crate::admission::{NodeAllocatable, NodeInfo};
+use crate::config::{
+    pod_full_name, pod_uid, FileSource, FileSourceConfig, HttpSource, HttpSourceConfig, PodConfig,
+    PodConfigOptions, PodOp, PodUpdate,
+};
+use crate::pleg::{PlegConfig, PlegHealth, PodLifecycleEvent};
+use crate::pod_cache::PodCache;
+use crate::pod_manager::PodManager;
+use crate::pod_workers::{PodWorkers, PodWorkersConfig, UpdatePodOptions, UpdateType};
+pub use config::KubeletConfig;
+use events::{EventRecorder, TracingRecorder};
+use status_store::StatusStore;
+use syncer::{NodeResources, NodeSyncer};
+
+/// Why the agent could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("creating the node cgroup tree {root:?}")]
+    Cgroups {
+        root: String,
+        #[source]
+        source: ironlet_cgroups::Error,
+    },
+    #[error("creating {path}")]
+    CreateDir {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("starting the manifest URL source")]
+    HttpSource(#[source] crate::config::HttpSourceError),
+    #[error(transparent)]
+    DuplicateSource(#[from] crate::config::DuplicateSource),
+}
+
+/// A running node agent.
+pub struct Kubelet {
+    config: KubeletConfig,
+    runtime: Arc<dyn Runtime>,
+    pod_manager: Arc<Mutex<PodManager>>,
+    workers: PodWorkers,
+    syncer: Arc<NodeSyncer>,
+    statuses: Arc<StatusStore>,
+    node: NodeInfo,
+    pod_config: PodConfig,
+    updates: mpsc::Receiver<PodUpdate>,
+    pleg_events: mpsc::UnboundedReceiver<PodLifecycleEvent>,
+    pleg_health: Arc<PlegHealth>,
+    probe_updates: mpsc::UnboundedReceiver<crate::probes::ProbeUpdate>,
+    /// Pods admission rejected, by UID (kept out of the workers).
+    rejected: HashMap<String, Arc<Pod>>,
+}
+
+impl Kubelet {
+    /// Builds the agent: cgroup tree, caches, workers, PLEG, probes and pod sources.
+    pub async fn start(
+        config: KubeletConfig,
+        runtime: Arc<dyn Runtime>,
+        images: Arc<dyn ImageService>,
+    ) -> Result<Self, StartError> {
+        for dir in [config.root_dir.clone(), config.pods_dir()] {
+            std::fs::create_dir_all(&dir).map_err(|source| StartError::CreateDir {
+                path: dir.clone(),
+                source,
+            })?;
+        }
+        let (cgroups, capacity) = node_cgroups(&config)?;
+        let allocatable = NodeAllocatable {
+            cpu_milli: capacity.cpu_milli.saturating_sub(config.reserved_cpu_milli),
+            memory_bytes: capacity
+                .memory_bytes
+                .saturating_sub(config.reserved_memory_bytes),
+            pods: config.max_pods,
+        };
+        let mut labels = config.node_labels.clone();
+        labels.insert("kubernetes.io/hostname".into(), config.node_name.clone());
+        labels.insert("kubernetes.io/os".into(), "linux".into());
+        labels.insert("kubernetes.io/arch".into(), go_arch().into());
+        let node = NodeInfo {
+            name: config.node_name.clone(),
+            labels,
+            allocatable,
+        };
+
+        let cache = Arc::new(PodCache::new(runtime.clone()));
+        let objects: Arc<dyn crate::objects::ObjectSource> = match &config.manifest_path {
+            Some(dir) => Arc::new(crate::objects::FileObjectSource::new(dir.clone())),
+            None => Arc::new(crate::objects::FileObjectSource::empty()),
+        };
+        let (probes, probe_updates) = crate::probes::ProbeManager::new(runtime.clone());
+        let statuses = Arc::new(StatusStore::default());
+        let events: Arc<dyn EventRecorder> = Arc::new(TracingRecorder);
+        let syncer = Arc::new(NodeSyncer {
+            volumes: crate::volumes::VolumeManager::new(config.root_dir.clone(), objects.clone()),
+            config: config.clone(),
+            runtime: runtime.clone(),
+            images,
+            cache: cache.clone(),
+            cgroups,
+            objects,
+            probes,
+            backoff: Mutex::new(crate::sync::backoff::Backoff::kubelet_default()),
+            statuses: statuses.clone(),
+            events,
+            node: NodeResources {
+                cpu_milli: allocatable.cpu_milli,
+                memory_bytes: allocatable.memory_bytes,
+                host_ip: Some(host_ip()),
+            },
+            termination_messages: Mutex::new(HashMap::new()),
+            waiting: Mutex::new(HashMap::new()),
+        });
+        let workers = PodWorkers::new(
+            syncer.clone(),
+            PodWorkersConfig {
+                resync_interval: config.sync_frequency,
+                ..PodWorkersConfig::default()
+            },
+        );
+        let (pleg_events, pleg_health, _pleg) = crate::pleg::start(
+            runtime.clone(),
+            cache,
+            PlegConfig {
+                relist_period: config.pleg_relist_period,
+                ..PlegConfig::default()
+            },
+        );
+
+        let (pod_config, updates) = PodConfig::new(&PodConfigOptions::default());
+        if let Some(path) = &config.manifest_path {
+            let source = FileSource::new(
+                FileSourceConfig::new(path.clone(), config.node_name.clone())
+                    .resync_period(config.file_check_frequency),
+            );
+            pod_config.spawn(source)?;
+        }
+        if let Some(url) = &config.manifest_url {
+            let source = HttpSource::new(
+                HttpSourceConfig::new(url.clone(), config.node_name.clone())
+                    .period(config.http_check_frequency),
+            )
+            .map_err(StartError::HttpSource)?;
+            pod_config.spawn(source)?;
+        }
+
+        Ok(Self {
+            config,
+            runtime,
+            pod_manager: Arc::new(Mutex::new(PodManager::new())),
+            workers,
+            syncer,
+            statuses,
+            node,
+            pod_config,
+            updates,
+            pleg_events,
+            pleg_health,
+            probe_updates,
+            rejected: HashMap::new(),
+        })
+    }
+
+    /// The status store (for the local server and the API status manager).
+    pub fn statuses(&self) -> Arc<StatusStore> {
+        self.statuses.clone()
+    }
+
+    /// The PLEG's health (for `/healthz`).
+    pub fn pleg_health(&self) -> Arc<PlegHealth> {
+        self.pleg_health.clone()
+    }
+
+    /// The sync loop; returns when `shutdown` completes. Running pods keep running.
+    pub async fn run(mut self, shutdown: impl Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        let mut housekeeping = tokio::time::interval(self.config.housekeeping_period);
+        housekeeping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut gc = tokio::time::interval(Duration::from_secs(60));
+        gc.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = &mut shutdown => {
+                    tracing::info!("shutting down; pods keep running");
+                    return;
+                }
+                update = self.updates.recv() => match update {
+                    Some(update) => self.handle_update(update),
+                    None => {
+                        tracing::error!("pod config stream ended");
+                        return;
+                    }
+                },
+                Some(event) = self.pleg_events.recv() => self.handle_pleg_event(event),
+                Some(update) = self.probe_updates.recv() => self.sync_uid(&update.pod_uid),
+                _ = housekeeping.tick() => {
+                    if self.pod_config.all_sources_ready() {
+                        self.housekeeping().await;
+                    }
+                }
+                _ = gc.tick() => self.garbage_collect().await,
+            }
+        }
+    }
+
+    fn lock_manager(&self) -> std::sync::MutexGuard<'_, PodManager> {
+        self.pod_manager.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn handle_update(&mut self, update: PodUpdate) {
+        tracing::debug!(op = %update.op, source = %update.source, pods = update.pods.len(), "pod update");
+        match update.op {
+            PodOp::Add => {
+                let mut pods = update.pods;
+                // kubelet admits in creation order so that older pods win resources.
+                pods.sort_by(|a, b| a.metadata.creation_timestamp.cmp(&b.metadata.creation_timestamp));
+                for pod in pods {
+                    self.handle_add(Arc::new(pod));
+                }
+            }
+            PodOp::Update | PodOp::Delete => {
+                for pod in update.pods {
+                    let pod = Arc::new(pod);
+                    if self.rejected.contains_key(pod_uid(&pod)) {
+                        continue;
+                    }
+                    self.lock_manager().update_pod((*pod).clone());
+                    self.workers
+                        .update_pod(UpdatePodOptions::new(UpdateType::Update, pod));
+                }
+            }
+            PodOp::Remove => {
+                for pod in update.pods {
+                    let uid = pod_uid(&pod).to_owned();
+                    self.lock_manager().remove_pod(&pod);
+                    if self.rejected.remove(&uid).is_some() {
+                        self.statuses.remove(&uid);
+                        continue;
+                    }
+                    self.workers
+                        .update_pod(UpdatePodOptions::new(UpdateType::Kill, Arc::new(pod)));
+                }
+            }
+            PodOp::Reconcile => {
+                for pod in update.pods {
+                    self.lock_manager().update_pod(pod);
+                }
+            }
+        }
+    }
+
+    /// kubelet's `HandlePodAdditions`: admit against the pods already admitted, then hand
+    /// to a worker; a rejected pod is Failed with the admission reason and never started.
+    fn handle_add(&mut self, pod: Arc<Pod>) {
+        let uid = pod_uid(&pod).to_owned();
+        let admitted: Vec<Arc<Pod>> = self
+            .lock_manager()
+            .pods()
+            .into_iter()
+            .filter(|p| {
+                let uid = pod_uid(p);
+                !self.rejected.contains_key(uid) && !self.workers.is_pod_terminated(uid)
+            })
+            .collect();
+        self.lock_manager().add_pod((*pod).clone());
+        let verdict = crate::admission::admit(&self.node, &pod, &admitted);
+        if let Some(reason) = verdict.reason() {
+            let message = verdict.message();
+            tracing::warn!(pod = %pod_full_name(&pod), reason, %message, "pod rejected");
+            self.statuses
+                .set(pod.clone(), crate::status::rejected_status(&pod, reason, &message));
+            self.rejected.insert(uid, pod);
+            return;
+        }
+        self.workers
+            .update_pod(UpdatePodOptions::new(UpdateType::Create, pod));
+    }
+
+    fn handle_pleg_event(&self, event: PodLifecycleEvent) {
+        self.sync_uid(&event.pod_uid);
+    }
+
+    /// Asks the worker of a known pod to sync.
+    fn sync_uid(&self, uid: &str) {
+        let pod = self.lock_manager().pod_by_uid(uid);
+        if let Some(pod) = pod {
+            self.workers
+                .update_pod(UpdatePodOptions::new(UpdateType::Sync, pod));
+        }
+    }
+
+    async fn garbage_collect(&self) {
+        let policy = ironlet_runtime::types::GcPolicy {
+            max_per_pod_container: self.config.max_dead_per_container,
+            ..Default::default()
+        };
+        match self.runtime.garbage_collect(&policy).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(removed = n, "garbage collected dead containers"),
+            Err(err) => tracing::warn!(%err, "container garbage collection failed"),
+        }
+    }
+}
+
+/// The node's cgroup tree (as root) and capacity.
+fn node_cgroups(config: &KubeletConfig) -> Result<(Option<NodeCgroups>, NodeCapacity), StartError> {
+    let rootless = !nix::unistd::geteuid().is_root();
+    let hierarchy = match Hierarchy::detect() {
+        Ok(h) => h,
+        Err(err) => {
+            tracing::warn!(%err, "no cgroup hierarchy; running without pod cgroups");
+            return Ok((None, fallback_capacity()));
+        }
+    };
+    let capacity = NodeCapacity::read(&hierarchy).unwrap_or_else(|err| {
+        tracing::warn!(%err, "reading node capacity from cgroups failed; using /proc");
+        fallback_capacity()
+    });
+    if rootless {
+        tracing::warn!("rootless: no pod cgroups; resource limits are not enforced");
+        return Ok((None, capacity));
+    }
+    let node = NodeCgroups::ensure(hierarchy, &config.cgroup_root).map_err(|source| {
+        StartError::Cgroups {
+            root: config.cgroup_root.clone(),
+            source,
+        }
+    })?;
+    Ok((Some(node), capacity))
+}
+
+fn fallback_capacity() -> NodeCapacity {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
+    let memory = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .unwrap_or(0)
+        * 1024;
+    NodeCapacity {
+        cpu_milli: cpus * 1000,
+        memory_bytes: memory,
+        pids: 0,
+    }
+}
+
+/// `GOARCH` spelling of this machine's architecture, as node labels use it.
+pub fn go_arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        "x86" => "386",
+        other => other,
+    }
+}
+
+/// The address of the interface holding the default route (kubelet's default node IP);
+/// 127.0.0.1 without one. A connected UDP socket picks the route; no packet is sent.
+pub fn host_ip() -> String {
+    std::net::UdpSocket::bind("0.0.0.0:0")
+        .and_then(|s| s.connect("192.0.2.1:9").map(|()| s))
+        .and_then(|s| s.local_addr())
+        .map(|a| a.ip().to_string())
+        .unwrap_or_else(|_| "127.0.0.1".into())
+}

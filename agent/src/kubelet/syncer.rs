@@ -1,0 +1,328 @@
+//! [`NodeSyncer`]: the real [`PodSyncer`] — kubelet's `SyncPod`, `SyncTerminatingPod` and
+//! `SyncTerminatedPod` composed from the runtime, the cgroup tree, volumes, probes and the
+//! decision logic in [`crate::sync`].
+//!
+//! Every step reads the runtime's status through the [`PodCache`] at or after the worker's
+//! last action, decides, acts, and stores the resulting API status in the [`StatusStore`].
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use async_trait::async_trait;
+use ironlet_cgroups::{CgroupPath, NodeCgroups, QosClass};
+use ironlet_runtime::types::{ContainerState, PodSandboxConfig, PodStatus, SandboxId};
+use ironlet_runtime::{ImageService, Runtime};
+use k8s_openapi::api::core::v1::Pod;
+
+use super::config::KubeletConfig;
+use super::events::{reason, EventRecorder, EventType};
+use super::status_store::StatusStore;
+use crate::config::{pod_full_name, pod_uid};
+use crate::objects::ObjectSource;
+use crate::pod_cache::{CachedStatus, PodCache};
+use crate::pod_workers::{PodSyncer, SyncError, SyncOutcome};
+use crate::probes::ProbeManager;
+use crate::sync::backoff::Backoff;
+use crate::volumes::VolumeManager;
+
+mod kill;
+mod start;
+mod status;
+
+/// The node's resources as container configs need them.
+#[derive(Debug, Clone, Default)]
+pub struct NodeResources {
+    pub cpu_milli: u64,
+    pub memory_bytes: u64,
+    pub host_ip: Option<String>,
+}
+
+/// Everything a pod sync touches.
+pub struct NodeSyncer {
+    pub(crate) config: KubeletConfig,
+    pub(crate) runtime: Arc<dyn Runtime>,
+    pub(crate) images: Arc<dyn ImageService>,
+    pub(crate) cache: Arc<PodCache>,
+    pub(crate) cgroups: Option<NodeCgroups>,
+    pub(crate) volumes: VolumeManager,
+    pub(crate) objects: Arc<dyn ObjectSource>,
+    pub(crate) probes: ProbeManager,
+    pub(crate) backoff: Mutex<Backoff>,
+    pub(crate) statuses: Arc<StatusStore>,
+    pub(crate) events: Arc<dyn EventRecorder>,
+    pub(crate) node: NodeResources,
+    /// Termination messages read after a container exited, by container id.
+    pub(crate) termination_messages: Mutex<HashMap<String, String>>,
+    /// Waiting reasons from the last sync, by pod UID then container name.
+    pub(crate) waiting: Mutex<HashMap<String, HashMap<String, (String, String)>>>,
+}
+
+impl NodeSyncer {
+    fn lock_waiting(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<String, HashMap<String, (String, String)>>> {
+        self.waiting.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn lock_backoff(&self) -> std::sync::MutexGuard<'_, Backoff> {
+        self.backoff.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The pod's cgroup, created with the pod's limits; `None` without cgroups (rootless
+    /// on v1).
+    fn ensure_pod_cgroup(&self, pod: &Pod) -> Result<Option<CgroupPath>, SyncError> {
+        let Some(cgroups) = &self.cgroups else {
+            return Ok(None);
+        };
+        let resources = crate::qos::pod_resources(pod)
+            .map_err(|e| SyncError::new("InvalidResources", e.to_string()))?;
+        let path = cgroups
+            .pod_path(resources.qos(), pod_uid(pod))
+            .map_err(|e| SyncError::new("FailedCreatePodCgroup", e.to_string()))?;
+        let settings = resources.cgroup_settings(&self.config.cgroup_options);
+        cgroups
+            .create_pod(&path, &settings)
+            .map_err(|e| SyncError::new("FailedCreatePodCgroup", e.to_string()))?;
+        Ok(Some(path))
+    }
+
+    fn sandbox_config(&self, pod: &Pod, attempt: u32, cgroup: Option<&CgroupPath>) -> PodSandboxConfig {
+        let meta = &pod.metadata;
+        let spec = pod.spec.as_ref();
+        let name = meta.name.clone().unwrap_or_default();
+        let namespace = meta.namespace.clone().unwrap_or_else(|| "default".into());
+        let uid = pod_uid(pod).to_owned();
+        PodSandboxConfig {
+            log_directory: self.config.pod_log_directory(&namespace, &name, &uid),
+            pod_uid: uid,
+            hostname: spec
+                .and_then(|s| s.hostname.clone())
+                .unwrap_or_else(|| name.clone()),
+            name,
+            namespace,
+            attempt,
+            host_network: spec.and_then(|s| s.host_network).unwrap_or(false),
+            host_ipc: spec.and_then(|s| s.host_ipc).unwrap_or(false),
+            host_pid: spec.and_then(|s| s.host_pid).unwrap_or(false),
+            cgroup_parent: cgroup.map(|c| c.as_str().to_owned()),
+            labels: meta.labels.clone().unwrap_or_default(),
+            annotations: Default::default(),
+        }
+    }
+
+    /// A status read after `after`, with termination messages filled in.
+    async fn runtime_status(&self, pod: &Pod, after: Instant) -> Result<CachedStatus, SyncError> {
+        let mut cached = self
+            .cache
+            .get_newer_than(pod_uid(pod), after)
+            .await
+            .map_err(|e| SyncError::new("RuntimeStatusError", e.to_string()))?;
+        self.fill_termination_messages(pod, &mut cached);
+        Ok(cached)
+    }
+
+    fn event(&self, pod: &Pod, kind: EventType, reason: &'static str, message: String) {
+        self.events.event(pod, kind, reason, message);
+    }
+}
+
+#[async_trait]
+impl PodSyncer for NodeSyncer {
+    async fn sync_pod(
+        &self,
+        pod: &Arc<Pod>,
+        status_newer_than: Instant,
+    ) -> Result<SyncOutcome, SyncError> {
+        let started = Instant::now();
+        let cached = self.runtime_status(pod, status_newer_than).await?;
+        let api = self.record_status(pod, &cached.status);
+        if crate::status::pod_is_terminal(&api) {
+            self.probes.remove_pod(pod_uid(pod));
+            return Ok(SyncOutcome::Terminal);
+        }
+        let result = self.sync_running_pod(pod, &cached.status).await;
+        let fresh = self.runtime_status(pod, Instant::now()).await?;
+        self.record_status(pod, &fresh.status);
+        self.update_probes(pod, &fresh.status);
+        tracing::debug!(pod = %pod_full_name(pod), took_us = started.elapsed().as_micros() as u64, "pod synced");
+        result
+    }
+
+    async fn sync_terminating_pod(
+        &self,
+        pod: &Arc<Pod>,
+        grace: Duration,
+        status_newer_than: Instant,
+    ) -> Result<(), SyncError> {
+        self.probes.remove_pod(pod_uid(pod));
+        let cached = self.runtime_status(pod, status_newer_than).await?;
+        self.kill_pod(pod, &cached.status, grace).await?;
+        let fresh = self.runtime_status(pod, Instant::now()).await?;
+        self.record_status(pod, &fresh.status);
+        Ok(())
+    }
+
+    async fn sync_terminated_pod(&self, pod: &Arc<Pod>) -> Result<(), SyncError> {
+        let uid = pod_uid(pod);
+        self.volumes
+            .teardown_pod_volumes(uid)
+            .await
+            .map_err(|e| SyncError::new("FailedUnmount", e.to_string()))?;
+        if let Some(cgroups) = &self.cgroups {
+            // The pod's QoS class may be unknown (an orphan from a previous run): try all.
+            for qos in [QosClass::Guaranteed, QosClass::Burstable, QosClass::BestEffort] {
+                let Ok(path) = cgroups.pod_path(qos, uid) else {
+                    continue;
+                };
+                cgroups
+                    .remove(&path)
+                    .map_err(|e| SyncError::new("FailedRemovePodCgroup", e.to_string()))?;
+            }
+        }
+        self.lock_waiting().remove(uid);
+        self.lock_backoff().forget_pod(uid);
+        Ok(())
+    }
+}
+
+impl NodeSyncer {
+    /// Sandbox, init containers, containers: one step of kubelet's `SyncPod`.
+    async fn sync_running_pod(
+        &self,
+        pod: &Arc<Pod>,
+        status: &PodStatus,
+    ) -> Result<SyncOutcome, SyncError> {
+        let uid = pod_uid(pod);
+        let cgroup = self.ensure_pod_cgroup(pod)?;
+        let volumes = match self.volumes.setup_pod_volumes(pod).await {
+            Ok(v) => v,
+            Err(err) => {
+                self.event(pod, EventType::Warning, reason::FAILED_MOUNT, err.to_string());
+                return Err(SyncError::new(reason::FAILED_MOUNT, err.to_string()));
+            }
+        };
+        let now = SystemTime::now();
+        let actions = crate::sync::actions::compute_pod_actions(&crate::sync::actions::ActionsInput {
+            pod,
+            status,
+            probes: &self.probes,
+            now,
+        });
+        let mut waiting: HashMap<String, (String, String)> = HashMap::new();
+        let mut resync_after: Option<Duration> = None;
+
+        // A new sandbox means every container of the old one goes first.
+        let sandbox_id = match &actions.create_sandbox {
+            Some(attempt) => {
+                if !status.sandboxes.is_empty() {
+                    self.event(
+                        pod,
+                        EventType::Normal,
+                        reason::SANDBOX_CHANGED,
+                        "Pod sandbox changed, it will be killed and re-created.".into(),
+                    );
+                    self.kill_pod(pod, status, grace_of(pod)).await?;
+                    for sandbox in &status.sandboxes {
+                        if let Err(err) = self.runtime.remove_pod_sandbox(&sandbox.id).await {
+                            tracing::warn!(pod_uid = %uid, sandbox = %sandbox.id, %err, "removing old sandbox failed");
+                        }
+                    }
+                }
+                let config = self.sandbox_config(pod, *attempt, cgroup.as_ref());
+                match self.runtime.run_pod_sandbox(&config).await {
+                    Ok(id) => id,
+                    Err(err) => {
+                        let message = format!("Failed to create pod sandbox: {err}");
+                        self.event(pod, EventType::Warning, reason::FAILED_CREATE_POD_SANDBOX, message.clone());
+                        return Err(SyncError::new("CreatePodSandboxError", message));
+                    }
+                }
+            }
+            None => match ready_sandbox(status) {
+                Some(id) => id,
+                None => return Err(SyncError::new("CreatePodSandboxError", "no ready sandbox")),
+            },
+        };
+
+        for kill in &actions.containers_to_kill {
+            self.kill_container(pod, &kill.id, &kill.name, &kill.message, grace_of(pod))
+                .await?;
+        }
+
+        let sandbox_status = self
+            .runtime
+            .pod_sandbox_status(&sandbox_id)
+            .await
+            .map_err(|e| SyncError::new("CreatePodSandboxError", e.to_string()))?;
+        for start in &actions.containers_to_start {
+            let key_in_backoff = {
+                let backoff = self.lock_backoff();
+                start
+                    .last_finished_at
+                    .and_then(|_| backoff.remaining(uid, &start.name, Instant::now()))
+            };
+            if let Some(remaining) = key_in_backoff {
+                let message = crate::sync::backoff::crash_loop_message(
+                    remaining_step(remaining),
+                    &start.name,
+                    pod,
+                );
+                self.event(pod, EventType::Warning, reason::BACK_OFF, message.clone());
+                waiting.insert(start.name.clone(), ("CrashLoopBackOff".into(), message));
+                resync_after = Some(resync_after.map_or(remaining, |r| r.min(remaining)));
+                continue;
+            }
+            if start.last_finished_at.is_some() {
+                self.lock_backoff().next(uid, &start.name, Instant::now());
+            }
+            match self
+                .start_container(pod, &sandbox_id, &sandbox_status, start, &volumes)
+                .await
+            {
+                Ok(()) => {}
+                Err(failure) => {
+                    waiting.insert(start.name.clone(), (failure.reason.into(), failure.message.clone()));
+                    resync_after = Some(Duration::from_secs(10).min(resync_after.unwrap_or(Duration::MAX)));
+                }
+            }
+            if start.is_init {
+                // Init containers run one at a time: the next waits for this one's exit.
+                break;
+            }
+        }
+        self.lock_waiting().insert(uid.to_owned(), waiting);
+        Ok(SyncOutcome::Running { resync_after })
+    }
+}
+
+fn ready_sandbox(status: &PodStatus) -> Option<SandboxId> {
+    status
+        .sandboxes
+        .iter()
+        .filter(|s| s.state == ironlet_runtime::types::SandboxState::Ready)
+        .max_by_key(|s| s.created_at)
+        .map(|s| s.id.clone())
+}
+
+/// The pod's termination grace period.
+pub(crate) fn grace_of(pod: &Pod) -> Duration {
+    let seconds = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.termination_grace_period_seconds)
+        .unwrap_or(crate::config::DEFAULT_TERMINATION_GRACE_PERIOD_SECONDS);
+    Duration::from_secs(u64::try_from(seconds).unwrap_or(0))
+}
+
+/// Back-off remaining, rounded up to the second for the message kubelet prints.
+fn remaining_step(remaining: Duration) -> Duration {
+    Duration::from_secs(remaining.as_secs() + u64::from(remaining.subsec_nanos() > 0))
+}
+
+pub(crate) fn running_containers(status: &PodStatus) -> impl Iterator<Item = &ironlet_runtime::types::ContainerStatus> {
+    status
+        .containers
+        .iter()
+        .filter(|c| c.state == ContainerState::Running)
+}

@@ -1,0 +1,143 @@
+//! Stopping containers (kubelet's `killContainer` / `killPodWithSyncResult`): the preStop
+//! hook within the grace period, then SIGTERM, then SIGKILL when the grace runs out; and
+//! the postStart hook, whose failure kills the container it ran in.
+
+use std::time::{Duration, Instant};
+
+use ironlet_runtime::types::{ContainerId, PodSandboxStatus, PodStatus};
+use k8s_openapi::api::core::v1::{Container, LifecycleHandler, Pod};
+
+use super::{running_containers, NodeSyncer};
+use crate::kubelet::events::{reason, EventType};
+use crate::pod_workers::SyncError;
+use crate::probes::{Action, ProbeOutcome, ProbeTarget};
+
+/// kubelet's `minimumGracePeriodInSeconds`: after a preStop hook, the container still gets
+/// at least this long to handle SIGTERM.
+const MINIMUM_GRACE_AFTER_HOOK: Duration = Duration::from_secs(2);
+
+impl NodeSyncer {
+    /// Stops every running container of the pod in parallel and the pod's sandboxes.
+    pub(super) async fn kill_pod(
+        &self,
+        pod: &Pod,
+        status: &PodStatus,
+        grace: Duration,
+    ) -> Result<(), SyncError> {
+        let kills = running_containers(status).map(|c| {
+            self.kill_container(pod, &c.id, &c.name, "Stopping container", grace)
+        });
+        let results = futures_util::future::join_all(kills).await;
+        for sandbox in &status.sandboxes {
+            if let Err(err) = self.runtime.stop_pod_sandbox(&sandbox.id).await {
+                return Err(SyncError::new("KillPodSandboxError", err.to_string()));
+            }
+        }
+        results.into_iter().collect()
+    }
+
+    /// Runs the container's preStop hook (if any) and stops it within `grace`.
+    pub(super) async fn kill_container(
+        &self,
+        pod: &Pod,
+        id: &ContainerId,
+        name: &str,
+        message: &str,
+        grace: Duration,
+    ) -> Result<(), SyncError> {
+        let started = Instant::now();
+        self.event(pod, EventType::Normal, reason::KILLING, format!("{message} {name}"));
+        let container = super::start::find_container(pod, name, false)
+            .or_else(|| super::start::find_container(pod, name, true));
+        let pre_stop = container
+            .and_then(|c| c.lifecycle.as_ref())
+            .and_then(|l| l.pre_stop.as_ref());
+        let mut remaining = grace;
+        if let (Some(hook), false) = (pre_stop, grace.is_zero()) {
+            let target = self.probe_target(pod, id).await;
+            match tokio::time::timeout(grace, self.run_hook(hook, &target, grace)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(msg)) => self.event(
+                    pod,
+                    EventType::Warning,
+                    reason::FAILED_PRE_STOP_HOOK,
+                    format!("PreStopHook failed: {msg}"),
+                ),
+                Err(_) => tracing::info!(container = name, "preStop hook did not finish within the grace period"),
+            }
+            remaining = grace
+                .saturating_sub(started.elapsed())
+                .max(MINIMUM_GRACE_AFTER_HOOK);
+        }
+        self.runtime
+            .stop_container(id, remaining)
+            .await
+            .map_err(|e| SyncError::new("KillContainerError", e.to_string()))
+    }
+
+    /// Runs the postStart hook; a failure kills the container (kubelet's
+    /// `FailedPostStartHook`), and the back-off applies to its restart.
+    pub(super) async fn run_post_start(
+        &self,
+        pod: &Pod,
+        container: &Container,
+        id: &ContainerId,
+        sandbox: &PodSandboxStatus,
+    ) -> Result<(), SyncError> {
+        let Some(hook) = container
+            .lifecycle
+            .as_ref()
+            .and_then(|l| l.post_start.as_ref())
+        else {
+            return Ok(());
+        };
+        let target = ProbeTarget {
+            container_id: id.clone(),
+            pod_ip: sandbox.ip.clone(),
+            netns_path: sandbox.netns_path.clone(),
+            container_ports: container.ports.clone().unwrap_or_default(),
+        };
+        let grace = super::grace_of(pod);
+        if let Err(msg) = self.run_hook(hook, &target, grace).await {
+            let message = format!("PostStartHook failed: {msg}");
+            self.event(pod, EventType::Warning, reason::FAILED_POST_START_HOOK, message.clone());
+            self.kill_container(pod, id, &container.name, "FailedPostStartHook", grace)
+                .await?;
+            return Err(SyncError::new("PostStartHookError", message));
+        }
+        Ok(())
+    }
+
+    async fn run_hook(
+        &self,
+        hook: &LifecycleHandler,
+        target: &ProbeTarget,
+        timeout: Duration,
+    ) -> Result<(), String> {
+        let action = Action::from_lifecycle_handler(hook).map_err(|e| e.to_string())?;
+        match crate::probes::run_handler(self.runtime.as_ref(), target, &action, timeout).await {
+            ProbeOutcome::Success => Ok(()),
+            ProbeOutcome::Failure(msg) | ProbeOutcome::Unknown(msg) => Err(msg),
+        }
+    }
+
+    /// Where hooks of a running container connect to.
+    async fn probe_target(&self, pod: &Pod, id: &ContainerId) -> ProbeTarget {
+        let status = self.runtime.container_status(id).await.ok();
+        let sandbox = match &status {
+            Some(s) => self.runtime.pod_sandbox_status(&s.sandbox_id).await.ok(),
+            None => None,
+        };
+        let ports = status
+            .as_ref()
+            .and_then(|s| super::start::find_container(pod, &s.name, false))
+            .and_then(|c| c.ports.clone())
+            .unwrap_or_default();
+        ProbeTarget {
+            container_id: id.clone(),
+            pod_ip: sandbox.as_ref().and_then(|s| s.ip.clone()),
+            netns_path: sandbox.and_then(|s| s.netns_path),
+            container_ports: ports,
+        }
+    }
+}

@@ -1,0 +1,172 @@
+//! Starting one container (kubelet's `startContainer`): image check, environment, mounts,
+//! the termination-message file, create, start, and the postStart hook.
+
+use std::path::PathBuf;
+
+use ironlet_runtime::types::{ContainerId, Mount, PodSandboxStatus, SandboxId};
+use k8s_openapi::api::core::v1::{Container, Pod};
+
+use super::NodeSyncer;
+use crate::config::pod_uid;
+use crate::kubelet::container_config::{container_config, ContainerInputs};
+use crate::kubelet::events::{reason, EventType};
+use crate::pod_workers::SyncError;
+use crate::sync::actions::ContainerToStart;
+use crate::volumes::PodVolumes;
+
+/// Annotation holding the host path of the container's termination-message file.
+pub(crate) const TERMINATION_MESSAGE_HOST_PATH: &str = "ironlet.io/termination-message-host-path";
+
+impl NodeSyncer {
+    pub(super) async fn start_container(
+        &self,
+        pod: &Pod,
+        sandbox: &SandboxId,
+        sandbox_status: &PodSandboxStatus,
+        start: &ContainerToStart,
+        volumes: &PodVolumes,
+    ) -> Result<(), SyncError> {
+        let container = find_container(pod, &start.name, start.is_init)
+            .ok_or_else(|| SyncError::new("CreateContainerError", format!("container {:?} is not in the pod spec", start.name)))?;
+        let image = container.image.clone().unwrap_or_default();
+        self.ensure_image(pod, container, &image).await?;
+
+        let env_ctx = crate::env::EnvContext {
+            objects: self.objects.as_ref(),
+            node_name: &self.config.node_name,
+            pod_ip: sandbox_status.ip.clone(),
+            host_ip: self.node.host_ip.clone(),
+            node_allocatable_cpu_milli: self.node.cpu_milli,
+            node_allocatable_memory_bytes: self.node.memory_bytes,
+        };
+        let env = crate::env::container_env(pod, container, &env_ctx)
+            .await
+            .map_err(|e| self.config_error(pod, e.to_string()))?;
+        let mut mounts = crate::volumes::container_mounts(pod, container, volumes)
+            .map_err(|e| self.config_error(pod, e.to_string()))?;
+        let message_file = self.termination_message_file(pod, container, &mut mounts)?;
+
+        let (labels, mut annotations) =
+            crate::sync::labels::container_labels(pod, container, start.attempt, start.is_init);
+        annotations.insert(
+            TERMINATION_MESSAGE_HOST_PATH.to_owned(),
+            message_file.to_string_lossy().into_owned(),
+        );
+        let qos = crate::qos::qos_class(pod).map_err(|e| self.config_error(pod, e.to_string()))?;
+        let seccomp_dir = self.config.root_dir.join("seccomp");
+        let config = container_config(ContainerInputs {
+            pod,
+            container,
+            attempt: start.attempt,
+            env,
+            mounts,
+            labels,
+            annotations,
+            qos,
+            node_memory_bytes: self.node.memory_bytes,
+            cgroup_options: &self.config.cgroup_options,
+            seccomp_default: self.config.seccomp_default,
+            seccomp_dir: &seccomp_dir,
+        })
+        .map_err(|e| self.config_error(pod, e.to_string()))?;
+
+        let id = self
+            .runtime
+            .create_container(sandbox, &config)
+            .await
+            .map_err(|e| {
+                let message = format!("Error: {e}");
+                self.event(pod, EventType::Warning, reason::FAILED, message.clone());
+                SyncError::new("CreateContainerError", message)
+            })?;
+        self.event(pod, EventType::Normal, reason::CREATED, format!("Created container: {}", container.name));
+        if let Err(err) = self.runtime.start_container(&id).await {
+            let message = format!("Error: {err}");
+            self.event(pod, EventType::Warning, reason::FAILED, message.clone());
+            let _ = self.runtime.remove_container(&id).await;
+            return Err(SyncError::new("RunContainerError", message));
+        }
+        self.event(pod, EventType::Normal, reason::STARTED, format!("Started container {}", container.name));
+        self.run_post_start(pod, container, &id, sandbox_status).await
+    }
+
+    /// Image presence: ironlet has no registry client yet, so an absent image cannot be
+    /// pulled whatever the policy; the reason tells which case it is.
+    async fn ensure_image(&self, pod: &Pod, container: &Container, image: &str) -> Result<(), SyncError> {
+        match self.images.get_image(image).await {
+            Ok(Some(_)) => {
+                self.event(
+                    pod,
+                    EventType::Normal,
+                    reason::PULLED,
+                    format!("Container image \"{image}\" already present on machine"),
+                );
+                Ok(())
+            }
+            Ok(None) => {
+                let never = container.image_pull_policy.as_deref() == Some("Never");
+                let (reason_, message) = if never {
+                    (
+                        reason::ERR_IMAGE_NEVER_PULL,
+                        format!("Container image \"{image}\" is not present with pull policy of Never"),
+                    )
+                } else {
+                    (
+                        "ErrImagePull",
+                        format!("Container image \"{image}\" is not present and ironlet cannot pull images yet; import it with `ironlet images import`"),
+                    )
+                };
+                self.event(pod, EventType::Warning, reason::FAILED, message.clone());
+                Err(SyncError::new(reason_, message))
+            }
+            Err(err) => Err(SyncError::new("ImageInspectError", format!("Failed to inspect image \"{image}\": {err}"))),
+        }
+    }
+
+    fn config_error(&self, pod: &Pod, message: String) -> SyncError {
+        self.event(pod, EventType::Warning, reason::FAILED, format!("Error: {message}"));
+        SyncError::new("CreateContainerConfigError", message)
+    }
+
+    /// Creates an empty file for the container's termination message and mounts it at
+    /// `terminationMessagePath` (kubelet: `<pod dir>/containers/<name>/<random>`).
+    fn termination_message_file(
+        &self,
+        pod: &Pod,
+        container: &Container,
+        mounts: &mut Vec<Mount>,
+    ) -> Result<PathBuf, SyncError> {
+        let path = container
+            .termination_message_path
+            .clone()
+            .unwrap_or_else(|| crate::config::DEFAULT_TERMINATION_MESSAGE_PATH.to_owned());
+        let dir = self
+            .config
+            .pods_dir()
+            .join(pod_uid(pod))
+            .join("containers")
+            .join(&container.name);
+        let file = dir.join(ContainerId::random().short());
+        std::fs::create_dir_all(&dir)
+            .and_then(|()| std::fs::write(&file, b""))
+            .map_err(|e| SyncError::new("CreateContainerConfigError", format!("creating the termination message file {}: {e}", file.display())))?;
+        if !mounts.iter().any(|m| m.container_path == path) {
+            mounts.push(Mount {
+                container_path: path,
+                host_path: file.clone(),
+                read_only: false,
+            });
+        }
+        Ok(file)
+    }
+}
+
+pub(crate) fn find_container<'a>(pod: &'a Pod, name: &str, init: bool) -> Option<&'a Container> {
+    let spec = pod.spec.as_ref()?;
+    let list = if init {
+        spec.init_containers.as_deref().unwrap_or_default()
+    } else {
+        &spec.containers
+    };
+    list.iter().find(|c| c.name == name)
+}

@@ -1,0 +1,150 @@
+//! Status after a sync: termination messages read from their files (or the log tail), the
+//! API status computed by [`crate::status`] and stored, and the probe workers reconciled
+//! with the running containers.
+
+use std::io::{Read, Seek, SeekFrom};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use ironlet_runtime::types::{ContainerState, PodStatus};
+use k8s_openapi::api::core::v1::{Pod, PodStatus as ApiPodStatus};
+
+use super::start::TERMINATION_MESSAGE_HOST_PATH;
+use super::NodeSyncer;
+use crate::config::pod_uid;
+use crate::pod_cache::CachedStatus;
+
+/// kubelet's limits: 4096 bytes from the file; from the log, the last 80 lines and at
+/// most 2048 bytes.
+const MAX_MESSAGE_FILE_BYTES: u64 = 4096;
+const MAX_LOG_TAIL_LINES: usize = 80;
+const MAX_LOG_TAIL_BYTES: u64 = 2048;
+
+impl NodeSyncer {
+    /// Computes the API status from the runtime's and stores it; returns it.
+    pub(super) fn record_status(&self, pod: &Arc<Pod>, runtime: &PodStatus) -> ApiPodStatus {
+        let uid = pod_uid(pod).to_owned();
+        let waiting = self.lock_waiting().get(&uid).cloned().unwrap_or_default();
+        let previous = self.statuses.status(&uid);
+        let status = crate::status::generate_pod_status(&crate::status::StatusInputs {
+            pod,
+            runtime,
+            probes: &self.probes,
+            waiting: &waiting,
+            previous: previous.as_ref(),
+            host_ip: self.node.host_ip.as_deref(),
+            now: SystemTime::now(),
+        });
+        self.statuses.set(pod.clone(), status.clone());
+        status
+    }
+
+    /// Fills `message` of exited containers from their termination-message file, or the
+    /// log tail under `FallbackToLogsOnError`. Read once per container and remembered.
+    pub(super) fn fill_termination_messages(&self, pod: &Pod, cached: &mut CachedStatus) {
+        let needs = cached
+            .status
+            .containers
+            .iter()
+            .any(|c| c.state == ContainerState::Exited && c.message.is_none());
+        if !needs {
+            return;
+        }
+        let mut status = (*cached.status).clone();
+        let mut known = self
+            .termination_messages
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        for c in status
+            .containers
+            .iter_mut()
+            .filter(|c| c.state == ContainerState::Exited && c.message.is_none())
+        {
+            let message = known.entry(c.id.to_string()).or_insert_with(|| {
+                let from_file = c
+                    .annotations
+                    .get(TERMINATION_MESSAGE_HOST_PATH)
+                    .and_then(|p| read_capped(Path::new(p), MAX_MESSAGE_FILE_BYTES))
+                    .unwrap_or_default();
+                let fallback = container_policy(pod, &c.name) == Some("FallbackToLogsOnError")
+                    && from_file.is_empty()
+                    && c.exit_code.unwrap_or(0) != 0;
+                if fallback {
+                    log_tail(&c.log_path).unwrap_or_default()
+                } else {
+                    from_file
+                }
+            });
+            if !message.is_empty() {
+                c.message = Some(message.clone());
+            }
+        }
+        cached.status = Arc::new(status);
+    }
+
+    /// Starts and stops probe workers to match the running containers.
+    pub(super) fn update_probes(&self, pod: &Pod, status: &PodStatus) {
+        let running: Vec<crate::probes::RunningContainer> = super::running_containers(status)
+            .map(|c| crate::probes::RunningContainer {
+                name: c.name.clone(),
+                id: c.id.clone(),
+                started_at: c.started_at.unwrap_or(c.created_at),
+            })
+            .collect();
+        let sandbox = status.sandboxes.iter().max_by_key(|s| s.created_at);
+        let network = crate::probes::ProbeNetwork {
+            ip: sandbox.and_then(|s| s.ip.clone()),
+            netns_path: sandbox.and_then(|s| s.netns_path.clone()),
+        };
+        self.probes.update_pod(pod, &running, network);
+    }
+}
+
+fn container_policy<'a>(pod: &'a Pod, name: &str) -> Option<&'a str> {
+    let spec = pod.spec.as_ref()?;
+    spec.containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .find(|c| c.name == name)?
+        .termination_message_policy
+        .as_deref()
+}
+
+fn read_capped(path: &Path, max: u64) -> Option<String> {
+    let mut buf = Vec::new();
+    std::fs::File::open(path)
+        .ok()?
+        .take(max)
+        .read_to_end(&mut buf)
+        .ok()?;
+    Some(String::from_utf8_lossy(&buf).into_owned())
+}
+
+/// The last lines of a CRI log file, without the CRI prefixes, capped as kubelet caps them.
+fn log_tail(path: &Path) -> Option<String> {
+    let mut file = std::fs::File::open(path).ok()?;
+    let len = file.metadata().ok()?.len();
+    // CRI prefixes roughly double short lines; read enough raw bytes for the cap.
+    let start = len.saturating_sub(MAX_LOG_TAIL_BYTES * 4);
+    file.seek(SeekFrom::Start(start)).ok()?;
+    let mut raw = String::new();
+    file.read_to_string(&mut raw).ok()?;
+    let mut lines: Vec<&str> = raw
+        .lines()
+        .skip(usize::from(start > 0))
+        .filter_map(|l| ironlet_runtime::local::logs::parse_record(l).map(|(_, _, text)| text))
+        .collect();
+    if lines.len() > MAX_LOG_TAIL_LINES {
+        lines.drain(..lines.len() - MAX_LOG_TAIL_LINES);
+    }
+    let mut text = lines.join("\n");
+    if text.len() as u64 > MAX_LOG_TAIL_BYTES {
+        let mut cut = text.len() - MAX_LOG_TAIL_BYTES as usize;
+        while !text.is_char_boundary(cut) {
+            cut += 1;
+        }
+        text = text.split_off(cut);
+    }
+    Some(text)
+}
