@@ -1,0 +1,391 @@
+//! Static pods end to end with real containers: `ironlet run --pod-manifest-path` boots,
+//! restarts, probes, terminates and replaces pods, rejects what does not fit and skips
+//! malformed manifests. Needs root (CI runs as root); skips otherwise.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use support::{condition, container_status, phase, restart_count, Agent, AgentOptions};
+
+const WEB: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: web, namespace: default}
+spec:
+  terminationGracePeriodSeconds: 5
+  initContainers:
+  - name: init
+    image: busybox
+    command: [sh, -c, "echo init-done > /work/index.html"]
+    volumeMounts: [{name: work, mountPath: /work}]
+  containers:
+  - name: server
+    image: busybox
+    command: [httpd, -f, -p, "8080", -h, /work]
+    volumeMounts: [{name: work, mountPath: /work}]
+    readinessProbe:
+      httpGet: {path: /index.html, port: 8080}
+      periodSeconds: 1
+  - name: sidecar
+    image: busybox
+    command: [sh, -c, "echo hello from $(POD_NAME); exec sleep 3600"]
+    env:
+    - name: POD_NAME
+      valueFrom: {fieldRef: {fieldPath: metadata.name}}
+  volumes:
+  - name: work
+    emptyDir: {}
+"#;
+
+fn running_and_ready(pod: &k8s_openapi::api::core::v1::Pod) -> bool {
+    phase(pod) == "Running" && condition(pod, "Ready").as_deref() == Some("True")
+}
+
+fn container_id(pod: &k8s_openapi::api::core::v1::Pod, name: &str) -> String {
+    container_status(pod, name)
+        .and_then(|c| c.container_id.clone())
+        .and_then(|id| id.strip_prefix("ironlet://").map(str::to_owned))
+        .expect("container has an id")
+}
+
+/// Host pids of the processes in a container's cgroup.
+fn pids_of(container_id: &str) -> Vec<i32> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+        if cgroup.contains(container_id) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+#[test]
+fn a_pod_with_an_init_container_and_two_containers_comes_up_running() {
+    if !support::is_root() {
+        return;
+    }
+    let agent = Agent::start();
+    agent.write_manifest("web.yaml", WEB);
+    let pod = agent.wait_pod("web", "Running and Ready", Duration::from_secs(30), running_and_ready);
+
+    let status = pod.status.as_ref().expect("status");
+    let init = container_status(&pod, "init").expect("init status");
+    let done = init.state.as_ref().and_then(|s| s.terminated.as_ref()).expect("init terminated");
+    assert_eq!(done.exit_code, 0);
+    assert_eq!(done.reason.as_deref(), Some("Completed"));
+    for name in ["server", "sidecar"] {
+        let c = container_status(&pod, name).expect("container status");
+        assert!(c.ready, "{name} ready");
+        assert!(c.state.as_ref().and_then(|s| s.running.as_ref()).is_some(), "{name} running");
+        assert_eq!(c.restart_count, 0);
+        assert!(c.container_id.as_deref().is_some_and(|id| id.starts_with("ironlet://")));
+        assert!(c.image_id.starts_with("sha256:") || c.image_id.contains("@sha256:"), "imageID {:?}", c.image_id);
+    }
+    for kind in ["PodScheduled", "Initialized", "ContainersReady", "Ready"] {
+        assert_eq!(condition(&pod, kind).as_deref(), Some("True"), "condition {kind}");
+    }
+    assert_eq!(status.qos_class.as_deref(), Some("BestEffort"));
+    assert!(status.start_time.is_some());
+    assert!(status.host_ip.is_some());
+
+    // The sidecar's output is in its CRI log with $(POD_NAME) expanded.
+    let uid = pod.metadata.uid.clone().expect("uid");
+    let log = agent
+        .logs
+        .join(format!("default_web-{}_{uid}", agent.node_name))
+        .join("sidecar/0.log");
+    agent.wait_until("the sidecar's log line", Duration::from_secs(5), |_| {
+        std::fs::read_to_string(&log).is_ok_and(|l| l.contains(" stdout F hello from web-e2e-node"))
+    });
+}
+
+#[test]
+fn a_killed_container_restarts_within_a_second_through_the_event_path() {
+    if !support::is_root() {
+        return;
+    }
+    // The relist is 60 s: only the pidfd event path can restart within a second.
+    let agent = Agent::start();
+    agent.write_manifest("web.yaml", WEB);
+    let pod = agent.wait_pod("web", "Running", Duration::from_secs(30), running_and_ready);
+    let id = container_id(&pod, "sidecar");
+    let pids = pids_of(&id);
+    assert!(!pids.is_empty(), "sidecar has processes");
+    let killed_at = Instant::now();
+    for pid in pids {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+    }
+    let pod = agent.wait_pod("web", "sidecar restarted", Duration::from_secs(10), |p| {
+        restart_count(p, "sidecar") == 1
+            && support::running_pid_of(p, "sidecar") == Some(true)
+    });
+    let took = killed_at.elapsed();
+    println!("sidecar restarted {took:?} after SIGKILL");
+    assert!(took < Duration::from_secs(1), "restart took {took:?}");
+    let last = container_status(&pod, "sidecar")
+        .and_then(|c| c.last_state.as_ref())
+        .and_then(|s| s.terminated.as_ref())
+        .expect("lastState.terminated");
+    assert_eq!(last.exit_code, 137);
+    assert_ne!(container_id(&pod, "sidecar"), id, "a new container");
+    assert_eq!(restart_count(&pod, "server"), 0, "the other container is untouched");
+}
+
+#[test]
+fn a_crash_looping_container_backs_off_on_kubelets_schedule() {
+    if !support::is_root() {
+        return;
+    }
+    let agent = Agent::start();
+    agent.write_manifest(
+        "crash.yaml",
+        r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: crash}
+spec:
+  containers:
+  - name: c
+    image: busybox
+    command: [sh, -c, "echo crashing; exit 3"]
+"#,
+    );
+    // Restart 1 is immediate; restart 2 waits 10 s after the second exit; restart 3 20 s.
+    let mut seen: Vec<(i32, Instant)> = Vec::new();
+    let start = Instant::now();
+    let mut backoff_message = None;
+    while start.elapsed() < Duration::from_secs(45) && seen.len() < 4 {
+        if let Some(pod) = agent.pod("crash") {
+            let count = restart_count(&pod, "c");
+            if count >= 0 && seen.last().map(|(c, _)| *c) != Some(count) {
+                seen.push((count, Instant::now()));
+            }
+            if let Some(w) = container_status(&pod, "c")
+                .and_then(|c| c.state.as_ref())
+                .and_then(|s| s.waiting.as_ref())
+                .filter(|w| w.reason.as_deref() == Some("CrashLoopBackOff"))
+            {
+                backoff_message = w.message.clone();
+                let last = container_status(&pod, "c").and_then(|c| c.last_state.clone());
+                let code = last.and_then(|s| s.terminated).map(|t| t.exit_code);
+                assert_eq!(code, Some(3), "lastState carries the exit code");
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    println!("restart counts seen: {:?}", seen.iter().map(|(c, t)| (*c, t.duration_since(start))).collect::<Vec<_>>());
+    let at = |n: i32| seen.iter().find(|(c, _)| *c == n).map(|(_, t)| *t);
+    let (Some(t1), Some(t2), Some(t3)) = (at(1), at(2), at(3)) else {
+        panic!("expected restarts 1, 2 and 3 within 45 s, saw {seen:?}\n{}", support::tail(&agent.log(), 40));
+    };
+    let gap2 = t2.duration_since(t1);
+    let gap3 = t3.duration_since(t2);
+    assert!(gap2 >= Duration::from_secs(9) && gap2 < Duration::from_secs(14), "second back-off {gap2:?}");
+    assert!(gap3 >= Duration::from_secs(19) && gap3 < Duration::from_secs(25), "third back-off {gap3:?}");
+    let message = backoff_message.expect("a CrashLoopBackOff waiting state was reported");
+    assert!(message.starts_with("back-off 10s restarting failed container=c pod=crash-e2e-node_default(")
+        || message.starts_with("back-off 20s restarting failed container=c pod=crash-e2e-node_default("), "{message}");
+}
+
+#[test]
+fn a_failing_liveness_probe_restarts_the_container_and_readiness_drives_ready() {
+    if !support::is_root() {
+        return;
+    }
+    let agent = Agent::start();
+    agent.write_manifest(
+        "probed.yaml",
+        r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: probed}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: app
+    image: busybox
+    command: [sh, -c, "touch /tmp/ready /tmp/alive; exec sleep 3600"]
+    readinessProbe:
+      exec: {command: [cat, /tmp/ready]}
+      periodSeconds: 1
+    livenessProbe:
+      exec: {command: [cat, /tmp/alive]}
+      periodSeconds: 1
+      failureThreshold: 2
+"#,
+    );
+    let pod = agent.wait_pod("probed", "Ready", Duration::from_secs(30), running_and_ready);
+    let id = container_id(&pod, "app");
+    // Readiness: removing the file flips Ready to False without a restart.
+    run_in(&agent, &id, &["rm", "/tmp/ready"]);
+    agent.wait_pod("probed", "not Ready", Duration::from_secs(10), |p| {
+        condition(p, "Ready").as_deref() == Some("False") && restart_count(p, "app") == 0
+    });
+    // Liveness: removing the other file restarts the container; it is ready again after.
+    run_in(&agent, &id, &["rm", "/tmp/alive"]);
+    let pod = agent.wait_pod("probed", "restarted by liveness", Duration::from_secs(15), |p| {
+        restart_count(p, "app") == 1 && running_and_ready(p)
+    });
+    assert_ne!(container_id(&pod, "app"), id);
+}
+
+/// `ironlet ctr exec` against the agent's data root.
+fn run_in(agent: &Agent, id: &str, cmd: &[&str]) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ironlet"))
+        .arg("--root-dir")
+        .arg(agent.root.path())
+        .args(["ctr", "exec", id, "--"])
+        .args(cmd)
+        .output()
+        .expect("ctr exec runs");
+    assert!(out.status.success(), "exec {cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn pre_stop_runs_before_sigterm_and_removing_the_manifest_leaves_nothing_behind() {
+    if !support::is_root() {
+        return;
+    }
+    let agent = Agent::start();
+    let marker_dir = agent.root.path().join("marker");
+    std::fs::create_dir_all(&marker_dir).expect("marker dir");
+    agent.write_manifest(
+        "stopper.yaml",
+        &format!(
+            r#"
+apiVersion: v1
+kind: Pod
+metadata: {{name: stopper}}
+spec:
+  terminationGracePeriodSeconds: 10
+  containers:
+  - name: app
+    image: busybox
+    command: [sh, -c, "trap 'echo term >> /m/order; exit 0' TERM; while true; do sleep 0.1; done"]
+    volumeMounts: [{{name: m, mountPath: /m}}]
+    lifecycle:
+      preStop:
+        exec: {{command: [sh, -c, "echo prestop >> /m/order"]}}
+  volumes:
+  - name: m
+    hostPath: {{path: {}, type: Directory}}
+"#,
+            marker_dir.display()
+        ),
+    );
+    let pod = agent.wait_pod("stopper", "Running", Duration::from_secs(30), |p| phase(p) == "Running");
+    let uid = pod.metadata.uid.clone().expect("uid");
+    assert!(!agent.processes_in_tree().is_empty());
+    assert!(!agent.pod_cgroups().is_empty(), "the pod has a cgroup");
+    agent.remove_manifest("stopper.yaml");
+    agent.wait_until("the pod to disappear", Duration::from_secs(20), |a| a.pod("stopper").is_none());
+    let order = std::fs::read_to_string(marker_dir.join("order")).unwrap_or_default();
+    assert_eq!(order, "prestop\nterm\n", "preStop runs before SIGTERM");
+    agent.wait_until("no process, cgroup or mount left", Duration::from_secs(10), |a| {
+        a.processes_in_tree().is_empty() && a.pod_cgroups().is_empty() && a.mounts_under_root().is_empty()
+    });
+    assert!(!agent.root.path().join("pods").join(&uid).exists(), "pod directory removed");
+    assert!(
+        !agent.logs.join(format!("default_stopper-{}_{uid}", agent.node_name)).exists(),
+        "pod logs removed"
+    );
+}
+
+#[test]
+fn editing_a_manifest_replaces_the_pod() {
+    if !support::is_root() {
+        return;
+    }
+    let agent = Agent::start();
+    let manifest = |msg: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: edit}}\nspec:\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: c\n    image: busybox\n    command: [sh, -c, \"echo {msg}; exec sleep 3600\"]\n"
+        )
+    };
+    agent.write_manifest("edit.yaml", &manifest("one"));
+    let first = agent.wait_pod("edit", "Running", Duration::from_secs(30), |p| phase(p) == "Running");
+    agent.write_manifest("edit.yaml", &manifest("two"));
+    let second = agent.wait_pod("edit", "replaced and Running", Duration::from_secs(30), |p| {
+        phase(p) == "Running" && p.metadata.uid != first.metadata.uid
+    });
+    agent.wait_until("one pod only, one container running", Duration::from_secs(15), |a| {
+        a.pods().len() == 1 && a.processes_in_tree().len() == 1
+    });
+    assert_ne!(first.metadata.uid, second.metadata.uid);
+}
+
+#[test]
+fn a_pod_that_does_not_fit_is_rejected_with_out_of_memory_and_never_started() {
+    if !support::is_root() {
+        return;
+    }
+    let agent = Agent::start();
+    agent.write_manifest(
+        "huge.yaml",
+        r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: huge}
+spec:
+  containers:
+  - name: c
+    image: busybox
+    command: [sleep, "3600"]
+    resources: {requests: {memory: 100Ti}}
+"#,
+    );
+    let pod = agent.wait_pod("huge", "Failed", Duration::from_secs(15), |p| phase(p) == "Failed");
+    let status = pod.status.expect("status");
+    assert_eq!(status.reason.as_deref(), Some("OutOfmemory"));
+    let message = status.message.unwrap_or_default();
+    assert!(message.contains("Insufficient memory") || message.contains("memory"), "{message}");
+    assert!(agent.processes_in_tree().is_empty(), "a rejected pod never starts");
+}
+
+#[test]
+fn a_malformed_manifest_is_reported_and_skipped_while_other_pods_keep_running() {
+    if !support::is_root() {
+        return;
+    }
+    let agent = Agent::start();
+    agent.write_manifest(
+        "good.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: good}\nspec:\n  containers:\n  - {name: c, image: busybox, command: [sleep, '3600']}\n",
+    );
+    let good = agent.wait_pod("good", "Running", Duration::from_secs(30), |p| phase(p) == "Running");
+    agent.write_manifest("bad.yaml", "apiVersion: v1\nkind: Pod\nmetadata: {name: bad\nspec: [\n");
+    agent.wait_until("the bad manifest reported with its file", Duration::from_secs(15), |a| {
+        a.log().lines().any(|l| l.contains("bad.yaml"))
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    let still = agent.pod("good").expect("good pod still there");
+    assert_eq!(phase(&still), "Running");
+    assert_eq!(still.metadata.uid, good.metadata.uid);
+    assert_eq!(restart_count(&still, "c"), 0);
+    assert!(agent.pod("bad").is_none());
+}
+
+#[test]
+fn a_pod_whose_container_fails_under_restart_policy_never_ends_failed() {
+    if !support::is_root() {
+        return;
+    }
+    let agent = Agent::start_with(AgentOptions::default());
+    agent.write_manifest(
+        "job.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: job}\nspec:\n  restartPolicy: Never\n  containers:\n  - {name: ok, image: busybox, command: [sh, -c, 'exit 0']}\n  - {name: bad, image: busybox, command: [sh, -c, 'sleep 0.2; exit 7']}\n",
+    );
+    let pod = agent.wait_pod("job", "Failed", Duration::from_secs(30), |p| phase(p) == "Failed");
+    let bad = container_status(&pod, "bad")
+        .and_then(|c| c.state.as_ref())
+        .and_then(|s| s.terminated.as_ref())
+        .expect("terminated");
+    assert_eq!(bad.exit_code, 7);
+    assert_eq!(bad.reason.as_deref(), Some("Error"));
+    assert_eq!(restart_count(&pod, "bad"), 0);
+}

@@ -1,0 +1,380 @@
+//! End-to-end harness: a real `ironlet run` on a temp data root, a manifest directory, its
+//! own cgroup tree and log directory, with busybox imported; pods read back over the
+//! agent's local socket. Dropping an [`Agent`] removes every manifest, waits for the pods
+//! to go, stops the agent and checks nothing is left.
+
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+
+pub fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The test images, built once.
+pub fn images_out() -> PathBuf {
+    let out = repo_root().join("images/out");
+    if !out.join("busybox/index.json").exists() {
+        let status = Command::new(repo_root().join("images/build"))
+            .arg(&out)
+            .status()
+            .expect("images/build runs");
+        assert!(status.success(), "images/build failed");
+    }
+    out
+}
+
+/// A running agent.
+pub struct Agent {
+    pub root: tempfile::TempDir,
+    pub manifests: PathBuf,
+    pub logs: PathBuf,
+    pub cgroup_root: String,
+    pub node_name: String,
+    child: Option<Child>,
+    log_file: PathBuf,
+}
+
+/// Options of [`Agent::start_with`].
+#[derive(Default)]
+pub struct AgentOptions {
+    pub extra_args: Vec<String>,
+    /// `--system-reserved`, e.g. "memory=1Gi".
+    pub system_reserved: Option<String>,
+}
+
+impl Agent {
+    pub fn start() -> Self {
+        Self::start_with(AgentOptions::default())
+    }
+
+    pub fn start_with(options: AgentOptions) -> Self {
+        let root = tempfile::Builder::new()
+            .prefix("ironlet-e2e")
+            .tempdir()
+            .expect("temp dir");
+        let manifests = root.path().join("manifests");
+        let logs = root.path().join("logs");
+        std::fs::create_dir_all(&manifests).expect("manifest dir");
+        let suffix = root
+            .path()
+            .file_name()
+            .map(|n| n.to_string_lossy().replace(|c: char| !c.is_ascii_alphanumeric(), ""))
+            .unwrap_or_default();
+        let cgroup_root = format!("/ironlet-e2e-{suffix}");
+        let node_name = "e2e-node".to_owned();
+        let import = Command::new(env!("CARGO_BIN_EXE_ironlet"))
+            .arg("--root-dir")
+            .arg(root.path())
+            .args(["images", "import"])
+            .arg(images_out().join("busybox"))
+            .output()
+            .expect("ironlet images import runs");
+        assert!(
+            import.status.success(),
+            "import failed: {}",
+            String::from_utf8_lossy(&import.stderr)
+        );
+        let log_file = root.path().join("agent.log");
+        let mut agent = Self {
+            root,
+            manifests,
+            logs,
+            cgroup_root,
+            node_name,
+            child: None,
+            log_file,
+        };
+        agent.spawn(&options);
+        agent
+    }
+
+    fn spawn(&mut self, options: &AgentOptions) {
+        let log = std::fs::File::create(&self.log_file).expect("agent log file");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ironlet"));
+        cmd.arg("--root-dir")
+            .arg(self.root.path())
+            .arg("-v")
+            .arg("run")
+            .arg("--pod-manifest-path")
+            .arg(&self.manifests)
+            .arg("--pod-logs-dir")
+            .arg(&self.logs)
+            .arg("--node-name")
+            .arg(&self.node_name)
+            .arg("--cgroup-root")
+            .arg(&self.cgroup_root)
+            .arg("--file-check-frequency")
+            .arg("5s");
+        if let Some(r) = &options.system_reserved {
+            cmd.arg("--system-reserved").arg(r);
+        }
+        cmd.args(&options.extra_args)
+            .env("IRONLET_LOG", "info,libcontainer=off,libcgroups=off")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log fd"))
+            .stderr(log);
+        self.child = Some(cmd.spawn().expect("ironlet run starts"));
+        self.wait_until("the agent serves its socket", Duration::from_secs(20), |a| {
+            a.try_get("/healthz").is_some()
+        });
+    }
+
+    /// Kills the agent with SIGKILL (pods keep running) and starts it again.
+    pub fn restart(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        self.spawn(&AgentOptions::default());
+    }
+
+    pub fn socket(&self) -> PathBuf {
+        self.root.path().join("ironlet.sock")
+    }
+
+    /// The agent's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log_file).unwrap_or_default()
+    }
+
+    pub fn write_manifest(&self, file: &str, yaml: &str) {
+        // Write then rename, as editors and config management do.
+        let tmp = self.root.path().join(format!(".{file}.tmp"));
+        std::fs::write(&tmp, yaml).expect("write manifest");
+        std::fs::rename(&tmp, self.manifests.join(file)).expect("rename manifest");
+    }
+
+    pub fn remove_manifest(&self, file: &str) {
+        std::fs::remove_file(self.manifests.join(file)).expect("remove manifest");
+    }
+
+    /// GET over the local socket; `None` if the agent does not answer 200.
+    pub fn try_get(&self, path: &str) -> Option<String> {
+        let mut stream = UnixStream::connect(self.socket()).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+        )
+        .ok()?;
+        let mut raw = Vec::new();
+        stream.read_to_end(&mut raw).ok()?;
+        let text = String::from_utf8_lossy(&raw).into_owned();
+        let (head, body) = text.split_once("\r\n\r\n")?;
+        head.starts_with("HTTP/1.1 200").then(|| body.to_owned())
+    }
+
+    /// Every pod the agent knows, with status.
+    pub fn pods(&self) -> Vec<Pod> {
+        let Some(body) = self.try_get("/pods") else {
+            return Vec::new();
+        };
+        serde_json::from_str::<k8s_openapi::List<Pod>>(&body)
+            .map(|l| l.items)
+            .unwrap_or_default()
+    }
+
+    /// The pod named `name` (static pods are `<name>-<node>`).
+    pub fn pod(&self, name: &str) -> Option<Pod> {
+        let full = format!("{name}-{}", self.node_name);
+        self.pods()
+            .into_iter()
+            .find(|p| p.metadata.name.as_deref() == Some(full.as_str()))
+    }
+
+    /// Polls `check` every 50 ms until it returns true; panics with the agent log after
+    /// `timeout`.
+    pub fn wait_until(&self, what: &str, timeout: Duration, mut check: impl FnMut(&Self) -> bool) {
+        let start = Instant::now();
+        while start.elapsed() < timeout {
+            if check(self) {
+                return;
+            }
+            if let Some(child) = &self.child {
+                let _ = child;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!(
+            "timed out after {timeout:?} waiting for {what}\n--- pods ---\n{}\n--- agent log (tail) ---\n{}",
+            serde_json::to_string_pretty(&self.pods()).unwrap_or_default(),
+            tail(&self.log(), 60)
+        );
+    }
+
+    /// Waits for the pod and returns it once `check` holds.
+    pub fn wait_pod(&self, name: &str, what: &str, timeout: Duration, check: impl Fn(&Pod) -> bool) -> Pod {
+        let mut found = None;
+        self.wait_until(&format!("pod {name}: {what}"), timeout, |a| {
+            found = a.pod(name).filter(|p| check(p));
+            found.is_some()
+        });
+        found.expect("checked above")
+    }
+
+    /// Processes whose cgroup lies under this agent's tree.
+    pub fn processes_in_tree(&self) -> Vec<i32> {
+        let mut pids = Vec::new();
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return pids;
+        };
+        for entry in entries.flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+            if cgroup.contains(&format!("{}/", self.cgroup_root)) {
+                pids.push(pid);
+            }
+        }
+        pids
+    }
+
+    /// Mounts under this agent's data root.
+    pub fn mounts_under_root(&self) -> Vec<String> {
+        let root = self.root.path().to_string_lossy().into_owned();
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .filter(|m| m.starts_with(&root))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// Pod cgroup directories (`pod<uid>`) under this agent's tree, in any v1 controller.
+    pub fn pod_cgroups(&self) -> Vec<PathBuf> {
+        let mut found = Vec::new();
+        for controller in ["memory", "cpu,cpuacct", "pids", "unified", ""] {
+            let base = Path::new("/sys/fs/cgroup")
+                .join(controller)
+                .join(self.cgroup_root.trim_start_matches('/'));
+            walk_pod_dirs(&base, &mut found);
+        }
+        found
+    }
+}
+
+fn walk_pod_dirs(dir: &Path, found: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            if entry.file_name().to_string_lossy().starts_with("pod") {
+                found.push(path.clone());
+            }
+            walk_pod_dirs(&path, found);
+        }
+    }
+}
+
+pub fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        // Remove every pod through the agent, so the test leaves no container behind.
+        if let Ok(entries) = std::fs::read_dir(&self.manifests) {
+            for e in entries.flatten() {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(30) {
+            if self.pods().is_empty() && self.processes_in_tree().is_empty() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        if let Some(mut child) = self.child.take() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(child.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            let _ = child.wait();
+        }
+        for pid in self.processes_in_tree() {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        }
+        for m in self.mounts_under_root().iter().rev() {
+            let _ = nix::mount::umount2(m.as_str(), nix::mount::MntFlags::MNT_DETACH);
+        }
+        // The node tree itself (kubepods, burstable, besteffort) in every controller.
+        for controller in ["memory", "cpu,cpuacct", "pids", "cpuset", "blkio", "devices", "freezer", "hugetlb", "net_cls,net_prio", "perf_event", "misc", "rdma", "systemd", "unified", ""] {
+            let base = Path::new("/sys/fs/cgroup")
+                .join(controller)
+                .join(self.cgroup_root.trim_start_matches('/'));
+            remove_cgroup_tree(&base);
+        }
+    }
+}
+
+fn remove_cgroup_tree(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.path().is_dir() {
+                remove_cgroup_tree(&e.path());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
+}
+
+/// Container status by name.
+pub fn container_status<'a>(
+    pod: &'a Pod,
+    name: &str,
+) -> Option<&'a k8s_openapi::api::core::v1::ContainerStatus> {
+    let status = pod.status.as_ref()?;
+    status
+        .container_statuses
+        .iter()
+        .flatten()
+        .chain(status.init_container_statuses.iter().flatten())
+        .find(|c| c.name == name)
+}
+
+pub fn phase(pod: &Pod) -> &str {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("")
+}
+
+pub fn condition(pod: &Pod, kind: &str) -> Option<String> {
+    pod.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == kind)
+        .map(|c| c.status.clone())
+}
+
+pub fn restart_count(pod: &Pod, name: &str) -> i32 {
+    container_status(pod, name).map_or(-1, |c| c.restart_count)
+}
+
+pub fn running_pid_of(pod: &Pod, name: &str) -> Option<bool> {
+    container_status(pod, name).map(|c| {
+        c.state
+            .as_ref()
+            .and_then(|s| s.running.as_ref())
+            .is_some()
+    })
+}
