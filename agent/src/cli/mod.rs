@@ -1,5 +1,6 @@
 //! Command-line surface: `ironlet images …` and `ironlet ctr …` (crictl-like commands that
-//! work directly on the data root, no agent needed).
+//! work directly on the data root, no agent needed), and `ironlet pods …` (asks the running
+//! agent over its socket).
 //!
 //! Flag names follow the kubelet (`--root-dir`) and crictl/podman habits; exit codes are
 //! 0 on success, 1 on an error of ironlet's, and the container's own exit code for
@@ -7,6 +8,7 @@
 
 mod ctr;
 mod images;
+mod pods;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -43,6 +45,8 @@ pub enum Command {
     /// Run and inspect containers directly (crictl-like).
     #[command(subcommand)]
     Ctr(ctr::CtrCommand),
+    /// List the running agent's pods, or print one (kubectl-like).
+    Pods(pods::PodsArgs),
 }
 
 /// Whether this process runs without root.
@@ -61,6 +65,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             rt.block_on(images::run(&root, cmd))
         }
         Command::Ctr(cmd) => ctr::run(cli.root_dir, cmd),
+        Command::Pods(args) => pods::run(&root_dir(&cli.root_dir, running_rootless()), args),
     }
 }
 
