@@ -13,3 +13,4 @@ pub mod pod_workers;
 pub(crate) mod testing;
 pub mod pleg;
 pub mod kubelet;
+pub mod server;

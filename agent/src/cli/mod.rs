@@ -1,5 +1,6 @@
 //! Command-line surface: `ironlet run` (the node agent), `ironlet images …` and `ironlet ctr …`
-//! (crictl-like commands that work directly on the data root, no agent needed).
+//! (crictl-like commands that work directly on the data root, no agent needed), and
+//! `ironlet pods …` (asks the running agent over its socket).
 //!
 //! Flag names follow the kubelet (`--root-dir`) and crictl/podman habits; exit codes are
 //! 0 on success, 1 on an error of ironlet's, and the container's own exit code for
@@ -8,6 +9,7 @@
 mod ctr;
 mod images;
 mod run;
+mod pods;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -46,6 +48,8 @@ pub enum Command {
     /// Run and inspect containers directly (crictl-like).
     #[command(subcommand)]
     Ctr(ctr::CtrCommand),
+    /// List the running agent's pods, or print one (kubectl-like).
+    Pods(pods::PodsArgs),
 }
 
 /// Whether this process runs without root.
@@ -65,6 +69,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Ctr(cmd) => ctr::run(cli.root_dir, cmd),
         Command::Run(args) => run::run(cli.root_dir, args),
+        Command::Pods(args) => pods::run(&root_dir(&cli.root_dir, running_rootless()), args),
     }
 }
 

@@ -171,13 +171,15 @@ pub fn run(root_flag: Option<PathBuf>, args: RunArgs) -> anyhow::Result<ExitCode
         let kubelet = Kubelet::start(config, Arc::new(runtime), images)
             .await
             .context("starting the node agent")?;
-        let server = ironlet::server::serve_kubelet(&socket, &kubelet)
-            .await
-            .context("starting the local server")?;
+        let server = ironlet::server::Server::bind(&socket).context("starting the local server")?;
+        let (stop_server, server_stopped) = tokio::sync::oneshot::channel::<()>();
+        let serving = tokio::spawn(server.serve(kubelet.view(), kubelet.metrics(), async move {
+            let _ = server_stopped.await;
+        }));
         tracing::info!(socket = %socket.display(), "ironlet is running");
         kubelet.run(shutdown_signal()).await;
-        server.abort();
-        let _ = std::fs::remove_file(&socket);
+        let _ = stop_server.send(());
+        let _ = serving.await;
         Ok(ExitCode::SUCCESS)
     })
 }

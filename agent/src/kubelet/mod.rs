@@ -17,6 +17,7 @@ pub mod events;
 mod housekeeping;
 pub mod status_store;
 pub mod syncer;
+mod view;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -37,6 +38,7 @@ use crate::pleg::{PlegConfig, PlegHealth, PodLifecycleEvent};
 use crate::pod_cache::PodCache;
 use crate::pod_manager::PodManager;
 use crate::pod_workers::{PodWorkers, PodWorkersConfig, UpdatePodOptions, UpdateType};
+use crate::server::{Metrics, PodsView};
 pub use config::KubeletConfig;
 use events::{EventRecorder, TracingRecorder};
 use status_store::StatusStore;
@@ -76,6 +78,9 @@ pub struct Kubelet {
     updates: mpsc::Receiver<PodUpdate>,
     pleg_events: mpsc::UnboundedReceiver<PodLifecycleEvent>,
     pleg_health: Arc<PlegHealth>,
+    pleg_config: PlegConfig,
+    metrics: Arc<Metrics>,
+    started: std::time::Instant,
     probe_updates: mpsc::UnboundedReceiver<crate::probes::ProbeUpdate>,
     /// Pods admission rejected, by UID (kept out of the workers).
     rejected: HashMap<String, Arc<Pod>>,
@@ -119,6 +124,7 @@ impl Kubelet {
         };
         let (probes, probe_updates) = crate::probes::ProbeManager::new(runtime.clone());
         let statuses = Arc::new(StatusStore::default());
+        let metrics = Arc::new(Metrics::new());
         let events: Arc<dyn EventRecorder> = Arc::new(TracingRecorder);
         let syncer = Arc::new(NodeSyncer {
             volumes: crate::volumes::VolumeManager::new(config.root_dir.clone(), objects.clone()),
@@ -131,6 +137,7 @@ impl Kubelet {
             probes,
             backoff: Mutex::new(crate::sync::backoff::Backoff::kubelet_default()),
             statuses: statuses.clone(),
+            metrics: metrics.clone(),
             events,
             node: NodeResources {
                 cpu_milli: allocatable.cpu_milli,
@@ -147,14 +154,12 @@ impl Kubelet {
                 ..PodWorkersConfig::default()
             },
         );
-        let (pleg_events, pleg_health, _pleg) = crate::pleg::start(
-            runtime.clone(),
-            cache,
-            PlegConfig {
-                relist_period: config.pleg_relist_period,
-                ..PlegConfig::default()
-            },
-        );
+        let pleg_config = PlegConfig {
+            relist_period: config.pleg_relist_period,
+            ..PlegConfig::default()
+        };
+        let (pleg_events, pleg_health, _pleg) =
+            crate::pleg::start(runtime.clone(), cache, pleg_config);
 
         let (pod_config, updates) = PodConfig::new(&PodConfigOptions::default());
         if let Some(path) = &config.manifest_path {
@@ -185,6 +190,9 @@ impl Kubelet {
             updates,
             pleg_events,
             pleg_health,
+            pleg_config,
+            metrics,
+            started: std::time::Instant::now(),
             probe_updates,
             rejected: HashMap::new(),
         })
@@ -195,9 +203,19 @@ impl Kubelet {
         self.statuses.clone()
     }
 
-    /// The PLEG's health (for `/healthz`).
-    pub fn pleg_health(&self) -> Arc<PlegHealth> {
-        self.pleg_health.clone()
+    /// What the local server shows: pods, statuses and health.
+    pub fn view(&self) -> Arc<dyn PodsView> {
+        Arc::new(view::KubeletView {
+            statuses: self.statuses.clone(),
+            pleg: self.pleg_health.clone(),
+            pleg_config: self.pleg_config,
+            started: self.started,
+        })
+    }
+
+    /// The agent's metrics (kubelet names), rendered at `/metrics`.
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.metrics.clone()
     }
 
     /// The sync loop; returns when `shutdown` completes. Running pods keep running.

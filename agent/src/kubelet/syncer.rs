@@ -50,6 +50,7 @@ pub struct NodeSyncer {
     pub(crate) probes: ProbeManager,
     pub(crate) backoff: Mutex<Backoff>,
     pub(crate) statuses: Arc<StatusStore>,
+    pub(crate) metrics: Arc<crate::server::Metrics>,
     pub(crate) events: Arc<dyn EventRecorder>,
     pub(crate) node: NodeResources,
     /// Termination messages read after a container exited, by container id.
