@@ -6,4 +6,5 @@
 pub mod admission;
 pub mod config;
 pub mod pod_manager;
+pub mod probes;
 pub mod qos;
