@@ -6,6 +6,7 @@
 pub mod admission;
 pub mod config;
 pub mod pod_manager;
+pub mod probes;
 pub mod qos;
 pub mod pod_cache;
 pub mod pod_workers;

@@ -1,0 +1,80 @@
+//! [`run_handler`]: runs one [`Action`] once against a container, for probes and for
+//! postStart/preStop hooks alike.
+//!
+//! Guarantees: the call returns within `timeout` plus a small margin for an exec (the
+//! runtime kills an exec'd command at `timeout`; the margin covers the runtime's own
+//! answer). An action that timed out is a [`ProbeOutcome::Failure`] whose message says so.
+
+use std::time::Duration;
+
+use ironlet_runtime::{Runtime, RuntimeError};
+
+use super::action::Action;
+use super::{net, ProbeOutcome, ProbeTarget};
+
+/// How long past its timeout an exec may take before we stop waiting for the runtime.
+const EXEC_MARGIN: Duration = Duration::from_secs(1);
+/// kubelet keeps at most this much of a probe's output as its message.
+const MAX_MESSAGE: usize = 10 * 1024;
+
+/// Runs `action` once against `target`.
+///
+/// - exec: `exit 0` is success, another exit code a failure carrying the output.
+/// - httpGet: HTTP only; see the `net` module for what is simplified.
+/// - tcpSocket: connecting is success.
+/// - grpc: [`ProbeOutcome::Unknown`], not supported.
+/// - sleep (hooks): sleeps, cut short by `timeout` (a failure then).
+pub async fn run_handler(
+    runtime: &dyn Runtime,
+    target: &ProbeTarget,
+    action: &Action,
+    timeout: Duration,
+) -> ProbeOutcome {
+    match action {
+        Action::Exec { command } => exec(runtime, target, command, timeout).await,
+        Action::HttpGet(get) => net::http_get(target, get, timeout).await,
+        Action::TcpSocket { host, port } => {
+            net::tcp_socket(target, host.as_deref(), port, timeout).await
+        }
+        Action::Grpc { port, .. } => ProbeOutcome::Unknown(format!(
+            "gRPC probe on port {port}: gRPC probes are not supported"
+        )),
+        Action::Sleep(duration) if *duration <= timeout => {
+            tokio::time::sleep(*duration).await;
+            ProbeOutcome::Success
+        }
+        Action::Sleep(duration) => {
+            tokio::time::sleep(timeout).await;
+            ProbeOutcome::Failure(format!(
+                "sleep of {duration:?} interrupted after {timeout:?}"
+            ))
+        }
+    }
+}
+
+async fn exec(
+    runtime: &dyn Runtime,
+    target: &ProbeTarget,
+    command: &[String],
+    timeout: Duration,
+) -> ProbeOutcome {
+    let timed_out =
+        || ProbeOutcome::Failure(format!("command {command:?} timed out after {timeout:?}"));
+    let run = runtime.exec_sync(&target.container_id, command, Some(timeout));
+    match tokio::time::timeout(timeout + EXEC_MARGIN, run).await {
+        Err(_) | Ok(Err(RuntimeError::ExecTimeout { .. })) => timed_out(),
+        Ok(Err(e)) => ProbeOutcome::Unknown(format!("exec {command:?}: {e}")),
+        Ok(Ok(out)) if out.exit_code == 0 => ProbeOutcome::Success,
+        Ok(Ok(out)) => {
+            let mut output = out.stdout;
+            output.extend_from_slice(&out.stderr);
+            output.truncate(MAX_MESSAGE);
+            let output = String::from_utf8_lossy(&output);
+            ProbeOutcome::Failure(format!(
+                "command {command:?} exited with {}: {}",
+                out.exit_code,
+                output.trim_end()
+            ))
+        }
+    }
+}
