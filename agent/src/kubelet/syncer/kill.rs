@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{Container, LifecycleHandler, Pod};
 use super::{running_containers, NodeSyncer};
 use crate::kubelet::events::{reason, EventType};
 use crate::pod_workers::SyncError;
-use crate::probes::{Action, ProbeOutcome, ProbeTarget};
+use crate::probes::{Action, ProbeNetwork, ProbeOutcome, ProbeTarget};
 
 /// kubelet's `minimumGracePeriodInSeconds`: after a preStop hook, the container still gets
 /// at least this long to handle SIGTERM.
@@ -91,12 +91,11 @@ impl NodeSyncer {
         else {
             return Ok(());
         };
-        let target = ProbeTarget {
-            container_id: id.clone(),
-            pod_ip: sandbox.ip.clone(),
+        let network = ProbeNetwork {
+            ip: sandbox.ip.clone(),
             netns_path: sandbox.netns_path.clone(),
-            container_ports: container.ports.clone().unwrap_or_default(),
         };
+        let target = ProbeTarget::for_container(id.clone(), network, container);
         let grace = super::grace_of(pod);
         if let Err(msg) = self.run_hook(hook, &target, grace).await {
             let message = format!("PostStartHook failed: {msg}");
@@ -135,8 +134,10 @@ impl NodeSyncer {
             .unwrap_or_default();
         ProbeTarget {
             container_id: id.clone(),
-            pod_ip: sandbox.as_ref().and_then(|s| s.ip.clone()),
-            netns_path: sandbox.and_then(|s| s.netns_path),
+            network: ProbeNetwork {
+                ip: sandbox.as_ref().and_then(|s| s.ip.clone()),
+                netns_path: sandbox.and_then(|s| s.netns_path),
+            },
             container_ports: ports,
         }
     }

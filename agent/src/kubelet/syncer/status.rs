@@ -97,7 +97,7 @@ impl NodeSyncer {
             ip: sandbox.and_then(|s| s.ip.clone()),
             netns_path: sandbox.and_then(|s| s.netns_path.clone()),
         };
-        self.probes.update_pod(pod, &running, network);
+        self.probes.update_pod(pod, &running, &network);
     }
 }
 
