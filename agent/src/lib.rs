@@ -15,3 +15,4 @@ pub(crate) mod testing;
 pub mod pleg;
 pub mod kubelet;
 pub mod server;
+pub mod sync;

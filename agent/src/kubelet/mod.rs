@@ -135,7 +135,7 @@ impl Kubelet {
             cgroups,
             objects,
             probes,
-            backoff: Mutex::new(crate::sync::backoff::Backoff::kubelet_default()),
+            backoff: Mutex::new(crate::sync::backoff::Backoff::default()),
             statuses: statuses.clone(),
             metrics: metrics.clone(),
             events,

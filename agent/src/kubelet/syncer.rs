@@ -11,7 +11,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
 use ironlet_cgroups::{CgroupPath, NodeCgroups, QosClass};
-use ironlet_runtime::types::{ContainerState, PodSandboxConfig, PodStatus, SandboxId};
+use ironlet_runtime::types::{ContainerId, ContainerState, PodSandboxConfig, PodStatus, SandboxId};
 use ironlet_runtime::{ImageService, Runtime};
 use k8s_openapi::api::core::v1::Pod;
 
@@ -23,7 +23,11 @@ use crate::objects::ObjectSource;
 use crate::pod_cache::{CachedStatus, PodCache};
 use crate::pod_workers::{PodSyncer, SyncError, SyncOutcome};
 use crate::probes::ProbeManager;
+use crate::probes::ProbeKind;
 use crate::sync::backoff::Backoff;
+use crate::sync::{
+    compute_pod_actions, filter_backoff, ActionsInput, PodActions, ProbeResults, ProbeVerdict,
+};
 use crate::volumes::VolumeManager;
 
 mod kill;
@@ -182,7 +186,6 @@ impl PodSyncer for NodeSyncer {
             }
         }
         self.lock_waiting().remove(uid);
-        self.lock_backoff().forget_pod(uid);
         Ok(())
     }
 }
@@ -203,52 +206,62 @@ impl NodeSyncer {
                 return Err(SyncError::new(reason::FAILED_MOUNT, err.to_string()));
             }
         };
-        let now = SystemTime::now();
-        let actions = crate::sync::actions::compute_pod_actions(&crate::sync::actions::ActionsInput {
+        let probes = PodProbes {
+            manager: &self.probes,
+            uid,
+        };
+        let actions = compute_pod_actions(&ActionsInput {
             pod,
             status,
-            probes: &self.probes,
-            now,
+            probes: &probes,
         });
-        let mut waiting: HashMap<String, (String, String)> = HashMap::new();
-        let mut resync_after: Option<Duration> = None;
-
-        // A new sandbox means every container of the old one goes first.
-        let sandbox_id = match &actions.create_sandbox {
-            Some(attempt) => {
-                if !status.sandboxes.is_empty() {
-                    self.event(
-                        pod,
-                        EventType::Normal,
-                        reason::SANDBOX_CHANGED,
-                        "Pod sandbox changed, it will be killed and re-created.".into(),
-                    );
-                    self.kill_pod(pod, status, grace_of(pod)).await?;
-                    for sandbox in &status.sandboxes {
-                        if let Err(err) = self.runtime.remove_pod_sandbox(&sandbox.id).await {
-                            tracing::warn!(pod_uid = %uid, sandbox = %sandbox.id, %err, "removing old sandbox failed");
-                        }
-                    }
+        let (sandbox_id, kills, starts) = match actions {
+            PodActions::KillPod { cause } => {
+                tracing::debug!(pod_uid = %uid, ?cause, "nothing will run again in the pod");
+                self.kill_pod(pod, status, grace_of(pod)).await?;
+                return Ok(SyncOutcome::Running { resync_after: None });
+            }
+            PodActions::CreateSandbox {
+                attempt,
+                cause,
+                start,
+            } => {
+                if let Some(message) = cause.event_message() {
+                    self.event(pod, EventType::Normal, reason::SANDBOX_CHANGED, message.into());
                 }
-                let config = self.sandbox_config(pod, *attempt, cgroup.as_ref());
-                match self.runtime.run_pod_sandbox(&config).await {
+                if !status.sandboxes.is_empty() {
+                    self.kill_pod(pod, status, grace_of(pod)).await?;
+                }
+                let config = self.sandbox_config(pod, attempt, cgroup.as_ref());
+                let id = match self.runtime.run_pod_sandbox(&config).await {
                     Ok(id) => id,
                     Err(err) => {
                         let message = format!("Failed to create pod sandbox: {err}");
-                        self.event(pod, EventType::Warning, reason::FAILED_CREATE_POD_SANDBOX, message.clone());
+                        self.event(
+                            pod,
+                            EventType::Warning,
+                            reason::FAILED_CREATE_POD_SANDBOX,
+                            message.clone(),
+                        );
                         return Err(SyncError::new("CreatePodSandboxError", message));
                     }
-                }
+                };
+                (id, Vec::new(), start)
             }
-            None => match ready_sandbox(status) {
-                Some(id) => id,
-                None => return Err(SyncError::new("CreatePodSandboxError", "no ready sandbox")),
-            },
+            PodActions::Sync {
+                sandbox_id,
+                kill,
+                start,
+            } => (sandbox_id, kill, start),
         };
 
-        for kill in &actions.containers_to_kill {
-            self.kill_container(pod, &kill.id, &kill.name, &kill.message, grace_of(pod))
+        for kill in &kills {
+            self.kill_container(pod, &kill.id, &kill.name, &kill.message(), grace_of(pod))
                 .await?;
+        }
+        if starts.is_empty() {
+            self.lock_waiting().insert(uid.to_owned(), HashMap::new());
+            return Ok(SyncOutcome::Running { resync_after: None });
         }
 
         let sandbox_status = self
@@ -256,44 +269,63 @@ impl NodeSyncer {
             .pod_sandbox_status(&sandbox_id)
             .await
             .map_err(|e| SyncError::new("CreatePodSandboxError", e.to_string()))?;
-        for start in &actions.containers_to_start {
-            let key_in_backoff = {
-                let backoff = self.lock_backoff();
-                start
-                    .last_finished_at
-                    .and_then(|_| backoff.remaining(uid, &start.name, Instant::now()))
-            };
-            if let Some(remaining) = key_in_backoff {
-                let message = crate::sync::backoff::crash_loop_message(
-                    remaining_step(remaining),
-                    &start.name,
-                    pod,
-                );
-                self.event(pod, EventType::Warning, reason::BACK_OFF, message.clone());
-                waiting.insert(start.name.clone(), ("CrashLoopBackOff".into(), message));
-                resync_after = Some(resync_after.map_or(remaining, |r| r.min(remaining)));
-                continue;
-            }
-            if start.last_finished_at.is_some() {
-                self.lock_backoff().next(uid, &start.name, Instant::now());
-            }
-            match self
+        let now = SystemTime::now();
+        let filtered = filter_backoff(pod, starts, &mut self.lock_backoff(), now);
+        let mut waiting: HashMap<String, (String, String)> = HashMap::new();
+        for held in &filtered.waiting {
+            self.event(pod, EventType::Warning, reason::BACK_OFF, held.message.clone());
+            waiting.insert(
+                held.container.clone(),
+                ("CrashLoopBackOff".into(), held.message.clone()),
+            );
+        }
+        let mut resync_after = filtered
+            .next_resync()
+            .map(|at| at.duration_since(SystemTime::now()).unwrap_or_default());
+        for start in &filtered.to_start {
+            if let Err(failure) = self
                 .start_container(pod, &sandbox_id, &sandbox_status, start, &volumes)
                 .await
             {
-                Ok(()) => {}
-                Err(failure) => {
-                    waiting.insert(start.name.clone(), (failure.reason.into(), failure.message.clone()));
-                    resync_after = Some(Duration::from_secs(10).min(resync_after.unwrap_or(Duration::MAX)));
-                }
-            }
-            if start.is_init {
-                // Init containers run one at a time: the next waits for this one's exit.
-                break;
+                waiting.insert(
+                    start.name.clone(),
+                    (failure.reason.into(), failure.message.clone()),
+                );
+                let retry = START_FAILURE_RETRY;
+                resync_after = Some(resync_after.map_or(retry, |r| r.min(retry)));
             }
         }
         self.lock_waiting().insert(uid.to_owned(), waiting);
         Ok(SyncOutcome::Running { resync_after })
+    }
+}
+
+/// A failed container start (config error, missing image) is retried this soon.
+const START_FAILURE_RETRY: Duration = Duration::from_secs(10);
+
+/// The probe manager's verdicts for one pod, as the action computation reads them.
+struct PodProbes<'a> {
+    manager: &'a ProbeManager,
+    uid: &'a str,
+}
+
+impl ProbeResults for PodProbes<'_> {
+    fn liveness(&self, container: &str, id: &ContainerId) -> ProbeVerdict {
+        if self.manager.liveness_failed(self.uid, container, id) {
+            ProbeVerdict::Failure
+        } else {
+            ProbeVerdict::Pending
+        }
+    }
+
+    fn startup(&self, container: &str, id: &ContainerId) -> ProbeVerdict {
+        if self.manager.restart_reason(self.uid, container, id) == Some(ProbeKind::Startup) {
+            return ProbeVerdict::Failure;
+        }
+        match self.manager.startup_done(self.uid, container, id) {
+            Some(true) => ProbeVerdict::Success,
+            _ => ProbeVerdict::Pending,
+        }
     }
 }
 
@@ -314,11 +346,6 @@ pub(crate) fn grace_of(pod: &Pod) -> Duration {
         .and_then(|s| s.termination_grace_period_seconds)
         .unwrap_or(crate::config::DEFAULT_TERMINATION_GRACE_PERIOD_SECONDS);
     Duration::from_secs(u64::try_from(seconds).unwrap_or(0))
-}
-
-/// Back-off remaining, rounded up to the second for the message kubelet prints.
-fn remaining_step(remaining: Duration) -> Duration {
-    Duration::from_secs(remaining.as_secs() + u64::from(remaining.subsec_nanos() > 0))
 }
 
 pub(crate) fn running_containers(status: &PodStatus) -> impl Iterator<Item = &ironlet_runtime::types::ContainerStatus> {

@@ -11,7 +11,7 @@ use crate::config::pod_uid;
 use crate::kubelet::container_config::{container_config, ContainerInputs};
 use crate::kubelet::events::{reason, EventType};
 use crate::pod_workers::SyncError;
-use crate::sync::actions::ContainerToStart;
+use crate::sync::{container_annotations, container_labels, ContainerStart};
 use crate::volumes::PodVolumes;
 
 /// Annotation holding the host path of the container's termination-message file.
@@ -23,11 +23,15 @@ impl NodeSyncer {
         pod: &Pod,
         sandbox: &SandboxId,
         sandbox_status: &PodSandboxStatus,
-        start: &ContainerToStart,
+        start: &ContainerStart,
         volumes: &PodVolumes,
     ) -> Result<(), SyncError> {
-        let container = find_container(pod, &start.name, start.is_init)
-            .ok_or_else(|| SyncError::new("CreateContainerError", format!("container {:?} is not in the pod spec", start.name)))?;
+        let container = start.spec(pod).ok_or_else(|| {
+            SyncError::new(
+                "CreateContainerError",
+                format!("container {:?} is not in the pod spec", start.name),
+            )
+        })?;
         let image = container.image.clone().unwrap_or_default();
         self.ensure_image(pod, container, &image).await?;
 
@@ -46,8 +50,9 @@ impl NodeSyncer {
             .map_err(|e| self.config_error(pod, e.to_string()))?;
         let message_file = self.termination_message_file(pod, container, &mut mounts)?;
 
-        let (labels, mut annotations) =
-            crate::sync::labels::container_labels(pod, container, start.attempt, start.is_init);
+        let labels = container_labels(pod, &container.name, start.kind.container_type());
+        let mut annotations = container_annotations(pod, container, start.restart_count)
+            .map_err(|e| self.config_error(pod, e.to_string()))?;
         annotations.insert(
             TERMINATION_MESSAGE_HOST_PATH.to_owned(),
             message_file.to_string_lossy().into_owned(),
@@ -57,7 +62,7 @@ impl NodeSyncer {
         let config = container_config(ContainerInputs {
             pod,
             container,
-            attempt: start.attempt,
+            attempt: start.restart_count,
             env,
             mounts,
             labels,
