@@ -5,5 +5,8 @@
 
 pub mod admission;
 pub mod config;
+pub mod env;
+pub mod objects;
 pub mod pod_manager;
 pub mod qos;
+pub mod volumes;
