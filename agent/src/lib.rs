@@ -5,6 +5,8 @@
 
 pub mod admission;
 pub mod config;
+pub mod env;
+pub mod objects;
 pub mod pod_manager;
 pub mod probes;
 pub mod qos;
@@ -16,3 +18,4 @@ pub mod pleg;
 pub mod kubelet;
 pub mod server;
 pub mod sync;
+pub mod volumes;

@@ -7,6 +7,10 @@
 //! * each document a `Pod`, or a `PodList`/`List` whose `items` are pods (items may omit
 //!   `kind`, as `kubectl get -o yaml` output does).
 //!
+//! Documents (and list items) of kind `ConfigMap` or `Secret` are skipped: they may sit beside
+//! the pods that use them, and `crate::objects::FileObjectSource` reads them
+//! (through [`decode_documents`]).
+//!
 //! Empty documents (a trailing `---`, a file of comments) yield nothing and are not errors
 //! here; the file source separately refuses a file that is all whitespace (see `file_scan`).
 //! Anything else fails the whole manifest with a [`DecodeError`] naming the document: a
@@ -23,15 +27,23 @@ use super::error::DecodeError;
 
 /// Decodes every pod in `bytes`, in document order.
 pub fn decode_pods(bytes: &[u8]) -> Result<Vec<Pod>, DecodeError> {
+    let mut pods = Vec::new();
+    for (index, document) in decode_documents(bytes)?.into_iter().enumerate() {
+        pods.extend(pods_of_document(index + 1, document)?);
+    }
+    Ok(pods)
+}
+
+/// Kinds that may share a manifest with pods and are not pods; the pod decoder skips them.
+const SKIPPED_KINDS: [&str; 2] = ["ConfigMap", "Secret"];
+
+/// Splits manifest `bytes` into untyped documents, in order (empty documents are `null`).
+pub(crate) fn decode_documents(bytes: &[u8]) -> Result<Vec<Value>, DecodeError> {
     let text = std::str::from_utf8(bytes).map_err(|err| DecodeError::Syntax {
         document: 1,
         reason: format!("not UTF-8: {err}"),
     })?;
-    let mut pods = Vec::new();
-    for (index, document) in documents(text)?.into_iter().enumerate() {
-        pods.extend(pods_of_document(index + 1, document)?);
-    }
-    Ok(pods)
+    documents(text)
 }
 
 /// Splits `text` into JSON values, one per document.
@@ -52,12 +64,46 @@ fn documents(text: &str) -> Result<Vec<Value>, DecodeError> {
     serde_yaml::Deserializer::from_str(text)
         .enumerate()
         .map(|(index, document)| {
-            Value::deserialize(document).map_err(|err| DecodeError::Syntax {
+            let mut value = Value::deserialize(document).map_err(|err| DecodeError::Syntax {
                 document: index + 1,
                 reason: err.to_string(),
-            })
+            })?;
+            octal_modes(&mut value);
+            Ok(value)
         })
         .collect()
+}
+
+/// Reads YAML 1.1 octal integers (`0644`) in `mode` and `defaultMode` fields as octal, as
+/// Kubernetes' YAML decoder does; serde_yaml follows YAML 1.2 and yields the string `"0644"`,
+/// which would make the ubiquitous `defaultMode: 0644` a type error. String maps (ConfigMap
+/// and Secret data, labels, annotations) are left alone.
+fn octal_modes(value: &mut Value) {
+    const STRING_MAPS: [&str; 5] = ["data", "stringData", "binaryData", "labels", "annotations"];
+    match value {
+        Value::Object(map) => {
+            for (key, field) in map.iter_mut() {
+                if STRING_MAPS.contains(&key.as_str()) {
+                    continue;
+                }
+                if key == "mode" || key == "defaultMode" {
+                    if let Some(octal) = field.as_str().and_then(yaml11_octal) {
+                        *field = Value::from(octal);
+                        continue;
+                    }
+                }
+                octal_modes(field);
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(octal_modes),
+        _ => {}
+    }
+}
+
+/// `0[0-7]+` → its octal value.
+fn yaml11_octal(text: &str) -> Option<i64> {
+    let digits = text.strip_prefix('0').filter(|d| !d.is_empty())?;
+    i64::from_str_radix(digits, 8).ok()
 }
 
 fn pods_of_document(document: usize, value: Value) -> Result<Vec<Pod>, DecodeError> {
@@ -77,6 +123,12 @@ fn pods_of_document(document: usize, value: Value) -> Result<Vec<Pod>, DecodeErr
             items
                 .into_iter()
                 .enumerate()
+                .filter(|(_, value)| {
+                    !value
+                        .get("kind")
+                        .and_then(Value::as_str)
+                        .is_some_and(|kind| SKIPPED_KINDS.contains(&kind))
+                })
                 .map(
                     |(item, value)| match value.get("kind").and_then(Value::as_str) {
                         None | Some("Pod") => to_pod(document, Some(item), value),
@@ -88,6 +140,7 @@ fn pods_of_document(document: usize, value: Value) -> Result<Vec<Pod>, DecodeErr
                 )
                 .collect()
         }
+        kind if SKIPPED_KINDS.contains(&kind) => Ok(Vec::new()),
         other => Err(DecodeError::UnsupportedKind {
             document,
             kind: other.to_owned(),
@@ -194,6 +247,36 @@ mod tests {
                 kind: "Deployment".into()
             }
         );
+    }
+
+    #[test]
+    fn config_maps_and_secrets_beside_pods_are_skipped_not_rejected() {
+        let text = format!(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: cfg}}\ndata: {{k: v}}\n---\n{POD_A}---\napiVersion: v1\nkind: Secret\nmetadata: {{name: s}}\nstringData: {{k: v}}\n---\nkind: List\nitems:\n- kind: ConfigMap\n  metadata: {{name: listed}}\n- kind: Pod\n  metadata: {{name: b}}\n  spec: {{containers: [{{name: c, image: i}}]}}\n"
+        );
+        let pods = decode_pods(text.as_bytes()).unwrap();
+        assert_eq!(names(&pods), ["a", "b"]);
+    }
+
+    #[test]
+    fn leading_zero_modes_are_octal_as_in_kubernetes_yaml() {
+        let text = "kind: Pod\nmetadata: {name: m}\nspec:\n  containers: [{name: c, image: i}]\n  volumes:\n  - name: s\n    secret:\n      secretName: s\n      defaultMode: 0640\n      items: [{key: k, path: p, mode: 0400}]\n  - name: c\n    configMap: {name: c, defaultMode: 420}\n";
+        let pods = decode_pods(text.as_bytes()).unwrap();
+        let volumes = pods[0].spec.as_ref().unwrap().volumes.as_ref().unwrap();
+        let secret = volumes[0].secret.as_ref().unwrap();
+        assert_eq!(secret.default_mode, Some(0o640));
+        assert_eq!(secret.items.as_ref().unwrap()[0].mode, Some(0o400));
+        assert_eq!(
+            volumes[1].config_map.as_ref().unwrap().default_mode,
+            Some(420)
+        );
+        assert_eq!(yaml11_octal("0"), None);
+        let cm = decode_documents(b"kind: ConfigMap\ndata: {mode: '0644'}\n").unwrap();
+        assert_eq!(
+            cm[0]["data"]["mode"], "0644",
+            "string maps are not converted"
+        );
+        assert_eq!(yaml11_octal("089"), None);
     }
 
     #[test]

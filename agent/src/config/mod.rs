@@ -30,6 +30,7 @@ pub use annotations::{
     annotation, is_mirror_pod, is_static_pod, pod_full_name, pod_source, pod_uid, CONFIG_HASH,
     CONFIG_MIRROR, CONFIG_SEEN, CONFIG_SOURCE, LOCAL_ANNOTATIONS,
 };
+pub(crate) use decode::decode_documents;
 pub use decode::decode_pods;
 pub use defaults::{
     apply_api_defaults, apply_static_defaults, default_pull_policy, static_pod_name,

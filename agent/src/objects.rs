@@ -1,0 +1,59 @@
+//! Where the agent reads the ConfigMaps and Secrets that pods reference (env, envFrom,
+//! configMap/secret/projected volumes): the [`ObjectSource`] trait and its implementations.
+//!
+//! * [`FileObjectSource`]: for static pods, objects written as YAML/JSON files beside the
+//!   manifests (`kind: ConfigMap|Secret`, possibly in the same multi-document file as the
+//!   pods), read on demand.
+//! * An API-backed source (a watch-based cache, as kubelet's `configMapManager`) plugs in later.
+//!
+//! Contract for every implementation: `Ok(None)` means "does not exist" (kubelet's NotFound,
+//! which `optional: true` references tolerate); an `Err` means "could not tell" and must fail
+//! the caller — an optional reference is never silently dropped because of a read failure.
+//! Secrets are returned with `stringData` already merged over `data` (as the API server stores
+//! them), so consumers read `data` only.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+
+mod file;
+
+pub use file::FileObjectSource;
+
+/// Why an object could not be looked up (as opposed to: it does not exist).
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum ObjectError {
+    /// The directory the objects live in could not be listed.
+    #[error("listing objects in {}: {source}", path.display())]
+    ListDirectory {
+        /// The directory.
+        path: PathBuf,
+        /// The listing error.
+        #[source]
+        source: Arc<std::io::Error>,
+    },
+    /// The blocking lookup task did not complete (panicked or was cancelled).
+    #[error("object lookup task failed: {reason}")]
+    Task {
+        /// What the task runtime reported.
+        reason: String,
+    },
+}
+
+/// Read access to ConfigMaps and Secrets by namespace and name.
+#[async_trait]
+pub trait ObjectSource: Send + Sync {
+    /// The ConfigMap `namespace/name`, `None` when it does not exist.
+    async fn config_map(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<ConfigMap>, ObjectError>;
+
+    /// The Secret `namespace/name` with `stringData` merged into `data`, `None` when it does
+    /// not exist.
+    async fn secret(&self, namespace: &str, name: &str) -> Result<Option<Secret>, ObjectError>;
+}

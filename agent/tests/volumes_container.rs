@@ -1,0 +1,262 @@
+//! Environment and volumes seen from inside a real container: a static manifest with a
+//! ConfigMap and a Secret beside the pod, the env built by `container_env`, the volumes set up
+//! by `VolumeManager` and mounted through `container_mounts` into a busybox container run by
+//! the in-process runtime. Needs root; skips otherwise. A custom harness (`harness = false`)
+//! forks the zygote before any thread exists, as the binary does.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Context, Result};
+use ironlet::config::{read_manifest, ManifestOrigin};
+use ironlet::env::{container_env, expand_command_and_args, Allocatable, EnvContext};
+use ironlet::objects::FileObjectSource;
+use ironlet::volumes::{container_mounts, VolumeManager};
+use ironlet_runtime::image::{ImageStore, ImageStoreConfig, LocalImageService};
+use ironlet_runtime::types::{ContainerConfig, PodSandboxConfig};
+use ironlet_runtime::{ImageService, LocalRuntime, LocalRuntimeConfig, Runtime};
+
+const NODE: &str = "node-1";
+
+const MANIFEST: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: web, labels: {app: web}}
+spec:
+  containers:
+  - name: app
+    image: busybox
+    command: [sh, -c]
+    args:
+    - |
+      echo "greeting=$(cat /etc/app/greeting)"
+      echo "single=$(cat /single)"
+      echo "password=$(cat /creds/password) mode=$(stat -L -c %a /creds/password)"
+      echo "labels=$(cat /info/labels)"
+      echo "env=$GREETING/$PASSWORD/$POD_NAME/$(MEM_MI)"
+      touch /etc/app/new 2>/dev/null && echo cfg=writable || echo cfg=read-only
+      echo "scratch=$(grep ' /scratch ' /proc/mounts | cut -d' ' -f3)"
+      echo hi > /scratch/out && echo "scratch-write=$(cat /scratch/out)"
+    env:
+    - {name: GREETING, valueFrom: {configMapKeyRef: {name: app-config, key: greeting}}}
+    - {name: PASSWORD, valueFrom: {secretKeyRef: {name: creds, key: password}}}
+    - {name: POD_NAME, valueFrom: {fieldRef: {fieldPath: metadata.name}}}
+    - {name: MEM_MI, valueFrom: {resourceFieldRef: {resource: limits.memory, divisor: 1Mi}}}
+    resources: {limits: {memory: 64Mi}}
+    volumeMounts:
+    - {name: cfg, mountPath: /etc/app}
+    - {name: cfg, mountPath: /single, subPath: greeting}
+    - {name: creds, mountPath: /creds}
+    - {name: info, mountPath: /info}
+    - {name: scratch, mountPath: /scratch}
+  volumes:
+  - name: cfg
+    configMap: {name: app-config}
+  - name: creds
+    secret: {secretName: creds, defaultMode: 0400}
+  - name: info
+    downwardAPI: {items: [{path: labels, fieldRef: {fieldPath: metadata.labels}}]}
+  - name: scratch
+    emptyDir: {medium: Memory}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: app-config}
+data: {greeting: hello}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: creds}
+stringData: {password: hunter2}
+"#;
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn busybox_layout() -> Result<PathBuf> {
+    let out = repo_root().join("images/out");
+    let layout = out.join("busybox");
+    if !layout.join("index.json").exists() {
+        let status = std::process::Command::new(repo_root().join("images/build"))
+            .arg(&out)
+            .status()
+            .context("running images/build")?;
+        ensure!(status.success(), "images/build failed");
+    }
+    Ok(layout)
+}
+
+fn main() {
+    if !nix::unistd::geteuid().is_root() {
+        println!("volumes_container: skipped, needs root");
+        return;
+    }
+    // Before any thread: the zygote forks from a single-threaded process.
+    let zygote = match ironlet_runtime::zygote::spawn() {
+        Ok(z) => z,
+        Err(e) => {
+            eprintln!("cannot spawn the zygote: {e}");
+            std::process::exit(1);
+        }
+    };
+    let root = std::env::temp_dir().join(format!("ironlet-vol-test-{}", std::process::id()));
+    let result = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("tokio runtime")
+        .and_then(|rt| rt.block_on(run(zygote, &root)));
+    let _ = std::fs::remove_dir_all(&root);
+    remove_cgroup_parent();
+    match result {
+        Ok(()) => println!("test a_container_sees_its_env_and_volumes ... ok"),
+        Err(e) => {
+            eprintln!("test a_container_sees_its_env_and_volumes ... FAILED: {e:#}");
+            std::process::exit(1);
+        }
+    }
+}
+
+/// The runtime's cgroup parent for this test, relative to each hierarchy root.
+fn cgroup_parent() -> String {
+    format!("ironlet-vol-test-{}", std::process::id())
+}
+
+/// Removes the (empty) cgroup parent from every hierarchy, v1 and v2.
+fn remove_cgroup_parent() {
+    let base = Path::new("/sys/fs/cgroup");
+    let _ = std::fs::remove_dir(base.join(cgroup_parent()));
+    for entry in std::fs::read_dir(base).into_iter().flatten().flatten() {
+        let _ = std::fs::remove_dir(entry.path().join(cgroup_parent()));
+    }
+}
+
+async fn run(zygote: ironlet_runtime::zygote::ZygoteHandle, root: &Path) -> Result<()> {
+    let manifests = root.join("manifests");
+    std::fs::create_dir_all(&manifests)?;
+    let manifest_path = manifests.join("web.yaml");
+    std::fs::write(&manifest_path, MANIFEST)?;
+    let pods = read_manifest(
+        MANIFEST.as_bytes(),
+        &ManifestOrigin::File(manifest_path),
+        NODE,
+    )?;
+    ensure!(pods.invalid.is_empty(), "invalid pods: {:?}", pods.invalid);
+    let pod = pods.pods.first().context("one pod")?;
+    let spec = pod.spec.as_ref().context("pod spec")?;
+    let container = &spec.containers[0];
+    let uid = pod.metadata.uid.clone().context("uid")?;
+
+    let store = Arc::new(ImageStore::open_with(
+        &root.join("images"),
+        ImageStoreConfig::default(),
+    )?);
+    LocalImageService::new(store.clone())
+        .import(&busybox_layout()?)
+        .await?;
+    let runtime = LocalRuntime::new(
+        LocalRuntimeConfig {
+            root_dir: root.join("runtime"),
+            rootless: false,
+            default_cgroup_parent: Some(format!("/{}", cgroup_parent())),
+        },
+        zygote,
+        store,
+    )
+    .await?;
+
+    let objects = Arc::new(FileObjectSource::new(&manifests));
+    let allocatable = Allocatable {
+        cpu_milli: 2000,
+        memory_bytes: 1 << 30,
+        ephemeral_storage_bytes: 0,
+    };
+    let volumes = VolumeManager::new(root.join("agent"), objects.clone());
+    let pod_volumes = volumes.setup_pod_volumes(pod, &allocatable).await?;
+    let ctx = EnvContext {
+        objects: objects.as_ref(),
+        node_name: NODE,
+        pod_ip: None,
+        host_ip: None,
+        allocatable,
+    };
+    let env = container_env(pod, container, &ctx).await?;
+    let mounts = container_mounts(pod, container, &pod_volumes, &env)?;
+    let (command, args) = expand_command_and_args(container, &env);
+
+    let sandbox = runtime
+        .run_pod_sandbox(&PodSandboxConfig {
+            pod_uid: uid.clone(),
+            name: "web".into(),
+            namespace: "default".into(),
+            hostname: "web".into(),
+            log_directory: root.join("logs"),
+            ..PodSandboxConfig::default()
+        })
+        .await?;
+    let config = ContainerConfig {
+        name: container.name.clone(),
+        image: "busybox".into(),
+        command,
+        args,
+        env,
+        mounts,
+        log_path: PathBuf::from("app/0.log"),
+        labels: BTreeMap::new(),
+        ..ContainerConfig::default()
+    };
+    let outcome = async {
+        let id = runtime.create_container(&sandbox, &config).await?;
+        runtime.start_container(&id).await?;
+        let status = tokio::time::timeout(Duration::from_secs(30), runtime.wait(&id))
+            .await
+            .context("the container did not exit within 30 s")??;
+        ensure!(
+            status.exit_code == Some(0),
+            "exit code {:?}",
+            status.exit_code
+        );
+        let log = log_text(&status.log_path, "scratch-write=").await;
+        for want in [
+            "greeting=hello",
+            "single=hello",
+            "password=hunter2 mode=400",
+            "labels=app=\"web\"",
+            "env=hello/hunter2/web-node-1/64",
+            "cfg=read-only",
+            "scratch=tmpfs",
+            "scratch-write=hi",
+        ] {
+            ensure!(
+                log.contains(want),
+                "{want:?} missing from the container output:\n{log}"
+            );
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    runtime.stop_pod_sandbox(&sandbox).await?;
+    runtime.remove_pod_sandbox(&sandbox).await?;
+    volumes.teardown_pod_volumes(&uid).await?;
+    outcome
+}
+
+/// The container's log as text, once `marker` is in it (or after 5 s).
+async fn log_text(path: &Path, marker: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let text: String = std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(ironlet_runtime::local::logs::parse_record)
+            .map(|(_, _, content)| format!("{content}\n"))
+            .collect();
+        if text.contains(marker) || Instant::now() > deadline {
+            return text;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
