@@ -7,3 +7,4 @@ pub mod admission;
 pub mod config;
 pub mod pod_manager;
 pub mod qos;
+pub mod status;
