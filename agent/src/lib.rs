@@ -19,3 +19,4 @@ pub mod kubelet;
 pub mod server;
 pub mod sync;
 pub mod volumes;
+pub mod status;
