@@ -57,3 +57,19 @@ pub trait ObjectSource: Send + Sync {
     /// not exist.
     async fn secret(&self, namespace: &str, name: &str) -> Result<Option<Secret>, ObjectError>;
 }
+
+/// A source with no objects: every lookup is "not found". For an agent without a
+/// manifest directory (and, until the API source exists, pods from a URL).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoObjects;
+
+#[async_trait]
+impl ObjectSource for NoObjects {
+    async fn config_map(&self, _: &str, _: &str) -> Result<Option<ConfigMap>, ObjectError> {
+        Ok(None)
+    }
+
+    async fn secret(&self, _: &str, _: &str) -> Result<Option<Secret>, ObjectError> {
+        Ok(None)
+    }
+}

@@ -123,7 +123,10 @@ mod tests {
         cache.store("u", status("u", "new"), late);
         let kept = cache.store("u", status("u", "old"), early);
         assert_eq!(kept.status.name, "new");
-        assert_eq!(cache.get("u").map(|c| c.status.name.clone()).as_deref(), Some("new"));
+        assert_eq!(
+            cache.get("u").map(|c| c.status.name.clone()).as_deref(),
+            Some("new")
+        );
     }
 
     #[tokio::test]
@@ -133,11 +136,17 @@ mod tests {
         cache.store("u", status("u", "cached"), before);
         let after = Instant::now() + Duration::from_millis(1);
         tokio::time::sleep(Duration::from_millis(2)).await;
-        let got = cache.get_newer_than("u", after).await.map_err(|e| e.to_string());
+        let got = cache
+            .get_newer_than("u", after)
+            .await
+            .map_err(|e| e.to_string());
         let got = got.as_ref().map(|c| c.status.name.as_str());
         // StaticRuntime answers with an empty status named after nothing.
         assert_eq!(got, Ok(""));
-        let fresh = cache.get_newer_than("u", before).await.map(|c| c.read_at >= after);
+        let fresh = cache
+            .get_newer_than("u", before)
+            .await
+            .map(|c| c.read_at >= after);
         assert!(matches!(fresh, Ok(true)));
     }
 }

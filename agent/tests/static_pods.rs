@@ -71,23 +71,46 @@ fn a_pod_with_an_init_container_and_two_containers_comes_up_running() {
     }
     let agent = Agent::start();
     agent.write_manifest("web.yaml", WEB);
-    let pod = agent.wait_pod("web", "Running and Ready", Duration::from_secs(30), running_and_ready);
+    let pod = agent.wait_pod(
+        "web",
+        "Running and Ready",
+        Duration::from_secs(30),
+        running_and_ready,
+    );
 
     let status = pod.status.as_ref().expect("status");
     let init = container_status(&pod, "init").expect("init status");
-    let done = init.state.as_ref().and_then(|s| s.terminated.as_ref()).expect("init terminated");
+    let done = init
+        .state
+        .as_ref()
+        .and_then(|s| s.terminated.as_ref())
+        .expect("init terminated");
     assert_eq!(done.exit_code, 0);
     assert_eq!(done.reason.as_deref(), Some("Completed"));
     for name in ["server", "sidecar"] {
         let c = container_status(&pod, name).expect("container status");
         assert!(c.ready, "{name} ready");
-        assert!(c.state.as_ref().and_then(|s| s.running.as_ref()).is_some(), "{name} running");
+        assert!(
+            c.state.as_ref().and_then(|s| s.running.as_ref()).is_some(),
+            "{name} running"
+        );
         assert_eq!(c.restart_count, 0);
-        assert!(c.container_id.as_deref().is_some_and(|id| id.starts_with("ironlet://")));
-        assert!(c.image_id.starts_with("sha256:") || c.image_id.contains("@sha256:"), "imageID {:?}", c.image_id);
+        assert!(c
+            .container_id
+            .as_deref()
+            .is_some_and(|id| id.starts_with("ironlet://")));
+        assert!(
+            c.image_id.starts_with("sha256:") || c.image_id.contains("@sha256:"),
+            "imageID {:?}",
+            c.image_id
+        );
     }
     for kind in ["PodScheduled", "Initialized", "ContainersReady", "Ready"] {
-        assert_eq!(condition(&pod, kind).as_deref(), Some("True"), "condition {kind}");
+        assert_eq!(
+            condition(&pod, kind).as_deref(),
+            Some("True"),
+            "condition {kind}"
+        );
     }
     assert_eq!(status.qos_class.as_deref(), Some("BestEffort"));
     assert!(status.start_time.is_some());
@@ -118,11 +141,13 @@ fn a_killed_container_restarts_within_a_second_through_the_event_path() {
     assert!(!pids.is_empty(), "sidecar has processes");
     let killed_at = Instant::now();
     for pid in pids {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
     }
     let pod = agent.wait_pod("web", "sidecar restarted", Duration::from_secs(10), |p| {
-        restart_count(p, "sidecar") == 1
-            && support::running_pid_of(p, "sidecar") == Some(true)
+        restart_count(p, "sidecar") == 1 && support::running_pid_of(p, "sidecar") == Some(true)
     });
     let took = killed_at.elapsed();
     println!("sidecar restarted {took:?} after SIGKILL");
@@ -133,7 +158,11 @@ fn a_killed_container_restarts_within_a_second_through_the_event_path() {
         .expect("lastState.terminated");
     assert_eq!(last.exit_code, 137);
     assert_ne!(container_id(&pod, "sidecar"), id, "a new container");
-    assert_eq!(restart_count(&pod, "server"), 0, "the other container is untouched");
+    assert_eq!(
+        restart_count(&pod, "server"),
+        0,
+        "the other container is untouched"
+    );
 }
 
 #[test]
@@ -178,18 +207,38 @@ spec:
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    println!("restart counts seen: {:?}", seen.iter().map(|(c, t)| (*c, t.duration_since(start))).collect::<Vec<_>>());
+    println!(
+        "restart counts seen: {:?}",
+        seen.iter()
+            .map(|(c, t)| (*c, t.duration_since(start)))
+            .collect::<Vec<_>>()
+    );
     let at = |n: i32| seen.iter().find(|(c, _)| *c == n).map(|(_, t)| *t);
     let (Some(t1), Some(t2), Some(t3)) = (at(1), at(2), at(3)) else {
-        panic!("expected restarts 1, 2 and 3 within 45 s, saw {seen:?}\n{}", support::tail(&agent.log(), 40));
+        panic!(
+            "expected restarts 1, 2 and 3 within 45 s, saw {seen:?}\n{}",
+            support::tail(&agent.log(), 40)
+        );
     };
     let gap2 = t2.duration_since(t1);
     let gap3 = t3.duration_since(t2);
-    assert!(gap2 >= Duration::from_secs(9) && gap2 < Duration::from_secs(14), "second back-off {gap2:?}");
-    assert!(gap3 >= Duration::from_secs(19) && gap3 < Duration::from_secs(25), "third back-off {gap3:?}");
+    assert!(
+        gap2 >= Duration::from_secs(9) && gap2 < Duration::from_secs(14),
+        "second back-off {gap2:?}"
+    );
+    assert!(
+        gap3 >= Duration::from_secs(19) && gap3 < Duration::from_secs(25),
+        "third back-off {gap3:?}"
+    );
     let message = backoff_message.expect("a CrashLoopBackOff waiting state was reported");
-    assert!(message.starts_with("back-off 10s restarting failed container=c pod=crash-e2e-node_default(")
-        || message.starts_with("back-off 20s restarting failed container=c pod=crash-e2e-node_default("), "{message}");
+    assert!(
+        message
+            .starts_with("back-off 10s restarting failed container=c pod=crash-e2e-node_default(")
+            || message.starts_with(
+                "back-off 20s restarting failed container=c pod=crash-e2e-node_default("
+            ),
+        "{message}"
+    );
 }
 
 #[test]
@@ -219,7 +268,12 @@ spec:
       failureThreshold: 2
 "#,
     );
-    let pod = agent.wait_pod("probed", "Ready", Duration::from_secs(30), running_and_ready);
+    let pod = agent.wait_pod(
+        "probed",
+        "Ready",
+        Duration::from_secs(30),
+        running_and_ready,
+    );
     let id = container_id(&pod, "app");
     // Readiness: removing the file flips Ready to False without a restart.
     run_in(&agent, &id, &["rm", "/tmp/ready"]);
@@ -228,9 +282,12 @@ spec:
     });
     // Liveness: removing the other file restarts the container; it is ready again after.
     run_in(&agent, &id, &["rm", "/tmp/alive"]);
-    let pod = agent.wait_pod("probed", "restarted by liveness", Duration::from_secs(15), |p| {
-        restart_count(p, "app") == 1 && running_and_ready(p)
-    });
+    let pod = agent.wait_pod(
+        "probed",
+        "restarted by liveness",
+        Duration::from_secs(15),
+        |p| restart_count(p, "app") == 1 && running_and_ready(p),
+    );
     assert_ne!(container_id(&pod, "app"), id);
 }
 
@@ -243,7 +300,11 @@ fn run_in(agent: &Agent, id: &str, cmd: &[&str]) {
         .args(cmd)
         .output()
         .expect("ctr exec runs");
-    assert!(out.status.success(), "exec {cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "exec {cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
@@ -278,20 +339,36 @@ spec:
             marker_dir.display()
         ),
     );
-    let pod = agent.wait_pod("stopper", "Running", Duration::from_secs(30), |p| phase(p) == "Running");
+    let pod = agent.wait_pod("stopper", "Running", Duration::from_secs(30), |p| {
+        phase(p) == "Running"
+    });
     let uid = pod.metadata.uid.clone().expect("uid");
     assert!(!agent.processes_in_tree().is_empty());
     assert!(!agent.pod_cgroups().is_empty(), "the pod has a cgroup");
     agent.remove_manifest("stopper.yaml");
-    agent.wait_until("the pod to disappear", Duration::from_secs(20), |a| a.pod("stopper").is_none());
+    agent.wait_until("the pod to disappear", Duration::from_secs(20), |a| {
+        a.pod("stopper").is_none()
+    });
     let order = std::fs::read_to_string(marker_dir.join("order")).unwrap_or_default();
     assert_eq!(order, "prestop\nterm\n", "preStop runs before SIGTERM");
-    agent.wait_until("no process, cgroup or mount left", Duration::from_secs(10), |a| {
-        a.processes_in_tree().is_empty() && a.pod_cgroups().is_empty() && a.mounts_under_root().is_empty()
-    });
-    assert!(!agent.root.path().join("pods").join(&uid).exists(), "pod directory removed");
+    agent.wait_until(
+        "no process, cgroup or mount left",
+        Duration::from_secs(10),
+        |a| {
+            a.processes_in_tree().is_empty()
+                && a.pod_cgroups().is_empty()
+                && a.mounts_under_root().is_empty()
+        },
+    );
     assert!(
-        !agent.logs.join(format!("default_stopper-{}_{uid}", agent.node_name)).exists(),
+        !agent.root.path().join("pods").join(&uid).exists(),
+        "pod directory removed"
+    );
+    assert!(
+        !agent
+            .logs
+            .join(format!("default_stopper-{}_{uid}", agent.node_name))
+            .exists(),
         "pod logs removed"
     );
 }
@@ -308,14 +385,21 @@ fn editing_a_manifest_replaces_the_pod() {
         )
     };
     agent.write_manifest("edit.yaml", &manifest("one"));
-    let first = agent.wait_pod("edit", "Running", Duration::from_secs(30), |p| phase(p) == "Running");
+    let first = agent.wait_pod("edit", "Running", Duration::from_secs(30), |p| {
+        phase(p) == "Running"
+    });
     agent.write_manifest("edit.yaml", &manifest("two"));
-    let second = agent.wait_pod("edit", "replaced and Running", Duration::from_secs(30), |p| {
-        phase(p) == "Running" && p.metadata.uid != first.metadata.uid
-    });
-    agent.wait_until("one pod only, one container running", Duration::from_secs(15), |a| {
-        a.pods().len() == 1 && a.processes_in_tree().len() == 1
-    });
+    let second = agent.wait_pod(
+        "edit",
+        "replaced and Running",
+        Duration::from_secs(30),
+        |p| phase(p) == "Running" && p.metadata.uid != first.metadata.uid,
+    );
+    agent.wait_until(
+        "one pod only, one container running",
+        Duration::from_secs(15),
+        |a| a.pods().len() == 1 && a.processes_in_tree().len() == 1,
+    );
     assert_ne!(first.metadata.uid, second.metadata.uid);
 }
 
@@ -339,12 +423,20 @@ spec:
     resources: {requests: {memory: 100Ti}}
 "#,
     );
-    let pod = agent.wait_pod("huge", "Failed", Duration::from_secs(15), |p| phase(p) == "Failed");
+    let pod = agent.wait_pod("huge", "Failed", Duration::from_secs(15), |p| {
+        phase(p) == "Failed"
+    });
     let status = pod.status.expect("status");
     assert_eq!(status.reason.as_deref(), Some("OutOfmemory"));
     let message = status.message.unwrap_or_default();
-    assert!(message.contains("Insufficient memory") || message.contains("memory"), "{message}");
-    assert!(agent.processes_in_tree().is_empty(), "a rejected pod never starts");
+    assert!(
+        message.contains("Insufficient memory") || message.contains("memory"),
+        "{message}"
+    );
+    assert!(
+        agent.processes_in_tree().is_empty(),
+        "a rejected pod never starts"
+    );
 }
 
 #[test]
@@ -357,11 +449,18 @@ fn a_malformed_manifest_is_reported_and_skipped_while_other_pods_keep_running() 
         "good.yaml",
         "apiVersion: v1\nkind: Pod\nmetadata: {name: good}\nspec:\n  containers:\n  - {name: c, image: busybox, command: [sleep, '3600']}\n",
     );
-    let good = agent.wait_pod("good", "Running", Duration::from_secs(30), |p| phase(p) == "Running");
-    agent.write_manifest("bad.yaml", "apiVersion: v1\nkind: Pod\nmetadata: {name: bad\nspec: [\n");
-    agent.wait_until("the bad manifest reported with its file", Duration::from_secs(15), |a| {
-        a.log().lines().any(|l| l.contains("bad.yaml"))
+    let good = agent.wait_pod("good", "Running", Duration::from_secs(30), |p| {
+        phase(p) == "Running"
     });
+    agent.write_manifest(
+        "bad.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: bad\nspec: [\n",
+    );
+    agent.wait_until(
+        "the bad manifest reported with its file",
+        Duration::from_secs(15),
+        |a| a.log().lines().any(|l| l.contains("bad.yaml")),
+    );
     std::thread::sleep(Duration::from_secs(1));
     let still = agent.pod("good").expect("good pod still there");
     assert_eq!(phase(&still), "Running");
@@ -380,7 +479,9 @@ fn a_pod_whose_container_fails_under_restart_policy_never_ends_failed() {
         "job.yaml",
         "apiVersion: v1\nkind: Pod\nmetadata: {name: job}\nspec:\n  restartPolicy: Never\n  containers:\n  - {name: ok, image: busybox, command: [sh, -c, 'exit 0']}\n  - {name: bad, image: busybox, command: [sh, -c, 'sleep 0.2; exit 7']}\n",
     );
-    let pod = agent.wait_pod("job", "Failed", Duration::from_secs(30), |p| phase(p) == "Failed");
+    let pod = agent.wait_pod("job", "Failed", Duration::from_secs(30), |p| {
+        phase(p) == "Failed"
+    });
     let bad = container_status(&pod, "bad")
         .and_then(|c| c.state.as_ref())
         .and_then(|s| s.terminated.as_ref())

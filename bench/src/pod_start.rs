@@ -65,7 +65,11 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-async fn in_process(zygote: ironlet_runtime::zygote::ZygoteHandle, n: usize, images: &Path) -> Result<()> {
+async fn in_process(
+    zygote: ironlet_runtime::zygote::ZygoteHandle,
+    n: usize,
+    images: &Path,
+) -> Result<()> {
     let root = tempfile::Builder::new().prefix("ironlet-bench").tempdir()?;
     let manifests = root.path().join("manifests");
     std::fs::create_dir_all(&manifests)?;
@@ -134,7 +138,10 @@ async fn in_process(zygote: ironlet_runtime::zygote::ZygoteHandle, n: usize, ima
         ms(percentile(&latencies, 99.0)),
         ms(percentile(&latencies, 100.0))
     );
-    println!("(c) container exit (zygote reap) → PLEG cache, {} exits:", exit_latency.len());
+    println!(
+        "(c) container exit (zygote reap) → PLEG cache, {} exits:",
+        exit_latency.len()
+    );
     println!(
         "    p50 {:.3} ms   p99 {:.3} ms   max {:.3} ms",
         ms(percentile(&exit_latency, 50.0)),
@@ -156,7 +163,11 @@ async fn in_process(zygote: ironlet_runtime::zygote::ZygoteHandle, n: usize, ima
 
 /// Starts `sh -c true`-like containers in one sandbox and measures, for each exit, the
 /// time from the zygote's reap to the PLEG's cache update.
-async fn exit_to_cache(runtime: Arc<LocalRuntime>, root: &Path, count: usize) -> Result<Vec<Duration>> {
+async fn exit_to_cache(
+    runtime: Arc<LocalRuntime>,
+    root: &Path,
+    count: usize,
+) -> Result<Vec<Duration>> {
     let cache = Arc::new(ironlet::pod_cache::PodCache::new(runtime.clone()));
     let (mut events, _health, pleg) = ironlet::pleg::start(
         runtime.clone(),
@@ -196,7 +207,9 @@ async fn exit_to_cache(runtime: Arc<LocalRuntime>, root: &Path, count: usize) ->
             .get(&event.pod_uid)
             .and_then(|c| c.status.containers.iter().find(|c| c.id == id).cloned())
             .context("the cache has the container")?;
-        let finished = status.finished_at.context("the cached status has the exit")?;
+        let finished = status
+            .finished_at
+            .context("the cached status has the exit")?;
         out.push(cached_wall.duration_since(finished).unwrap_or_default());
         runtime.remove_container(&id).await?;
     }
@@ -208,9 +221,14 @@ async fn exit_to_cache(runtime: Arc<LocalRuntime>, root: &Path, count: usize) ->
 
 /// (b) and (d) with the real binary.
 fn with_binary(n: usize, images: &Path) -> Result<()> {
-    let target = std::env::var("CARGO_TARGET_DIR").map_or_else(|_| repo_root().join("target"), PathBuf::from);
+    let target = std::env::var("CARGO_TARGET_DIR")
+        .map_or_else(|_| repo_root().join("target"), PathBuf::from);
     let bin = target.join("release/ironlet");
-    ensure!(bin.exists(), "{} missing: cargo build --release -p ironlet", bin.display());
+    ensure!(
+        bin.exists(),
+        "{} missing: cargo build --release -p ironlet",
+        bin.display()
+    );
     let root = tempfile::Builder::new().prefix("ironlet-bench").tempdir()?;
     let manifests = root.path().join("manifests");
     std::fs::create_dir_all(&manifests)?;
@@ -220,11 +238,21 @@ fn with_binary(n: usize, images: &Path) -> Result<()> {
         .args(["images", "import"])
         .arg(images)
         .output()?;
-    ensure!(import.status.success(), "import: {}", String::from_utf8_lossy(&import.stderr));
+    ensure!(
+        import.status.success(),
+        "import: {}",
+        String::from_utf8_lossy(&import.stderr)
+    );
     let mut agent = Command::new(&bin)
         .arg("--root-dir")
         .arg(root.path())
-        .args(["run", "--node-name", "bench", "--cgroup-root", "/ironlet-bench2"])
+        .args([
+            "run",
+            "--node-name",
+            "bench",
+            "--cgroup-root",
+            "/ironlet-bench2",
+        ])
         .arg("--pod-manifest-path")
         .arg(&manifests)
         .arg("--pod-logs-dir")
@@ -236,7 +264,9 @@ fn with_binary(n: usize, images: &Path) -> Result<()> {
     let socket = root.path().join("ironlet.sock");
     let pid = agent.id() as i32;
     let result = (|| -> Result<()> {
-        wait(Duration::from_secs(20), || ironlet::server::client::get(&socket, "/healthz").is_ok())?;
+        wait(Duration::from_secs(20), || {
+            ironlet::server::client::get(&socket, "/healthz").is_ok()
+        })?;
         std::thread::sleep(Duration::from_secs(2));
         let (idle_agent, idle_zygote) = (rss_kib(pid), zygote_rss_kib(pid));
         let start = Instant::now();
@@ -249,7 +279,10 @@ fn with_binary(n: usize, images: &Path) -> Result<()> {
         let burst = start.elapsed();
         std::thread::sleep(Duration::from_secs(2));
         let (busy_agent, busy_zygote) = (rss_kib(pid), zygote_rss_kib(pid));
-        println!("(b) {n} manifests into an empty directory → all Running: {:.2} s", burst.as_secs_f64());
+        println!(
+            "(b) {n} manifests into an empty directory → all Running: {:.2} s",
+            burst.as_secs_f64()
+        );
         println!(
             "(d) RSS idle: agent {:.1} MiB (zygote {:.1} MiB); with {n} pods: agent {:.1} MiB (zygote {:.1} MiB)",
             idle_agent as f64 / 1024.0,
@@ -263,7 +296,10 @@ fn with_binary(n: usize, images: &Path) -> Result<()> {
         wait(Duration::from_secs(120), || pod_count(&socket) == 0)?;
         Ok(())
     })();
-    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM);
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGTERM,
+    );
     let _ = agent.wait();
     result
 }
@@ -282,7 +318,10 @@ fn wait(timeout: Duration, mut check: impl FnMut() -> bool) -> Result<()> {
 fn pods(socket: &Path) -> Vec<k8s_openapi::api::core::v1::Pod> {
     ironlet::server::client::get(socket, "/pods")
         .ok()
-        .and_then(|r| serde_json::from_slice::<k8s_openapi::List<k8s_openapi::api::core::v1::Pod>>(&r.body).ok())
+        .and_then(|r| {
+            serde_json::from_slice::<k8s_openapi::List<k8s_openapi::api::core::v1::Pod>>(&r.body)
+                .ok()
+        })
         .map(|l| l.items)
         .unwrap_or_default()
 }
@@ -312,7 +351,8 @@ fn rss_kib(pid: i32) -> u64 {
 
 /// The agent's zygote: its child whose command line is the same binary.
 fn zygote_rss_kib(agent: i32) -> u64 {
-    let children = std::fs::read_to_string(format!("/proc/{agent}/task/{agent}/children")).unwrap_or_default();
+    let children =
+        std::fs::read_to_string(format!("/proc/{agent}/task/{agent}/children")).unwrap_or_default();
     children
         .split_whitespace()
         .filter_map(|p| p.parse::<i32>().ok())

@@ -8,8 +8,8 @@
 
 mod ctr;
 mod images;
-mod run;
 mod pods;
+mod run;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -187,7 +187,10 @@ pub fn run(root_flag: Option<PathBuf>, args: RunArgs) -> anyhow::Result<ExitCode
 /// SIGTERM or SIGINT.
 async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};
-    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
         (Ok(mut term), Ok(mut int)) => {
             tokio::select! {
                 _ = term.recv() => {}
@@ -219,7 +222,13 @@ mod tests {
     #[test]
     fn reservations_parse_cpu_and_memory() {
         let r = parse_reserved("cpu=500m,memory=1Gi");
-        assert!(matches!(r, Ok(Reserved { cpu_milli: 500, memory_bytes: 1073741824 })));
+        assert!(matches!(
+            r,
+            Ok(Reserved {
+                cpu_milli: 500,
+                memory_bytes: 1073741824
+            })
+        ));
         assert!(parse_reserved("gpu=1").is_err());
         assert!(parse_reserved("cpu").is_err());
     }

@@ -126,7 +126,9 @@ fn security_config(
     };
     SecurityConfig {
         privileged,
-        read_only_rootfs: sc.and_then(|s| s.read_only_root_filesystem).unwrap_or(false),
+        read_only_rootfs: sc
+            .and_then(|s| s.read_only_root_filesystem)
+            .unwrap_or(false),
         run_as_user: to_u32(
             sc.and_then(|s| s.run_as_user)
                 .or_else(|| pod_sc.and_then(|s| s.run_as_user)),
@@ -182,7 +184,10 @@ mod tests {
             type_: "Localhost".into(),
             localhost_profile: Some("../../etc/shadow".into()),
         };
-        assert_eq!(seccomp_profile(&escape, dir), SeccompProfile::RuntimeDefault);
+        assert_eq!(
+            seccomp_profile(&escape, dir),
+            SeccompProfile::RuntimeDefault
+        );
         let ok = ApiSeccomp {
             type_: "Localhost".into(),
             localhost_profile: Some("profiles/a.json".into()),

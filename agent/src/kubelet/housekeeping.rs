@@ -29,10 +29,12 @@ impl Kubelet {
             .filter(|uid| !self.rejected.contains_key(uid))
             .collect();
         let states = self.workers.sync_known_pods(&desired);
+        self.syncer.lock_backoff().gc(std::time::SystemTime::now());
 
+        let all = ContainerFilter::default();
         let (sandboxes, containers) = match tokio::try_join!(
             self.runtime.list_pod_sandboxes(),
-            self.runtime.list_containers(&ContainerFilter::default())
+            self.runtime.list_containers(&all)
         ) {
             Ok(listed) => listed,
             Err(err) => {

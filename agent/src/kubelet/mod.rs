@@ -120,7 +120,7 @@ impl Kubelet {
         let cache = Arc::new(PodCache::new(runtime.clone()));
         let objects: Arc<dyn crate::objects::ObjectSource> = match &config.manifest_path {
             Some(dir) => Arc::new(crate::objects::FileObjectSource::new(dir.clone())),
-            None => Arc::new(crate::objects::FileObjectSource::empty()),
+            None => Arc::new(crate::objects::NoObjects),
         };
         let (probes, probe_updates) = crate::probes::ProbeManager::new(runtime.clone());
         let statuses = Arc::new(StatusStore::default());
@@ -145,6 +145,7 @@ impl Kubelet {
                 host_ip: Some(host_ip()),
             },
             termination_messages: Mutex::new(HashMap::new()),
+            image_refs: Mutex::new(Default::default()),
             waiting: Mutex::new(HashMap::new()),
         });
         let workers = PodWorkers::new(
@@ -260,7 +261,11 @@ impl Kubelet {
             PodOp::Add => {
                 let mut pods = update.pods;
                 // kubelet admits in creation order so that older pods win resources.
-                pods.sort_by(|a, b| a.metadata.creation_timestamp.cmp(&b.metadata.creation_timestamp));
+                pods.sort_by(|a, b| {
+                    a.metadata
+                        .creation_timestamp
+                        .cmp(&b.metadata.creation_timestamp)
+                });
                 for pod in pods {
                     self.handle_add(Arc::new(pod));
                 }
@@ -314,8 +319,27 @@ impl Kubelet {
         if let Some(reason) = verdict.reason() {
             let message = verdict.message();
             tracing::warn!(pod = %pod_full_name(&pod), reason, %message, "pod rejected");
-            self.statuses
-                .set(pod.clone(), crate::status::rejected_status(&pod, reason, &message));
+            let status = crate::status::generate_pod_status(&crate::status::StatusInputs {
+                pod: &pod,
+                runtime: &ironlet_runtime::types::PodStatus {
+                    pod_uid: uid.clone(),
+                    name: String::new(),
+                    namespace: String::new(),
+                    sandboxes: Vec::new(),
+                    containers: Vec::new(),
+                },
+                probes: &crate::status::NoProbes,
+                waiting: &Default::default(),
+                previous: None,
+                host_ips: &[],
+                image_refs: &Default::default(),
+                lifecycle: &crate::status::PodLifecycle::Rejected {
+                    reason: reason.to_owned(),
+                    message: message.clone(),
+                },
+                now: std::time::SystemTime::now(),
+            });
+            self.statuses.set(pod.clone(), status);
             self.rejected.insert(uid, pod);
             return;
         }

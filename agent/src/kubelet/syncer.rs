@@ -11,7 +11,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
 use ironlet_cgroups::{CgroupPath, NodeCgroups, QosClass};
-use ironlet_runtime::types::{ContainerId, ContainerState, PodSandboxConfig, PodStatus, SandboxId};
+use ironlet_runtime::types::{ContainerId, ContainerState, PodSandboxConfig, PodStatus};
 use ironlet_runtime::{ImageService, Runtime};
 use k8s_openapi::api::core::v1::Pod;
 
@@ -22,8 +22,9 @@ use crate::config::{pod_full_name, pod_uid};
 use crate::objects::ObjectSource;
 use crate::pod_cache::{CachedStatus, PodCache};
 use crate::pod_workers::{PodSyncer, SyncError, SyncOutcome};
-use crate::probes::ProbeManager;
 use crate::probes::ProbeKind;
+use crate::probes::ProbeManager;
+use crate::status::{ImageRefs, PodLifecycle as StatusLifecycle, WaitingReason, WaitingReasons};
 use crate::sync::backoff::Backoff;
 use crate::sync::{
     compute_pod_actions, filter_backoff, ActionsInput, PodActions, ProbeResults, ProbeVerdict,
@@ -60,17 +61,17 @@ pub struct NodeSyncer {
     /// Termination messages read after a container exited, by container id.
     pub(crate) termination_messages: Mutex<HashMap<String, String>>,
     /// Waiting reasons from the last sync, by pod UID then container name.
-    pub(crate) waiting: Mutex<HashMap<String, HashMap<String, (String, String)>>>,
+    pub(crate) waiting: Mutex<HashMap<String, WaitingReasons>>,
+    /// Image id → repo digest, for `imageID` in container statuses.
+    pub(crate) image_refs: Mutex<ImageRefs>,
 }
 
 impl NodeSyncer {
-    fn lock_waiting(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<String, HashMap<String, (String, String)>>> {
+    fn lock_waiting(&self) -> std::sync::MutexGuard<'_, HashMap<String, WaitingReasons>> {
         self.waiting.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn lock_backoff(&self) -> std::sync::MutexGuard<'_, Backoff> {
+    pub(crate) fn lock_backoff(&self) -> std::sync::MutexGuard<'_, Backoff> {
         self.backoff.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -92,7 +93,12 @@ impl NodeSyncer {
         Ok(Some(path))
     }
 
-    fn sandbox_config(&self, pod: &Pod, attempt: u32, cgroup: Option<&CgroupPath>) -> PodSandboxConfig {
+    fn sandbox_config(
+        &self,
+        pod: &Pod,
+        attempt: u32,
+        cgroup: Option<&CgroupPath>,
+    ) -> PodSandboxConfig {
         let meta = &pod.metadata;
         let spec = pod.spec.as_ref();
         let name = meta.name.clone().unwrap_or_default();
@@ -127,6 +133,15 @@ impl NodeSyncer {
         Ok(cached)
     }
 
+    /// Node allocatable as environment and volume sizing see it.
+    fn allocatable(&self) -> crate::env::Allocatable {
+        crate::env::Allocatable {
+            cpu_milli: self.node.cpu_milli,
+            memory_bytes: self.node.memory_bytes,
+            ephemeral_storage_bytes: 0,
+        }
+    }
+
     fn event(&self, pod: &Pod, kind: EventType, reason: &'static str, message: String) {
         self.events.event(pod, kind, reason, message);
     }
@@ -141,14 +156,14 @@ impl PodSyncer for NodeSyncer {
     ) -> Result<SyncOutcome, SyncError> {
         let started = Instant::now();
         let cached = self.runtime_status(pod, status_newer_than).await?;
-        let api = self.record_status(pod, &cached.status);
+        let api = self.record_status(pod, &cached.status, &StatusLifecycle::Active);
         if crate::status::pod_is_terminal(&api) {
             self.probes.remove_pod(pod_uid(pod));
             return Ok(SyncOutcome::Terminal);
         }
         let result = self.sync_running_pod(pod, &cached.status).await;
         let fresh = self.runtime_status(pod, Instant::now()).await?;
-        self.record_status(pod, &fresh.status);
+        self.record_status(pod, &fresh.status, &StatusLifecycle::Active);
         self.update_probes(pod, &fresh.status);
         tracing::debug!(pod = %pod_full_name(pod), took_us = started.elapsed().as_micros() as u64, "pod synced");
         result
@@ -164,7 +179,7 @@ impl PodSyncer for NodeSyncer {
         let cached = self.runtime_status(pod, status_newer_than).await?;
         self.kill_pod(pod, &cached.status, grace).await?;
         let fresh = self.runtime_status(pod, Instant::now()).await?;
-        self.record_status(pod, &fresh.status);
+        self.record_status(pod, &fresh.status, &StatusLifecycle::Terminal);
         Ok(())
     }
 
@@ -176,7 +191,11 @@ impl PodSyncer for NodeSyncer {
             .map_err(|e| SyncError::new("FailedUnmount", e.to_string()))?;
         if let Some(cgroups) = &self.cgroups {
             // The pod's QoS class may be unknown (an orphan from a previous run): try all.
-            for qos in [QosClass::Guaranteed, QosClass::Burstable, QosClass::BestEffort] {
+            for qos in [
+                QosClass::Guaranteed,
+                QosClass::Burstable,
+                QosClass::BestEffort,
+            ] {
                 let Ok(path) = cgroups.pod_path(qos, uid) else {
                     continue;
                 };
@@ -199,10 +218,19 @@ impl NodeSyncer {
     ) -> Result<SyncOutcome, SyncError> {
         let uid = pod_uid(pod);
         let cgroup = self.ensure_pod_cgroup(pod)?;
-        let volumes = match self.volumes.setup_pod_volumes(pod).await {
+        let volumes = match self
+            .volumes
+            .setup_pod_volumes(pod, &self.allocatable())
+            .await
+        {
             Ok(v) => v,
             Err(err) => {
-                self.event(pod, EventType::Warning, reason::FAILED_MOUNT, err.to_string());
+                self.event(
+                    pod,
+                    EventType::Warning,
+                    reason::FAILED_MOUNT,
+                    err.to_string(),
+                );
                 return Err(SyncError::new(reason::FAILED_MOUNT, err.to_string()));
             }
         };
@@ -227,7 +255,12 @@ impl NodeSyncer {
                 start,
             } => {
                 if let Some(message) = cause.event_message() {
-                    self.event(pod, EventType::Normal, reason::SANDBOX_CHANGED, message.into());
+                    self.event(
+                        pod,
+                        EventType::Normal,
+                        reason::SANDBOX_CHANGED,
+                        message.into(),
+                    );
                 }
                 if !status.sandboxes.is_empty() {
                     self.kill_pod(pod, status, grace_of(pod)).await?;
@@ -260,7 +293,8 @@ impl NodeSyncer {
                 .await?;
         }
         if starts.is_empty() {
-            self.lock_waiting().insert(uid.to_owned(), HashMap::new());
+            self.lock_waiting()
+                .insert(uid.to_owned(), WaitingReasons::new());
             return Ok(SyncOutcome::Running { resync_after: None });
         }
 
@@ -271,12 +305,17 @@ impl NodeSyncer {
             .map_err(|e| SyncError::new("CreatePodSandboxError", e.to_string()))?;
         let now = SystemTime::now();
         let filtered = filter_backoff(pod, starts, &mut self.lock_backoff(), now);
-        let mut waiting: HashMap<String, (String, String)> = HashMap::new();
+        let mut waiting = WaitingReasons::new();
         for held in &filtered.waiting {
-            self.event(pod, EventType::Warning, reason::BACK_OFF, held.message.clone());
+            self.event(
+                pod,
+                EventType::Warning,
+                reason::BACK_OFF,
+                held.message.clone(),
+            );
             waiting.insert(
                 held.container.clone(),
-                ("CrashLoopBackOff".into(), held.message.clone()),
+                WaitingReason::new(crate::status::CRASH_LOOP_BACK_OFF, held.message.clone()),
             );
         }
         let mut resync_after = filtered
@@ -289,7 +328,7 @@ impl NodeSyncer {
             {
                 waiting.insert(
                     start.name.clone(),
-                    (failure.reason.into(), failure.message.clone()),
+                    WaitingReason::new(failure.reason, failure.message.clone()),
                 );
                 let retry = START_FAILURE_RETRY;
                 resync_after = Some(resync_after.map_or(retry, |r| r.min(retry)));
@@ -329,15 +368,6 @@ impl ProbeResults for PodProbes<'_> {
     }
 }
 
-fn ready_sandbox(status: &PodStatus) -> Option<SandboxId> {
-    status
-        .sandboxes
-        .iter()
-        .filter(|s| s.state == ironlet_runtime::types::SandboxState::Ready)
-        .max_by_key(|s| s.created_at)
-        .map(|s| s.id.clone())
-}
-
 /// The pod's termination grace period.
 pub(crate) fn grace_of(pod: &Pod) -> Duration {
     let seconds = pod
@@ -348,7 +378,9 @@ pub(crate) fn grace_of(pod: &Pod) -> Duration {
     Duration::from_secs(u64::try_from(seconds).unwrap_or(0))
 }
 
-pub(crate) fn running_containers(status: &PodStatus) -> impl Iterator<Item = &ironlet_runtime::types::ContainerStatus> {
+pub(crate) fn running_containers(
+    status: &PodStatus,
+) -> impl Iterator<Item = &ironlet_runtime::types::ContainerStatus> {
     status
         .containers
         .iter()

@@ -26,7 +26,11 @@ impl PodsView for KubeletView {
 
     fn health(&self) -> Result<(), String> {
         let threshold = self.pleg_config.relist_threshold + self.pleg_config.relist_period;
-        let last = self.pleg.last_relist().map(|(at, _)| at).unwrap_or(self.started);
+        let last = self
+            .pleg
+            .last_relist()
+            .map(|(at, _)| at)
+            .unwrap_or(self.started);
         let since = last.elapsed();
         if since > threshold {
             return Err(format!(

@@ -305,10 +305,7 @@ impl PodWorkers {
     }
 
     fn lifecycle(&self, uid: &str) -> Option<PodLifecycle> {
-        self.shared
-            .lock()
-            .get(uid)
-            .map(|e| e.state.clone())
+        self.shared.lock().get(uid).map(|e| e.state.clone())
     }
 
     fn known_pods_synced(&self) -> bool {
@@ -375,10 +372,7 @@ fn grace_period(pod: &Pod, kill: Option<&KillPodOptions>) -> Duration {
         .as_ref()
         .and_then(|s| s.termination_grace_period_seconds)
         .unwrap_or(crate::config::DEFAULT_TERMINATION_GRACE_PERIOD_SECONDS);
-    let mut seconds = pod
-        .metadata
-        .deletion_grace_period_seconds
-        .unwrap_or(spec);
+    let mut seconds = pod.metadata.deletion_grace_period_seconds.unwrap_or(spec);
     if let Some(over) = kill.and_then(|k| k.grace_period_override) {
         seconds = seconds.min(over);
     }

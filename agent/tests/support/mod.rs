@@ -69,7 +69,10 @@ impl Agent {
         let suffix = root
             .path()
             .file_name()
-            .map(|n| n.to_string_lossy().replace(|c: char| !c.is_ascii_alphanumeric(), ""))
+            .map(|n| {
+                n.to_string_lossy()
+                    .replace(|c: char| !c.is_ascii_alphanumeric(), "")
+            })
             .unwrap_or_default();
         let cgroup_root = format!("/ironlet-e2e-{suffix}");
         let node_name = "e2e-node".to_owned();
@@ -125,9 +128,11 @@ impl Agent {
             .stdout(log.try_clone().expect("log fd"))
             .stderr(log);
         self.child = Some(cmd.spawn().expect("ironlet run starts"));
-        self.wait_until("the agent serves its socket", Duration::from_secs(20), |a| {
-            a.try_get("/healthz").is_some()
-        });
+        self.wait_until(
+            "the agent serves its socket",
+            Duration::from_secs(20),
+            |a| a.try_get("/healthz").is_some(),
+        );
     }
 
     /// Kills the agent with SIGKILL (pods keep running) and starts it again.
@@ -214,7 +219,13 @@ impl Agent {
     }
 
     /// Waits for the pod and returns it once `check` holds.
-    pub fn wait_pod(&self, name: &str, what: &str, timeout: Duration, check: impl Fn(&Pod) -> bool) -> Pod {
+    pub fn wait_pod(
+        &self,
+        name: &str,
+        what: &str,
+        timeout: Duration,
+        check: impl Fn(&Pod) -> bool,
+    ) -> Pod {
         let mut found = None;
         self.wait_until(&format!("pod {name}: {what}"), timeout, |a| {
             found = a.pod(name).filter(|p| check(p));
@@ -309,13 +320,32 @@ impl Drop for Agent {
             let _ = child.wait();
         }
         for pid in self.processes_in_tree() {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
         }
         for m in self.mounts_under_root().iter().rev() {
             let _ = nix::mount::umount2(m.as_str(), nix::mount::MntFlags::MNT_DETACH);
         }
         // The node tree itself (kubepods, burstable, besteffort) in every controller.
-        for controller in ["memory", "cpu,cpuacct", "pids", "cpuset", "blkio", "devices", "freezer", "hugetlb", "net_cls,net_prio", "perf_event", "misc", "rdma", "systemd", "unified", ""] {
+        for controller in [
+            "memory",
+            "cpu,cpuacct",
+            "pids",
+            "cpuset",
+            "blkio",
+            "devices",
+            "freezer",
+            "hugetlb",
+            "net_cls,net_prio",
+            "perf_event",
+            "misc",
+            "rdma",
+            "systemd",
+            "unified",
+            "",
+        ] {
             let base = Path::new("/sys/fs/cgroup")
                 .join(controller)
                 .join(self.cgroup_root.trim_start_matches('/'));
@@ -371,10 +401,5 @@ pub fn restart_count(pod: &Pod, name: &str) -> i32 {
 }
 
 pub fn running_pid_of(pod: &Pod, name: &str) -> Option<bool> {
-    container_status(pod, name).map(|c| {
-        c.state
-            .as_ref()
-            .and_then(|s| s.running.as_ref())
-            .is_some()
-    })
+    container_status(pod, name).map(|c| c.state.as_ref().and_then(|s| s.running.as_ref()).is_some())
 }

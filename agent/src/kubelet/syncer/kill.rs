@@ -24,9 +24,8 @@ impl NodeSyncer {
         status: &PodStatus,
         grace: Duration,
     ) -> Result<(), SyncError> {
-        let kills = running_containers(status).map(|c| {
-            self.kill_container(pod, &c.id, &c.name, "Stopping container", grace)
-        });
+        let kills = running_containers(status)
+            .map(|c| self.kill_container(pod, &c.id, &c.name, "Stopping container", grace));
         let results = futures_util::future::join_all(kills).await;
         for sandbox in &status.sandboxes {
             if let Err(err) = self.runtime.stop_pod_sandbox(&sandbox.id).await {
@@ -46,7 +45,12 @@ impl NodeSyncer {
         grace: Duration,
     ) -> Result<(), SyncError> {
         let started = Instant::now();
-        self.event(pod, EventType::Normal, reason::KILLING, format!("{message} {name}"));
+        self.event(
+            pod,
+            EventType::Normal,
+            reason::KILLING,
+            format!("{message} {name}"),
+        );
         let container = super::start::find_container(pod, name, false)
             .or_else(|| super::start::find_container(pod, name, true));
         let pre_stop = container
@@ -63,7 +67,10 @@ impl NodeSyncer {
                     reason::FAILED_PRE_STOP_HOOK,
                     format!("PreStopHook failed: {msg}"),
                 ),
-                Err(_) => tracing::info!(container = name, "preStop hook did not finish within the grace period"),
+                Err(_) => tracing::info!(
+                    container = name,
+                    "preStop hook did not finish within the grace period"
+                ),
             }
             remaining = grace
                 .saturating_sub(started.elapsed())
@@ -99,7 +106,12 @@ impl NodeSyncer {
         let grace = super::grace_of(pod);
         if let Err(msg) = self.run_hook(hook, &target, grace).await {
             let message = format!("PostStartHook failed: {msg}");
-            self.event(pod, EventType::Warning, reason::FAILED_POST_START_HOOK, message.clone());
+            self.event(
+                pod,
+                EventType::Warning,
+                reason::FAILED_POST_START_HOOK,
+                message.clone(),
+            );
             self.kill_container(pod, id, &container.name, "FailedPostStartHook", grace)
                 .await?;
             return Err(SyncError::new("PostStartHookError", message));

@@ -35,18 +35,27 @@ impl NodeSyncer {
         let image = container.image.clone().unwrap_or_default();
         self.ensure_image(pod, container, &image).await?;
 
+        let host_network = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.host_network)
+            .unwrap_or(false);
+        let pod_ip = if host_network {
+            self.node.host_ip.as_deref()
+        } else {
+            sandbox_status.ip.as_deref()
+        };
         let env_ctx = crate::env::EnvContext {
             objects: self.objects.as_ref(),
             node_name: &self.config.node_name,
-            pod_ip: sandbox_status.ip.clone(),
-            host_ip: self.node.host_ip.clone(),
-            node_allocatable_cpu_milli: self.node.cpu_milli,
-            node_allocatable_memory_bytes: self.node.memory_bytes,
+            pod_ip,
+            host_ip: self.node.host_ip.as_deref(),
+            allocatable: self.allocatable(),
         };
         let env = crate::env::container_env(pod, container, &env_ctx)
             .await
             .map_err(|e| self.config_error(pod, e.to_string()))?;
-        let mut mounts = crate::volumes::container_mounts(pod, container, volumes)
+        let mut mounts = crate::volumes::container_mounts(pod, container, volumes, &env)
             .map_err(|e| self.config_error(pod, e.to_string()))?;
         let message_file = self.termination_message_file(pod, container, &mut mounts)?;
 
@@ -84,22 +93,44 @@ impl NodeSyncer {
                 self.event(pod, EventType::Warning, reason::FAILED, message.clone());
                 SyncError::new("CreateContainerError", message)
             })?;
-        self.event(pod, EventType::Normal, reason::CREATED, format!("Created container: {}", container.name));
+        self.event(
+            pod,
+            EventType::Normal,
+            reason::CREATED,
+            format!("Created container: {}", container.name),
+        );
         if let Err(err) = self.runtime.start_container(&id).await {
             let message = format!("Error: {err}");
             self.event(pod, EventType::Warning, reason::FAILED, message.clone());
             let _ = self.runtime.remove_container(&id).await;
             return Err(SyncError::new("RunContainerError", message));
         }
-        self.event(pod, EventType::Normal, reason::STARTED, format!("Started container {}", container.name));
-        self.run_post_start(pod, container, &id, sandbox_status).await
+        self.event(
+            pod,
+            EventType::Normal,
+            reason::STARTED,
+            format!("Started container {}", container.name),
+        );
+        self.run_post_start(pod, container, &id, sandbox_status)
+            .await
     }
 
     /// Image presence: ironlet has no registry client yet, so an absent image cannot be
     /// pulled whatever the policy; the reason tells which case it is.
-    async fn ensure_image(&self, pod: &Pod, container: &Container, image: &str) -> Result<(), SyncError> {
+    async fn ensure_image(
+        &self,
+        pod: &Pod,
+        container: &Container,
+        image: &str,
+    ) -> Result<(), SyncError> {
         match self.images.get_image(image).await {
-            Ok(Some(_)) => {
+            Ok(Some(found)) => {
+                if let Some(digest) = found.repo_digests.first() {
+                    self.image_refs
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(found.id.clone(), digest.clone());
+                }
                 self.event(
                     pod,
                     EventType::Normal,
@@ -113,7 +144,9 @@ impl NodeSyncer {
                 let (reason_, message) = if never {
                     (
                         reason::ERR_IMAGE_NEVER_PULL,
-                        format!("Container image \"{image}\" is not present with pull policy of Never"),
+                        format!(
+                            "Container image \"{image}\" is not present with pull policy of Never"
+                        ),
                     )
                 } else {
                     (
@@ -124,12 +157,20 @@ impl NodeSyncer {
                 self.event(pod, EventType::Warning, reason::FAILED, message.clone());
                 Err(SyncError::new(reason_, message))
             }
-            Err(err) => Err(SyncError::new("ImageInspectError", format!("Failed to inspect image \"{image}\": {err}"))),
+            Err(err) => Err(SyncError::new(
+                "ImageInspectError",
+                format!("Failed to inspect image \"{image}\": {err}"),
+            )),
         }
     }
 
     fn config_error(&self, pod: &Pod, message: String) -> SyncError {
-        self.event(pod, EventType::Warning, reason::FAILED, format!("Error: {message}"));
+        self.event(
+            pod,
+            EventType::Warning,
+            reason::FAILED,
+            format!("Error: {message}"),
+        );
         SyncError::new("CreateContainerConfigError", message)
     }
 
@@ -154,7 +195,15 @@ impl NodeSyncer {
         let file = dir.join(ContainerId::random().short());
         std::fs::create_dir_all(&dir)
             .and_then(|()| std::fs::write(&file, b""))
-            .map_err(|e| SyncError::new("CreateContainerConfigError", format!("creating the termination message file {}: {e}", file.display())))?;
+            .map_err(|e| {
+                SyncError::new(
+                    "CreateContainerConfigError",
+                    format!(
+                        "creating the termination message file {}: {e}",
+                        file.display()
+                    ),
+                )
+            })?;
         if !mounts.iter().any(|m| m.container_path == path) {
             mounts.push(Mount {
                 container_path: path,

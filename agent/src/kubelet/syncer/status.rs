@@ -7,7 +7,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use ironlet_runtime::types::{ContainerState, PodStatus};
+use crate::status::PodLifecycle as StatusLifecycle;
+use ironlet_runtime::types::{ContainerId, ContainerState, PodStatus};
 use k8s_openapi::api::core::v1::{Pod, PodStatus as ApiPodStatus};
 
 use super::start::TERMINATION_MESSAGE_HOST_PATH;
@@ -23,19 +24,36 @@ const MAX_LOG_TAIL_BYTES: u64 = 2048;
 
 impl NodeSyncer {
     /// Computes the API status from the runtime's and stores it; returns it.
-    pub(super) fn record_status(&self, pod: &Arc<Pod>, runtime: &PodStatus) -> ApiPodStatus {
+    pub(super) fn record_status(
+        &self,
+        pod: &Arc<Pod>,
+        runtime: &PodStatus,
+        lifecycle: &StatusLifecycle,
+    ) -> ApiPodStatus {
         let uid = pod_uid(pod).to_owned();
         let waiting = self.lock_waiting().get(&uid).cloned().unwrap_or_default();
         let previous = self.statuses.status(&uid);
+        let image_refs = self
+            .image_refs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let host_ips: Vec<String> = self.node.host_ip.iter().cloned().collect();
         let status = crate::status::generate_pod_status(&crate::status::StatusInputs {
             pod,
             runtime,
-            probes: &self.probes,
+            probes: &PodProbeState {
+                manager: &self.probes,
+                uid: &uid,
+            },
             waiting: &waiting,
             previous: previous.as_ref(),
-            host_ip: self.node.host_ip.as_deref(),
+            host_ips: &host_ips,
+            image_refs: &image_refs,
+            lifecycle,
             now: SystemTime::now(),
         });
+        self.observe_start(pod, previous.as_ref(), &status);
         self.statuses.set(pod.clone(), status.clone());
         status
     }
@@ -101,6 +119,25 @@ impl NodeSyncer {
     }
 }
 
+/// The probe manager's answers for one pod, as the status computation asks them.
+struct PodProbeState<'a> {
+    manager: &'a crate::probes::ProbeManager,
+    uid: &'a str,
+}
+
+impl crate::status::ProbeState for PodProbeState<'_> {
+    fn is_ready(&self, container_name: &str, container_id: &ContainerId) -> bool {
+        self.manager
+            .is_ready(self.uid, container_name, container_id)
+    }
+
+    fn is_started(&self, container_name: &str, container_id: &ContainerId) -> bool {
+        self.manager
+            .startup_done(self.uid, container_name, container_id)
+            .unwrap_or(false)
+    }
+}
+
 fn container_policy<'a>(pod: &'a Pod, name: &str) -> Option<&'a str> {
     let spec = pod.spec.as_ref()?;
     spec.containers
@@ -147,4 +184,27 @@ fn log_tail(path: &Path) -> Option<String> {
         text = text.split_off(cut);
     }
     Some(text)
+}
+
+impl NodeSyncer {
+    /// kubelet's `pod_start_sli_duration_seconds`: from when the agent first saw the pod to
+    /// its first Running status (image pulls excluded: ironlet pulls none).
+    fn observe_start(&self, pod: &Pod, previous: Option<&ApiPodStatus>, now: &ApiPodStatus) {
+        let running =
+            |s: Option<&ApiPodStatus>| s.and_then(|s| s.phase.as_deref()) == Some("Running");
+        if running(previous) || !running(Some(now)) {
+            return;
+        }
+        let seen = crate::config::annotation(pod, crate::config::CONFIG_SEEN)
+            .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok());
+        if let Some(seen) = seen {
+            let elapsed = chrono::Utc::now().signed_duration_since(seen);
+            if let Ok(elapsed) = elapsed.to_std() {
+                self.metrics.pod_start_sli.observe(elapsed.as_secs_f64());
+                self.metrics
+                    .pod_start_duration
+                    .observe(elapsed.as_secs_f64());
+            }
+        }
+    }
 }
