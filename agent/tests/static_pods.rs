@@ -187,7 +187,7 @@ spec:
     // Restart 1 is immediate; restart 2 waits 10 s after the second exit; restart 3 20 s.
     let mut seen: Vec<(i32, Instant)> = Vec::new();
     let start = Instant::now();
-    let mut backoff_message = None;
+    let mut backoff_messages: Vec<String> = Vec::new();
     while start.elapsed() < Duration::from_secs(45) && seen.len() < 4 {
         if let Some(pod) = agent.pod("crash") {
             let count = restart_count(&pod, "c");
@@ -199,7 +199,11 @@ spec:
                 .and_then(|s| s.waiting.as_ref())
                 .filter(|w| w.reason.as_deref() == Some("CrashLoopBackOff"))
             {
-                backoff_message = w.message.clone();
+                if let Some(m) = &w.message {
+                    if backoff_messages.last() != Some(m) {
+                        backoff_messages.push(m.clone());
+                    }
+                }
                 let last = container_status(&pod, "c").and_then(|c| c.last_state.clone());
                 let code = last.and_then(|s| s.terminated).map(|t| t.exit_code);
                 assert_eq!(code, Some(3), "lastState carries the exit code");
