@@ -234,7 +234,10 @@ spec:
         gap3 >= Duration::from_secs(19) && gap3 < Duration::from_secs(25),
         "third back-off {gap3:?}"
     );
-    let message = backoff_message.expect("a CrashLoopBackOff waiting state was reported");
+    let message = backoff_messages
+        .first()
+        .cloned()
+        .expect("a CrashLoopBackOff waiting state was reported");
     assert!(
         message
             .starts_with("back-off 10s restarting failed container=c pod=crash-e2e-node_default(")

@@ -7,6 +7,7 @@ pub mod error;
 pub mod image;
 pub mod local;
 pub mod spec;
+pub mod supervisor;
 pub mod traits;
 pub mod types;
 pub mod zygote;
