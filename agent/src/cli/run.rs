@@ -62,6 +62,13 @@ pub struct RunArgs {
     /// Use the RuntimeDefault seccomp profile for containers that name none.
     #[arg(long = "seccomp-default")]
     pub seccomp_default: bool,
+    /// Delay before the supervisor restarts a crashed agent; it doubles with every crash up
+    /// to --agent-restart-backoff-max and is reset once an agent has run for 60 s.
+    #[arg(long = "agent-restart-backoff", value_parser = parse_duration, default_value = "100ms")]
+    pub agent_restart_backoff: Duration,
+    /// Longest delay before the supervisor restarts a crashed agent.
+    #[arg(long = "agent-restart-backoff-max", value_parser = parse_duration, default_value = "10s")]
+    pub agent_restart_backoff_max: Duration,
 }
 
 /// CPU and memory set aside from allocatable.
@@ -130,16 +137,20 @@ pub fn run(root_flag: Option<PathBuf>, args: RunArgs) -> anyhow::Result<ExitCode
     // supervisor (which starts us again as the agent).
     match ironlet_runtime::supervisor::agent_connection().context("connecting to the supervisor")? {
         Some(zygote) => run_agent(root_dir, rootless, args, zygote),
-        None => supervise(root_dir),
+        None => supervise(root_dir, &args),
     }
 }
 
 /// Becomes the supervisor; returns only if that failed.
-fn supervise(root_dir: PathBuf) -> anyhow::Result<ExitCode> {
+fn supervise(root_dir: PathBuf, args: &RunArgs) -> anyhow::Result<ExitCode> {
     std::fs::create_dir_all(&root_dir)
         .with_context(|| format!("creating the data root {}", root_dir.display()))?;
-    let config = ironlet_runtime::supervisor::SupervisorConfig::for_current_process(root_dir)
+    let mut config = ironlet_runtime::supervisor::SupervisorConfig::for_current_process(root_dir)
         .context("finding the ironlet binary")?;
+    config.backoff.initial = args.agent_restart_backoff;
+    config.backoff.max = args
+        .agent_restart_backoff_max
+        .max(args.agent_restart_backoff);
     match ironlet_runtime::supervisor::run(config).context("starting the supervisor")? {}
 }
 

@@ -309,6 +309,56 @@ impl Agent {
         pids
     }
 
+    /// Processes in this agent's cgroup tree by container id (the last component of their
+    /// cgroup path), each with its pid namespace pid (1 for the container's init).
+    pub fn container_processes(&self) -> std::collections::HashMap<String, Vec<(i32, i32)>> {
+        let mut out: std::collections::HashMap<String, Vec<(i32, i32)>> = Default::default();
+        let marker = format!("{}/", self.cgroup_root);
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+            let Some(path) = cgroup
+                .lines()
+                .filter_map(|l| l.splitn(3, ':').nth(2))
+                .find(|p| p.contains(&marker))
+            else {
+                continue;
+            };
+            let Some(id) = path.rsplit('/').next() else {
+                continue;
+            };
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+            let ns_pid = status
+                .lines()
+                .find_map(|l| l.strip_prefix("NSpid:"))
+                .and_then(|l| l.split_whitespace().last())
+                .and_then(|p| p.parse().ok())
+                .unwrap_or(0);
+            out.entry(id.to_owned()).or_default().push((pid, ns_pid));
+        }
+        out
+    }
+
+    /// The stdout lines of a pod's container, from its CRI log (attempt 0).
+    pub fn log_lines(&self, pod: &Pod, container: &str) -> Vec<String> {
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let path = self
+            .logs
+            .join(format!("default_{name}_{uid}"))
+            .join(format!("{container}/0.log"));
+        std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| {
+                let (stream, partial, content) = ironlet_runtime::local::logs::parse_record(l)?;
+                (stream == "stdout" && !partial).then(|| content.to_owned())
+            })
+            .collect()
+    }
+
     /// Mounts under this agent's data root.
     pub fn mounts_under_root(&self) -> Vec<String> {
         let root = self.root.path().to_string_lossy().into_owned();
