@@ -288,8 +288,8 @@ fn an_agent_killed_at_random_points_of_a_pod_storm_converges_without_duplicates_
     let containers_of = |i: usize| 1 + i % 2;
     let mut desired: BTreeSet<usize> = BTreeSet::new();
     let started = Instant::now();
-    for iteration in 0..ITERATIONS {
-        for _ in 0..1 + rng.below(3) {
+    let toggle = |desired: &mut BTreeSet<usize>, rng: &mut Lcg| {
+        for _ in 0..1 + rng.below(4) {
             let i = rng.below(POOL);
             let file = format!("storm{i}.yaml");
             if desired.remove(&i) {
@@ -299,9 +299,17 @@ fn an_agent_killed_at_random_points_of_a_pod_storm_converges_without_duplicates_
                 desired.insert(i);
             }
         }
-        std::thread::sleep(Duration::from_millis(rng.below(900) as u64));
+    };
+    for iteration in 0..ITERATIONS {
+        toggle(&mut desired, &mut rng);
+        // Creating a pod takes ~100 ms: most kills land in the middle of something.
+        std::thread::sleep(Duration::from_millis(rng.below(300) as u64));
         let before = agent.version().map(|v| v.pid);
         agent.kill_agent();
+        // Every other time the manifests also change while no agent runs.
+        if rng.below(2) == 0 {
+            toggle(&mut desired, &mut rng);
+        }
         agent.wait_until(
             &format!("the agent back after kill {iteration}"),
             Duration::from_secs(20),
@@ -315,19 +323,59 @@ fn an_agent_killed_at_random_points_of_a_pod_storm_converges_without_duplicates_
 
     let converge = Instant::now();
     let want: BTreeSet<String> = desired.iter().map(|i| format!("storm{i}")).collect();
-    agent.wait_until(
-        "the running containers equal the desired set",
-        Duration::from_secs(120),
-        |a| storm_converged(a, &want, &desired, containers_of).is_ok(),
-    );
+    let settled = |a: &Agent| {
+        storm_converged(a, &want, &desired, containers_of).and_then(|()| no_orphans(a, &want))
+    };
+    let summary = loop {
+        match settled(&agent) {
+            Ok(summary) => break summary,
+            Err(why) if converge.elapsed() > Duration::from_secs(120) => {
+                let keys = [
+                    "agent started",
+                    "re-adopted",
+                    "rolling back",
+                    "torn",
+                    "Sandbox",
+                    "same UID",
+                    "removed",
+                    "not desired",
+                    "WARN",
+                    "ERROR",
+                ];
+                let events: Vec<String> = strip_ansi(&agent.log())
+                    .lines()
+                    .filter(|l| keys.iter().any(|k| l.contains(k)))
+                    .map(str::to_owned)
+                    .collect();
+                panic!(
+                    "not converged 120 s after the last kill (seed {seed}): {why}\n{}",
+                    events.join("\n")
+                )
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
+        }
+    };
     println!(
-        "storm: converged {:?} after the last kill",
+        "storm: converged {:?} after the last kill; no orphans ({summary})",
         converge.elapsed()
     );
-    if let Err(why) = storm_converged(&agent, &want, &desired, containers_of) {
-        panic!("{why}");
+    // What the restarts found: interrupted creates rolled back, torn state removed.
+    let mut totals: BTreeMap<String, u64> = BTreeMap::new();
+    for line in agent
+        .log()
+        .lines()
+        .filter(|l| l.contains("containers re-adopted"))
+    {
+        for field in strip_ansi(line).split_whitespace() {
+            if let Some((key, value)) = field.split_once('=') {
+                if let Ok(n) = value.parse::<u64>() {
+                    *totals.entry(key.to_owned()).or_default() += n;
+                }
+            }
+        }
     }
-    assert_no_orphans(&agent, &want);
+    totals.remove("took_ms");
+    println!("storm: over all restarts {totals:?}");
 }
 
 /// Ok when exactly the desired pods run, each container exactly once.
@@ -368,8 +416,8 @@ fn storm_converged(
 }
 
 /// Nothing is left of pods that are gone: no pod cgroup, mount, sandbox or container
-/// directory, libcontainer state or exit record.
-fn assert_no_orphans(agent: &Agent, want: &BTreeSet<String>) {
+/// directory, libcontainer state or exit record. Returns a summary.
+fn no_orphans(agent: &Agent, want: &BTreeSet<String>) -> Result<String, String> {
     let pods = pods_by_name(agent);
     let uids: BTreeSet<String> = want
         .iter()
@@ -390,61 +438,77 @@ fn assert_no_orphans(agent: &Agent, want: &BTreeSet<String>) {
         let json: serde_json::Value = serde_json::from_str(&text).ok()?;
         json.pointer(pointer)?.as_str().map(str::to_owned)
     };
+    let check = |ok: bool, what: String| if ok { Ok(()) } else { Err(what) };
     let containers = read_names(&root.join("containers"));
     for id in &containers {
         let uid = record_uid(&root.join("containers").join(id), "/pod_uid");
-        assert!(
+        check(
             uid.as_ref().is_some_and(|u| uids.contains(u)),
-            "container directory {id} belongs to {uid:?}, not a desired pod"
-        );
+            format!("container directory {id} belongs to {uid:?}, not a desired pod"),
+        )?;
     }
     let sandboxes = read_names(&root.join("sandboxes"));
+    let mut sandboxes_of: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for id in &sandboxes {
-        let uid = record_uid(&root.join("sandboxes").join(id), "/config/pod_uid");
-        assert!(
+        let dir = root.join("sandboxes").join(id);
+        let uid = record_uid(&dir, "/config/pod_uid");
+        check(
             uid.as_ref().is_some_and(|u| uids.contains(u)),
-            "sandbox directory {id} belongs to {uid:?}, not a desired pod"
-        );
+            format!("sandbox directory {id} belongs to {uid:?}, not a desired pod"),
+        )?;
+        let state = record_uid(&dir, "/state").unwrap_or_default();
+        sandboxes_of
+            .entry(uid.unwrap_or_default())
+            .or_default()
+            .push(format!("{id} ({state})"));
+    }
+    // A pod deleted and added again (same static UID) keeps its stopped sandbox, as with
+    // kubelet, until garbage collection; two ready sandboxes would be a duplicate.
+    if let Some((uid, ids)) = sandboxes_of
+        .iter()
+        .find(|(_, ids)| ids.iter().filter(|s| s.ends_with("(ready)")).count() != 1)
+    {
+        return Err(format!("pod {uid} has sandboxes {ids:?}"));
     }
     for id in read_names(&root.join("libcontainer")) {
-        assert!(
+        check(
             containers.contains(&id),
-            "libcontainer state {id} has no container"
-        );
+            format!("libcontainer state {id} has no container"),
+        )?;
     }
     for file in read_names(&root.join("exits")) {
         let id = file.trim_end_matches(".json");
-        assert!(
+        check(
             containers.contains(id),
-            "exit record {file} has no container"
-        );
+            format!("exit record {file} has no container"),
+        )?;
     }
-    for mount in agent.mounts_under_root() {
+    let mounts = agent.mounts_under_root();
+    for mount in &mounts {
         let owned = containers
             .iter()
             .chain(sandboxes.iter())
             .any(|id| mount.contains(&format!("/{id}/")));
-        assert!(owned, "mount {mount} belongs to no desired pod");
+        check(owned, format!("mount {mount} belongs to no desired pod"))?;
     }
-    for cgroup in agent.pod_cgroups() {
+    let cgroups = agent.pod_cgroups();
+    for cgroup in &cgroups {
         let name = cgroup
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let uid = name.trim_start_matches("pod");
-        assert!(
-            uids.contains(uid),
-            "pod cgroup {} belongs to no desired pod",
-            cgroup.display()
-        );
+        check(
+            uids.contains(name.trim_start_matches("pod")),
+            format!("pod cgroup {} belongs to no desired pod", cgroup.display()),
+        )?;
     }
-    println!(
-        "storm: no orphans ({} containers, {} sandboxes, {} mounts, {} pod cgroups)",
+    Ok(format!(
+        "{} containers, {} sandboxes, {} mounts, {} pod cgroup directories",
         containers.len(),
         sandboxes.len(),
-        agent.mounts_under_root().len(),
-        agent.pod_cgroups().len()
-    );
+        mounts.len(),
+        cgroups.len()
+    ))
 }
 
 /// The text without terminal colour sequences (the agent's log is coloured).
@@ -569,4 +633,142 @@ fn sighup_upgrades_the_agent_to_the_binary_on_disk_without_restarting_a_containe
     for i in 0..PODS {
         assert_counter_log(&agent.log_lines(&after[&name(i)], "counter"), &name(i));
     }
+}
+
+#[test]
+fn torn_state_of_every_kind_is_removed_when_the_agent_starts_again() {
+    if !support::is_root() {
+        return;
+    }
+    let _serial = serial();
+    let mut agent = Agent::start();
+    let root = agent.root.path().to_owned();
+    let fake = "0123456789abcdef0123456789abcdef";
+    let pod_uid = "feedfacefeedfacefeedfacefeedface";
+    // A create interrupted before its first record: a container directory with a rootfs
+    // directory, libcontainer state without state.json, an exit record nobody owns.
+    std::fs::create_dir_all(root.join("containers").join(fake).join("rootfs/etc"))
+        .expect("container dir");
+    std::fs::create_dir_all(root.join("libcontainer").join(fake)).expect("libcontainer dir");
+    std::fs::write(root.join("exits").join(format!("{fake}.json")), "{}").expect("exit");
+    // A sandbox interrupted after pinning its network namespace, before its record.
+    let ns = root.join("sandboxes").join(fake).join("ns");
+    std::fs::create_dir_all(&ns).expect("sandbox dir");
+    std::fs::write(ns.join("net"), "").expect("ns file");
+    nix::mount::mount(
+        Some("/proc/self/ns/net"),
+        &ns.join("net"),
+        None::<&str>,
+        nix::mount::MsFlags::MS_BIND,
+        None::<&str>,
+    )
+    .expect("pin a network namespace");
+    // A pod deleted while the agent was down, after its cgroup and directory were made.
+    let pod_dir = root
+        .join("pods")
+        .join(pod_uid)
+        .join("volumes/kubernetes.io~empty-dir/scratch");
+    std::fs::create_dir_all(&pod_dir).expect("pod dir");
+    let mut cgroups = Vec::new();
+    for controller in ["memory", "pids", "unified"] {
+        // Only where the agent made its tree: /sys/fs/cgroup itself is a tmpfs.
+        let qos = Path::new("/sys/fs/cgroup")
+            .join(controller)
+            .join(agent.cgroup_root.trim_start_matches('/'))
+            .join("kubepods/besteffort");
+        let dir = qos.join(format!("pod{pod_uid}"));
+        if qos.is_dir() && std::fs::create_dir(&dir).is_ok() {
+            cgroups.push(dir);
+        }
+    }
+    assert!(!cgroups.is_empty(), "made a pod cgroup");
+
+    agent.restart();
+    let leftovers = |a: &Agent| {
+        let mut left: Vec<String> = [
+            root.join("containers").join(fake),
+            root.join("libcontainer").join(fake),
+            root.join("exits").join(format!("{fake}.json")),
+            root.join("sandboxes").join(fake),
+            root.join("pods").join(pod_uid),
+        ]
+        .iter()
+        .chain(cgroups.iter())
+        .filter(|p| p.exists())
+        .map(|p| p.display().to_string())
+        .collect();
+        left.extend(a.mounts_under_root());
+        left
+    };
+    let start = Instant::now();
+    while !leftovers(&agent).is_empty() && start.elapsed() < Duration::from_secs(15) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(leftovers(&agent), Vec::<String>::new(), "torn state left");
+    println!("torn state removed {:?} after the restart", start.elapsed());
+}
+
+#[test]
+fn output_beyond_the_pipe_buffer_blocks_the_container_until_the_agent_is_back_and_none_is_lost() {
+    if !support::is_root() {
+        return;
+    }
+    let _serial = serial();
+    // The agent stays down 2 s: long enough to fill the 1 MiB pipe.
+    let agent = Agent::start_with(AgentOptions {
+        extra_args: vec!["--agent-restart-backoff=2s".into()],
+        ..AgentOptions::default()
+    });
+    const LINES: usize = 200_000; // ~1.3 MB of output
+    agent.write_manifest(
+        "flood.yaml",
+        &format!(
+            r#"apiVersion: v1
+kind: Pod
+metadata: {{name: flood}}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: counter
+    image: busybox
+    command: [sh, -c, "mkfifo /tick; exec 3<>/tick; trap 'seq 1 {LINES}; echo end' USR1; while :; do read -t 0.05 -u 3 x; done"]
+"#
+        ),
+    );
+    let pod = agent.wait_pod("flood", "running", Duration::from_secs(30), |p| {
+        is_running(p, "counter")
+    });
+    let id = container_id(&pod, "counter").expect("container id");
+    let init = init_pids(&agent)[&id];
+    agent.kill_agent();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(init),
+        nix::sys::signal::Signal::SIGUSR1,
+    )
+    .expect("start the flood");
+    std::thread::sleep(Duration::from_secs(1));
+    // Nobody reads: `seq` filled the pipe and waits in pipe_write.
+    let procs = agent.container_processes().remove(&id).unwrap_or_default();
+    let blocked: Vec<String> = procs
+        .iter()
+        .filter(|(pid, _)| *pid != init)
+        .map(|(pid, _)| std::fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_default())
+        .collect();
+    assert!(
+        blocked.iter().any(|w| w.contains("pipe")),
+        "the writer should block on the full pipe, waits in {blocked:?}"
+    );
+    agent.wait_until("the whole flood in the log", Duration::from_secs(60), |a| {
+        a.log_lines(&pod, "counter").last().map(String::as_str) == Some("end")
+    });
+    let lines = agent.log_lines(&pod, "counter");
+    assert_eq!(lines.len(), LINES + 1, "every line once");
+    for (i, line) in lines.iter().take(LINES).enumerate() {
+        assert_eq!(
+            line.parse::<usize>().ok(),
+            Some(i + 1),
+            "line {i}: {line:?}"
+        );
+    }
+    println!("flood: {LINES} lines written through a full pipe while the agent was down");
 }

@@ -176,7 +176,12 @@ impl Agent {
 
     /// SIGKILLs the agent process (not the supervisor); returns when the signal was sent.
     pub fn kill_agent(&self) -> Instant {
-        let version = self.version().expect("the agent answers /version");
+        let mut version = None;
+        self.wait_until("the agent answers /version", Duration::from_secs(20), |a| {
+            version = a.version();
+            version.is_some()
+        });
+        let version = version.expect("checked above");
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(version.pid),
             nix::sys::signal::Signal::SIGKILL,
@@ -341,7 +346,8 @@ impl Agent {
         out
     }
 
-    /// The stdout lines of a pod's container, from its CRI log (attempt 0).
+    /// The stdout lines of a pod's container, from its CRI log (attempt 0). A last record
+    /// without its newline is still being written and not counted.
     pub fn log_lines(&self, pod: &Pod, container: &str) -> Vec<String> {
         let name = pod.metadata.name.clone().unwrap_or_default();
         let uid = pod.metadata.uid.clone().unwrap_or_default();
@@ -349,8 +355,9 @@ impl Agent {
             .logs
             .join(format!("default_{name}_{uid}"))
             .join(format!("{container}/0.log"));
-        std::fs::read_to_string(path)
-            .unwrap_or_default()
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let complete = text.rfind('\n').map_or("", |end| &text[..end]);
+        complete
             .lines()
             .filter_map(|l| {
                 let (stream, partial, content) = ironlet_runtime::local::logs::parse_record(l)?;

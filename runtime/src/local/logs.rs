@@ -25,6 +25,10 @@
 //! An incomplete line waits in the pipe (not in memory) until its newline, the 16 KiB
 //! split, or the end of the stream, so a restart loses no partial line either.
 //!
+//! Readers: a record is complete once its newline is in the file; while the pump writes
+//! it, the last record may be seen without it (prefix first, then the bytes), so a reader
+//! following the file treats an unterminated last line as still being written.
+//!
 //! Cost: two system calls per record plus a `tee` and a `read` per wake-up; the file is
 //! opened without `O_APPEND` (splice refuses it) and written at the pump's own offset; the
 //! pump is the file's only writer.
