@@ -772,3 +772,123 @@ spec:
     }
     println!("flood: {LINES} lines written through a full pipe while the agent was down");
 }
+
+#[test]
+fn a_killed_supervisor_leaves_containers_running_and_the_next_one_re_adopts_them() {
+    if !support::is_root() {
+        return;
+    }
+    let _serial = serial();
+    let mut agent = Agent::start();
+    // Quiet containers (no output) keep running without a supervisor; one of them exits
+    // with code 3 on SIGUSR1. A talking container loses its log pipe's reader.
+    let quiet = |name: &str| {
+        format!(
+            r#"apiVersion: v1
+kind: Pod
+metadata: {{name: {name}}}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: c
+    image: busybox
+    command: [sh, -c, "mkfifo /tick; exec 3<>/tick; trap 'exit 3' USR1; while :; do read -t 1 -u 3 x; done"]
+"#
+        )
+    };
+    for name in ["quiet0", "quiet1", "quiet2"] {
+        agent.write_manifest(&format!("{name}.yaml"), &quiet(name));
+    }
+    // The talker writes from a child process: a pid namespace's init ignores SIGPIPE (it
+    // would only get EPIPE), any other process is killed by it.
+    agent.write_manifest(
+        "talker.yaml",
+        r#"apiVersion: v1
+kind: Pod
+metadata: {name: talker}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: counter
+    image: busybox
+    command: [sh, -c, "mkfifo /tick; exec 3<>/tick; (i=0; while :; do echo $i; i=$((i+1)); read -t 0.01 -u 3 x; done); exit 2"]
+"#,
+    );
+    agent.wait_until("4 pods running", Duration::from_secs(60), |a| {
+        let pods = pods_by_name(a);
+        ["quiet0", "quiet1", "quiet2"]
+            .iter()
+            .all(|n| pods.get(*n).is_some_and(|p| is_running(p, "c")))
+            && pods.get("talker").is_some_and(|p| is_running(p, "counter"))
+    });
+    let before = pods_by_name(&agent);
+    let inits = init_pids(&agent);
+    let old_supervisor = agent.supervisor_pid();
+
+    agent.restart_supervisor();
+    assert_ne!(agent.supervisor_pid(), old_supervisor);
+    // The quiet ones were re-adopted: same containers, same processes, no restart.
+    agent.wait_until(
+        "the quiet pods reported again",
+        Duration::from_secs(20),
+        |a| {
+            let pods = pods_by_name(a);
+            ["quiet0", "quiet1", "quiet2"]
+                .iter()
+                .all(|n| pods.get(*n).is_some_and(|p| is_running(p, "c")))
+        },
+    );
+    let after = pods_by_name(&agent);
+    let inits_after = init_pids(&agent);
+    for name in ["quiet0", "quiet1", "quiet2"] {
+        let id = container_id(&before[name], "c").expect("id");
+        assert_eq!(
+            container_id(&after[name], "c").as_deref(),
+            Some(id.as_str())
+        );
+        assert_eq!(restart_count(&after[name], "c"), 0, "{name}");
+        assert_eq!(inits_after.get(&id), inits.get(&id), "{name}: same process");
+    }
+    let adopted = strip_ansi(&agent.log())
+        .lines()
+        .rev()
+        .find(|l| l.contains("containers re-adopted"))
+        .map(str::to_owned)
+        .unwrap_or_default();
+    // Three or four: the talker may die of SIGPIPE before or after the adoption.
+    assert!(
+        adopted.contains("adopted=3") || adopted.contains("adopted=4"),
+        "{adopted}"
+    );
+
+    // Documented loss: the new supervisor is not the parent of adopted containers, so an
+    // exit code is unknowable and reported as 137 (Error).
+    let quiet0 = container_id(&before["quiet0"], "c").expect("id");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(inits[&quiet0]),
+        nix::sys::signal::Signal::SIGUSR1,
+    )
+    .expect("signal quiet0");
+    let pod = agent.wait_pod("quiet0", "restarted", Duration::from_secs(20), |p| {
+        restart_count(p, "c") == 1
+    });
+    let last = container_status(&pod, "c")
+        .and_then(|c| c.last_state.as_ref())
+        .and_then(|s| s.terminated.as_ref())
+        .cloned()
+        .expect("last state terminated");
+    assert_eq!(
+        (last.exit_code, last.reason.as_deref()),
+        (137, Some("Error"))
+    );
+    // The talker lost its log pipe's reader with the old agent: its next write got SIGPIPE.
+    let talker = agent.wait_pod("talker", "restarted", Duration::from_secs(20), |p| {
+        restart_count(p, "counter") >= 1 && is_running(p, "counter")
+    });
+    println!(
+        "supervisor killed: 3 quiet containers re-adopted; exit of an adopted one reported as {} ({:?}); the talking one restarted {} time(s)",
+        last.exit_code,
+        last.reason,
+        restart_count(&talker, "counter")
+    );
+}

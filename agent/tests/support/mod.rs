@@ -174,6 +174,25 @@ impl Agent {
         });
     }
 
+    /// SIGKILLs the supervisor (the agent follows it: parent-death signal), waits until the
+    /// agent is gone, and starts `ironlet run` again on the same data root.
+    pub fn restart_supervisor(&mut self) {
+        let agent = self.version().map(|v| v.pid);
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if let Some(pid) = agent {
+            let start = Instant::now();
+            while Path::new(&format!("/proc/{pid}")).exists()
+                && start.elapsed() < Duration::from_secs(10)
+            {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        self.spawn();
+    }
+
     /// SIGKILLs the agent process (not the supervisor); returns when the signal was sent.
     pub fn kill_agent(&self) -> Instant {
         let mut version = None;

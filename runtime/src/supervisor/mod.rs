@@ -122,13 +122,13 @@ pub fn run(config: SupervisorConfig) -> Result<std::convert::Infallible, Supervi
     })?;
     let lock = lock_root(&config.root_dir)?;
     crate::zygote::server::set_child_subreaper();
-    let supervisor = Supervisor::new(config)?;
+    let supervisor = Supervisor::new(config, lock)?;
     tracing::info!(pid = std::process::id(), "supervisor started");
-    // The lock lives as long as the process: leaked on purpose.
-    std::mem::forget(lock);
     crate::zygote::server::serve_supervised(supervisor, exit_dir)
 }
 
+/// Takes `<root>/supervisor.lock` (flock, exclusive). Workers close their inherited copy
+/// right after the fork, so no container holds it and it is released with the supervisor.
 fn lock_root(root: &std::path::Path) -> Result<std::fs::File, SupervisorError> {
     let path = root.join("supervisor.lock");
     let file = std::fs::OpenOptions::new()

@@ -42,6 +42,8 @@ pub(crate) struct Supervisor {
     agent_pidfd: Option<OwnedFd>,
     connection: Option<OwnedFd>,
     exit: bool,
+    /// The data root's lock, held for the supervisor's life (see `lock_root`).
+    _lock: std::fs::File,
 }
 
 /// The signals the supervisor takes through its signalfd.
@@ -56,7 +58,10 @@ fn handled_signals() -> SigSet {
 impl Supervisor {
     /// Blocks the handled signals (they arrive through the signalfd) and schedules the
     /// first agent start.
-    pub(crate) fn new(config: SupervisorConfig) -> Result<Self, SupervisorError> {
+    pub(crate) fn new(
+        config: SupervisorConfig,
+        lock: std::fs::File,
+    ) -> Result<Self, SupervisorError> {
         let mask = handled_signals();
         mask.thread_block()
             .map_err(|e| SupervisorError::Signals(e.into()))?;
@@ -73,6 +78,7 @@ impl Supervisor {
             agent_pidfd: None,
             connection: None,
             exit: false,
+            _lock: lock,
         })
     }
 

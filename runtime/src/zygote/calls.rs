@@ -83,8 +83,7 @@ impl Server {
             Ok(ForkResult::Child) => {
                 drop(result_r);
                 drop(kind);
-                self.sock = None;
-                self.logs.clear();
+                self.forget_in_child();
                 // The supervisor blocks its signals for its signalfd; the mask is inherited
                 // over fork and exec, and containers must get their signals.
                 sys::unblock_all_signals();

@@ -124,6 +124,15 @@ impl Server {
         }
     }
 
+    /// In a freshly forked worker: closes the worker's copies of what belongs to the
+    /// zygote (client socket, held log pipes, the supervisor's lock, signalfd and agent
+    /// pidfd), so that no container inherits them and a lock dies with the supervisor.
+    pub(super) fn forget_in_child(&mut self) {
+        self.sock = None;
+        self.logs.clear();
+        self.supervisor = None;
+    }
+
     pub(super) fn is_supervisor(&self) -> bool {
         self.supervisor.is_some()
     }
