@@ -8,6 +8,8 @@
 
 #![allow(dead_code)]
 
+pub mod crash;
+
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
