@@ -402,10 +402,8 @@ impl Agent {
     /// Pod cgroup directories (`pod<uid>`) under this agent's tree, in any v1 controller.
     pub fn pod_cgroups(&self) -> Vec<PathBuf> {
         let mut found = Vec::new();
-        for controller in ["memory", "cpu,cpuacct", "pids", "unified", ""] {
-            let base = Path::new("/sys/fs/cgroup")
-                .join(controller)
-                .join(self.cgroup_root.trim_start_matches('/'));
+        for controller in cgroup_controllers() {
+            let base = controller.join(self.cgroup_root.trim_start_matches('/'));
             walk_pod_dirs(&base, &mut found);
         }
         found
@@ -464,29 +462,29 @@ impl Drop for Agent {
             let _ = nix::mount::umount2(m.as_str(), nix::mount::MntFlags::MNT_DETACH);
         }
         // The node tree itself (kubepods, burstable, besteffort) in every controller.
-        for controller in [
-            "memory",
-            "cpu,cpuacct",
-            "pids",
-            "cpuset",
-            "blkio",
-            "devices",
-            "freezer",
-            "hugetlb",
-            "net_cls,net_prio",
-            "perf_event",
-            "misc",
-            "rdma",
-            "systemd",
-            "unified",
-            "",
-        ] {
-            let base = Path::new("/sys/fs/cgroup")
-                .join(controller)
-                .join(self.cgroup_root.trim_start_matches('/'));
-            remove_cgroup_tree(&base);
+        for base in cgroup_controllers() {
+            remove_cgroup_tree(&base.join(self.cgroup_root.trim_start_matches('/')));
         }
     }
+}
+
+/// The directories under /sys/fs/cgroup that are cgroup mounts (v1 controllers, `unified`,
+/// or the v2 root itself), whatever this host co-mounts.
+fn cgroup_controllers() -> Vec<PathBuf> {
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut out: Vec<PathBuf> = mounts
+        .lines()
+        .filter_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            let fstype = right.split_whitespace().next()?;
+            let point = left.split_whitespace().nth(4)?;
+            (matches!(fstype, "cgroup" | "cgroup2") && point.starts_with("/sys/fs/cgroup"))
+                .then(|| PathBuf::from(point))
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
 }
 
 fn remove_cgroup_tree(dir: &Path) {
