@@ -54,6 +54,10 @@ pub struct RunArgs {
     /// Parent cgroup of the pods' tree (`<cgroup-root>/kubepods`).
     #[arg(long = "cgroup-root", default_value = "/")]
     pub cgroup_root: String,
+    /// Cap of the crash-loop back-off (KubeletConfiguration
+    /// crashLoopBackOff.maxContainerRestartPeriod); at least 1s.
+    #[arg(long = "max-container-restart-period", value_parser = parse_duration, default_value = "300s")]
+    pub max_container_restart_period: Duration,
     /// Use the RuntimeDefault seccomp profile for containers that name none.
     #[arg(long = "seccomp-default")]
     pub seccomp_default: bool,
@@ -148,6 +152,10 @@ pub fn run(root_flag: Option<PathBuf>, args: RunArgs) -> anyhow::Result<ExitCode
     config.reserved_memory_bytes = reserved.iter().flatten().map(|r| r.memory_bytes).sum();
     config.cgroup_root = format!("{}/kubepods", args.cgroup_root.trim_end_matches('/'));
     config.seccomp_default = args.seccomp_default;
+    if args.max_container_restart_period < Duration::from_secs(1) {
+        bail!("--max-container-restart-period must be at least 1s");
+    }
+    config.max_container_restart_period = args.max_container_restart_period;
 
     // The zygote must exist before any thread: tokio starts below.
     let zygote = ironlet_runtime::zygote::spawn().context("starting the zygote")?;

@@ -44,6 +44,9 @@ use events::{EventRecorder, TracingRecorder};
 use status_store::StatusStore;
 use syncer::{NodeResources, NodeSyncer};
 
+/// kubelet's first crash-loop back-off.
+const INITIAL_RESTART_BACKOFF: Duration = Duration::from_secs(10);
+
 /// Why the agent could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -135,7 +138,10 @@ impl Kubelet {
             cgroups,
             objects,
             probes,
-            backoff: Mutex::new(crate::sync::backoff::Backoff::default()),
+            backoff: Mutex::new(crate::sync::backoff::Backoff::new(
+                INITIAL_RESTART_BACKOFF.min(config.max_container_restart_period),
+                config.max_container_restart_period,
+            )),
             statuses: statuses.clone(),
             metrics: metrics.clone(),
             events,
