@@ -138,8 +138,8 @@ fn no_container_ever_runs_twice_and_every_exit_is_observed_under_a_storm() {
     println!("race seed: {seed} (replay with IRONLET_RACE_SEED={seed})");
     let mut rng = Rng(seed);
 
-    let mut generation = vec![0usize; PODS];
-    let mut present = vec![true; PODS];
+    let mut generation = [0usize; PODS];
+    let mut present = [true; PODS];
     for i in 0..PODS {
         agent.write_manifest(&format!("storm-{i}.yaml"), &manifest(i, 0, &marks));
     }
