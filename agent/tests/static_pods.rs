@@ -499,3 +499,45 @@ fn a_pod_whose_container_fails_under_restart_policy_never_ends_failed() {
     assert_eq!(bad.reason.as_deref(), Some("Error"));
     assert_eq!(restart_count(&pod, "bad"), 0);
 }
+
+#[test]
+fn termination_messages_come_from_the_file_or_the_log_tail_on_error() {
+    if !support::is_root() {
+        return;
+    }
+    let agent = Agent::start();
+    agent.write_manifest(
+        "msg.yaml",
+        r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: msg}
+spec:
+  restartPolicy: Never
+  containers:
+  - name: file
+    image: busybox
+    command: [sh, -c, "echo -n 'disk full' > /dev/termination-log; exit 2"]
+  - name: custom
+    image: busybox
+    terminationMessagePath: /tmp/why
+    command: [sh, -c, "echo -n custom-path > /tmp/why; exit 0"]
+  - name: fallback
+    image: busybox
+    terminationMessagePolicy: FallbackToLogsOnError
+    command: [sh, -c, "echo first; echo last words; exit 1"]
+"#,
+    );
+    let pod = agent.wait_pod("msg", "Failed", Duration::from_secs(30), |p| {
+        phase(p) == "Failed"
+    });
+    let message = |name: &str| {
+        container_status(&pod, name)
+            .and_then(|c| c.state.as_ref())
+            .and_then(|s| s.terminated.as_ref())
+            .and_then(|t| t.message.clone())
+    };
+    assert_eq!(message("file").as_deref(), Some("disk full"));
+    assert_eq!(message("custom").as_deref(), Some("custom-path"));
+    assert_eq!(message("fallback").as_deref(), Some("first\nlast words"));
+}
