@@ -6,6 +6,7 @@
 pub mod error;
 pub mod image;
 pub mod local;
+pub mod network;
 pub mod spec;
 pub mod traits;
 pub mod types;

@@ -47,6 +47,8 @@ pub struct LocalRuntimeConfig {
     pub rootless: bool,
     /// Cgroup parent for containers whose sandbox names none; `None`: no cgroup at all.
     pub default_cgroup_parent: Option<String>,
+    /// CNI pod networking; `None` (and always when rootless): pods get loopback only.
+    pub cni: Option<crate::network::CniConfig>,
 }
 
 impl LocalRuntimeConfig {
@@ -108,6 +110,8 @@ pub(crate) struct Inner {
     state: Mutex<State>,
     events: broadcast::Sender<RuntimeEvent>,
     cgroups: Option<ironlet_cgroups::Hierarchy>,
+    /// CNI networking for sandboxes with their own network namespace.
+    network: Option<crate::network::Network>,
 }
 
 /// The in-process runtime. Cheap to clone.
@@ -150,6 +154,14 @@ impl LocalRuntime {
             ..State::default()
         };
         let (events, _) = broadcast::channel(4096);
+        let network = match (&config.cni, config.rootless) {
+            (Some(cni), false) => Some(crate::network::Network::new(cni.clone(), &config.root_dir)),
+            (Some(_), true) => {
+                tracing::info!("rootless: no CNI networking, pods get loopback only");
+                None
+            }
+            (None, _) => None,
+        };
         let inner = Arc::new_cyclic(|this| Inner {
             this: this.clone(),
             config,
@@ -158,6 +170,7 @@ impl LocalRuntime {
             state: Mutex::new(state),
             events,
             cgroups,
+            network,
         });
         inner.load_containers();
         tokio::spawn(event_loop(Arc::downgrade(&inner), event_rx));
