@@ -165,6 +165,7 @@ fn setup(zygote: ironlet_runtime::zygote::ZygoteHandle) -> Result<Env> {
             root_dir: root.clone(),
             rootless: false,
             default_cgroup_parent: Some(format!("/{}", cgroup_parent_name())),
+            cni: None,
         };
         anyhow::Ok(LocalRuntime::new(config, zygote, store).await?)
     })?;

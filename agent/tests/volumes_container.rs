@@ -162,6 +162,7 @@ async fn run(zygote: ironlet_runtime::zygote::ZygoteHandle, root: &Path) -> Resu
             root_dir: root.join("runtime"),
             rootless: false,
             default_cgroup_parent: Some(format!("/{}", cgroup_parent())),
+            cni: None,
         },
         zygote,
         store,

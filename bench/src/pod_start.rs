@@ -84,6 +84,7 @@ async fn in_process(
             root_dir: root.path().to_owned(),
             rootless: false,
             default_cgroup_parent: None,
+            cni: None,
         },
         zygote,
         store,
