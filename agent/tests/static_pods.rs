@@ -38,6 +38,20 @@ spec:
     emptyDir: {}
 "#;
 
+/// A plain HTTP/1.0 GET; the body, or the error as text.
+fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let attempt = || -> std::io::Result<String> {
+        let mut stream = std::net::TcpStream::connect(addr)?;
+        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+        write!(stream, "GET {path} HTTP/1.0\r\n\r\n")?;
+        let mut out = String::new();
+        stream.read_to_string(&mut out)?;
+        Ok(out)
+    };
+    attempt().unwrap_or_else(|e| format!("error: {e}"))
+}
+
 fn running_and_ready(pod: &k8s_openapi::api::core::v1::Pod) -> bool {
     phase(pod) == "Running" && condition(pod, "Ready").as_deref() == Some("True")
 }
@@ -115,6 +129,11 @@ fn a_pod_with_an_init_container_and_two_containers_comes_up_running() {
     assert_eq!(status.qos_class.as_deref(), Some("BestEffort"));
     assert!(status.start_time.is_some());
     assert!(status.host_ip.is_some());
+    // The pod has an address on its CNI bridge, and the host reaches the server there.
+    let ip = status.pod_ip.clone().expect("podIP from CNI");
+    assert!(ip.starts_with("10.87."), "podIP {ip}");
+    let body = http_get(&format!("{ip}:8080"), "/index.html");
+    assert!(body.contains("init-done"), "GET / on the pod IP: {body:?}");
 
     // The sidecar's output is in its CRI log with $(POD_NAME) expanded.
     let uid = pod.metadata.uid.clone().expect("uid");
