@@ -53,8 +53,9 @@ impl FileSourceConfig {
             node_name: node_name.into(),
             // kubelet: fileCheckFrequency defaults to 20s.
             resync_period: Duration::from_secs(20),
-            // Long enough to coalesce a write + rename, short enough to feel immediate.
-            debounce: Duration::from_millis(100),
+            // Long enough to coalesce an editor's write + rename (microseconds to a few
+            // milliseconds apart), short enough not to show in pod start latency.
+            debounce: Duration::from_millis(10),
         }
     }
 
