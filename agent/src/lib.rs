@@ -5,5 +5,6 @@
 
 pub mod admission;
 pub mod config;
+pub mod node;
 pub mod pod_manager;
 pub mod qos;
