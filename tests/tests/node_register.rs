@@ -358,15 +358,17 @@ fn lease_renew_time_advances(plane: &ControlPlane) -> Result<()> {
             lease_renew_time(&leases, &name)
         })
         .await?;
-        let later = eventually("a later renewTime", Duration::from_secs(5), || async {
+        let later = eventually("a later renewTime", Duration::from_secs(10), || async {
             Ok(lease_renew_time(&leases, &name)
                 .await?
                 .filter(|t| *t > first))
         })
         .await?;
         let interval = Duration::from_micros(u64::try_from(later - first)?);
+        // About the 1 s interval (plus request latency on a busy machine), far below the
+        // 10 s default.
         ensure!(
-            interval >= Duration::from_millis(800) && interval <= Duration::from_millis(3000),
+            interval >= Duration::from_millis(800) && interval <= Duration::from_secs(5),
             "renewTime moved by {interval:?}, expected about 1 s"
         );
 
@@ -406,15 +408,19 @@ fn unhealthy_agent_pauses_lease(plane: &ControlPlane) -> Result<()> {
         .await?;
 
         health.send(false)?;
-        // A renewal already in flight may still land; after that nothing may.
-        tokio::time::sleep(Duration::from_millis(700)).await;
-        let paused = lease_renew_time(&leases, &name).await?;
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        let still = lease_renew_time(&leases, &name).await?;
-        ensure!(
-            paused == still,
-            "renewTime moved while unhealthy: {paused:?} -> {still:?}"
-        );
+        // A renewal already in flight may still land; after that renewTime must stay put for
+        // three renew intervals (while healthy it moves every 500 ms).
+        let paused = eventually(
+            "renewals to stop while unhealthy",
+            Duration::from_secs(10),
+            || async {
+                let before = lease_renew_time(&leases, &name).await?;
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+                let after = lease_renew_time(&leases, &name).await?;
+                Ok((before == after).then_some(after))
+            },
+        )
+        .await?;
 
         health.send(true)?;
         eventually(

@@ -111,11 +111,13 @@ impl NodeController {
                     }
                 }
                 () = sleep_until(next_status) => {
-                    next_status += config.node_status_update_frequency;
                     tokio::select! {
                         () = &mut shutdown => break,
                         () = self.report_status(&mut reporter) => {}
                     }
+                    // The period counts from the end of the update (kubelet's sliding
+                    // `wait.Until`), so a slow apiserver does not cause a burst.
+                    next_status = Instant::now() + config.node_status_update_frequency;
                 }
                 changed = self.health.changed(), if health_open => {
                     // A dropped sender leaves the last value in place.

@@ -61,7 +61,10 @@ pub struct MachineConfig {
     pub eviction_hard_memory_bytes: u64,
     /// kubelet `evictionHard` `nodefs.available`: 10 (percent).
     pub eviction_hard_nodefs_percent: u64,
-    /// `nodeInfo.kubeletVersion`: `ironlet/<version>` (kubelet writes its `v1.X.Y`).
+    /// `nodeInfo.kubeletVersion`: `ironlet/<version>` (kubelet writes its `v1.X.Y`). The
+    /// apiserver does not validate it and no control-plane component of v1.37 parses it
+    /// (only `kubectl get nodes` shows it, and kubeadm upgrade reads it), so it need not
+    /// look like a Kubernetes version.
     pub kubelet_version: String,
     /// `nodeInfo.containerRuntimeVersion`: `ironlet://<version>` (CRI's `<runtime>://<version>`).
     pub container_runtime_version: String,

@@ -24,6 +24,21 @@
 //!
 //! What the node offers comes from a [`NodeStatusProvider`]; [`MachineStatus`] reads this
 //! machine (cgroups capacity, `/proc`, `statvfs` of the data root, `/etc/os-release`).
+//!
+//! ```no_run
+//! # async fn example(client: kube::Client) -> Result<(), Box<dyn std::error::Error>> {
+//! use ironlet::node::{MachineConfig, MachineStatus, NodeConfig, NodeController};
+//!
+//! let machine = MachineStatus::new(MachineConfig::default())?;
+//! let controller = NodeController::new(client, NodeConfig::default(), machine);
+//! let registered = controller.registered(); // turns true once the Node exists
+//! controller.run(async { let _ = tokio::signal::ctrl_c().await; }).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! Current behaviour: a Node deleted while the agent runs is not registered again (status
+//! patches fail with NotFound until restart, as with kubelet); a failed status patch leaves
+//! the transition times it stamped in place for the next attempt.
 
 mod backoff;
 mod conditions;
