@@ -135,6 +135,25 @@ fn a_pod_with_an_init_container_and_two_containers_comes_up_running() {
     let body = http_get(&format!("{ip}:8080"), "/index.html");
     assert!(body.contains("init-done"), "GET / on the pod IP: {body:?}");
 
+    // `ironlet pods` shows it as kubectl would.
+    let table = std::process::Command::new(env!("CARGO_BIN_EXE_ironlet"))
+        .arg("--root-dir")
+        .arg(agent.root.path())
+        .arg("pods")
+        .output()
+        .expect("ironlet pods runs");
+    let table = String::from_utf8_lossy(&table.stdout).into_owned();
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("web-e2e-node "))
+        .unwrap_or_else(|| panic!("no row for the pod in:\n{table}"));
+    let columns: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(
+        columns.get(1..4),
+        Some(&["2/2", "Running", "0"][..]),
+        "{table}"
+    );
+
     // The sidecar's output is in its CRI log with $(POD_NAME) expanded.
     let uid = pod.metadata.uid.clone().expect("uid");
     let log = agent
