@@ -54,9 +54,10 @@ impl FileSourceConfig {
             node_name: node_name.into(),
             // kubelet: fileCheckFrequency defaults to 20s.
             resync_period: Duration::from_secs(20),
-            // Long enough to coalesce an editor's write + rename (microseconds to a few
-            // milliseconds apart), short enough not to show in pod start latency.
-            debounce: Duration::from_millis(10),
+            // Coalesces an editor's write + rename (microseconds apart) without showing in
+            // pod start latency; a half-written file read early only reports an error and
+            // keeps the file's previous pods until the next event re-reads it.
+            debounce: Duration::from_millis(2),
         }
     }
 
