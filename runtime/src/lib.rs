@@ -8,6 +8,8 @@ pub mod image;
 pub mod local;
 pub mod network;
 pub mod spec;
+#[doc(hidden)]
+pub mod testkit;
 pub mod traits;
 pub mod types;
 pub mod zygote;

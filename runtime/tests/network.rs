@@ -38,22 +38,7 @@ struct Env {
 
 const DEBIAN_CNI: &str = "/usr/lib/cni";
 
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn busybox_layout() -> Result<PathBuf> {
-    let out = repo_root().join("images/out");
-    let layout = out.join("busybox");
-    if !layout.join("index.json").exists() {
-        let status = std::process::Command::new(repo_root().join("images/build"))
-            .arg(&out)
-            .status()
-            .context("running images/build")?;
-        ensure!(status.success(), "images/build failed");
-    }
-    Ok(layout)
-}
+use ironlet_runtime::testkit::busybox_layout;
 
 fn main() {
     let args = Arguments::from_args();

@@ -17,21 +17,9 @@ pub fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
 }
 
-pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
 /// The test images, built once.
 pub fn images_out() -> PathBuf {
-    let out = repo_root().join("images/out");
-    if !out.join("busybox/index.json").exists() {
-        let status = Command::new(repo_root().join("images/build"))
-            .arg(&out)
-            .status()
-            .expect("images/build runs");
-        assert!(status.success(), "images/build failed");
-    }
-    out
+    ironlet_runtime::testkit::test_images().expect("images/build produces the test images")
 }
 
 /// A running agent.
