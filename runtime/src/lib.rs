@@ -8,6 +8,7 @@ pub mod image;
 pub mod local;
 pub mod network;
 pub mod spec;
+pub mod supervisor;
 #[doc(hidden)]
 pub mod testkit;
 pub mod traits;

@@ -2,7 +2,12 @@
 //! (`--pod-manifest-path`, `--node-name`/`--hostname-override`, `--root-dir`,
 //! `--sync-frequency`, `--max-pods`, `--system-reserved`, …).
 //!
-//! Start-up order matters: the zygote is forked before tokio starts any thread.
+//! Process structure (see `ironlet_runtime::supervisor` and docs/CRASH_SAFETY.md):
+//! `ironlet run` starts as the supervisor — single-threaded, no tokio, the zygote loop and
+//! child subreaper — which forks and execs the same binary with the same arguments as the
+//! agent, passing its end of a socket pair in `IRONLET_SUPERVISOR_FD`. The agent process
+//! takes that connection first thing, before tokio starts any thread, and re-adopts the
+//! containers the supervisor kept while it was down.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -80,6 +85,13 @@ pub struct RunArgs {
     /// Use the RuntimeDefault seccomp profile for containers that name none.
     #[arg(long = "seccomp-default")]
     pub seccomp_default: bool,
+    /// Delay before the supervisor restarts a crashed agent; it doubles with every crash up
+    /// to --agent-restart-backoff-max and is reset once an agent has run for 60 s.
+    #[arg(long = "agent-restart-backoff", value_parser = parse_duration, default_value = "100ms")]
+    pub agent_restart_backoff: Duration,
+    /// Longest delay before the supervisor restarts a crashed agent.
+    #[arg(long = "agent-restart-backoff-max", value_parser = parse_duration, default_value = "10s")]
+    pub agent_restart_backoff_max: Duration,
 }
 
 /// CPU and memory set aside from allocatable.
@@ -144,6 +156,34 @@ pub fn run(root_flag: Option<PathBuf>, args: RunArgs) -> anyhow::Result<ExitCode
     if args.pod_manifest_path.is_none() && args.manifest_url.is_none() {
         bail!("no pod source: give --pod-manifest-path DIR (or --manifest-url URL)");
     }
+    // Before any thread: either we are the agent a supervisor started, or we become the
+    // supervisor (which starts us again as the agent).
+    match ironlet_runtime::supervisor::agent_connection().context("connecting to the supervisor")? {
+        Some(zygote) => run_agent(root_dir, rootless, args, zygote),
+        None => supervise(root_dir, &args),
+    }
+}
+
+/// Becomes the supervisor; returns only if that failed.
+fn supervise(root_dir: PathBuf, args: &RunArgs) -> anyhow::Result<ExitCode> {
+    std::fs::create_dir_all(&root_dir)
+        .with_context(|| format!("creating the data root {}", root_dir.display()))?;
+    let mut config = ironlet_runtime::supervisor::SupervisorConfig::for_current_process(root_dir)
+        .context("finding the ironlet binary")?;
+    config.backoff.initial = args.agent_restart_backoff;
+    config.backoff.max = args
+        .agent_restart_backoff_max
+        .max(args.agent_restart_backoff);
+    match ironlet_runtime::supervisor::run(config).context("starting the supervisor")? {}
+}
+
+/// The agent proper, connected to its supervisor.
+fn run_agent(
+    root_dir: PathBuf,
+    rootless: bool,
+    args: RunArgs,
+    zygote: ironlet_runtime::zygote::ZygoteHandle,
+) -> anyhow::Result<ExitCode> {
     let node_name = match args.node_name.clone() {
         Some(n) => n,
         None => nix::unistd::gethostname()
@@ -176,8 +216,6 @@ pub fn run(root_flag: Option<PathBuf>, args: RunArgs) -> anyhow::Result<ExitCode
     }
     config.max_container_restart_period = args.max_container_restart_period;
 
-    // The zygote must exist before any thread: tokio starts below.
-    let zygote = ironlet_runtime::zygote::spawn().context("starting the zygote")?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -203,6 +241,9 @@ pub fn run(root_flag: Option<PathBuf>, args: RunArgs) -> anyhow::Result<ExitCode
         let runtime = LocalRuntime::new(runtime_config, zygote, store.clone())
             .await
             .with_context(|| format!("opening the runtime at {}", root_dir.display()))?;
+        if let Some(recovery) = runtime.recovery() {
+            tracing::info!(?recovery, "agent started under the supervisor");
+        }
         let images = Arc::new(LocalImageService::new(store));
         let socket = config.socket_path();
         let kubelet = Kubelet::start(config, Arc::new(runtime), images)

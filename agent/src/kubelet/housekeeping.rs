@@ -7,6 +7,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use ironlet_cgroups::QosClass;
 use ironlet_runtime::types::{ContainerFilter, ContainerState, PodSandboxStatus, SandboxState};
 use k8s_openapi::api::core::v1::{Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -49,6 +50,15 @@ impl Kubelet {
                 .or_default()
                 .push(sandbox);
         }
+        let with_sandbox: HashSet<String> = by_uid.keys().cloned().collect();
+        self.remove_orphaned_pod_resources(|uid| {
+            desired.contains(uid)
+                || with_sandbox.contains(uid)
+                || states
+                    .get(uid)
+                    .is_some_and(|s| *s != PodLifecycle::Finished)
+        })
+        .await;
         for (uid, sandboxes) in by_uid {
             if desired.contains(&uid) {
                 continue;
@@ -99,6 +109,59 @@ impl Kubelet {
         self.statuses.remove(uid);
         self.remove_pod_dir(uid);
         tracing::info!(pod_uid = %uid, "pod removed");
+    }
+
+    /// kubelet's `cleanupOrphanedPodCgroups` and `cleanupOrphanedPodDirs`: a pod nobody
+    /// wants, without sandbox or active worker, may still have a cgroup or a directory (the
+    /// agent was killed between creating them and the sandbox, and the pod was deleted
+    /// meanwhile). `keep` says which UIDs to leave alone.
+    async fn remove_orphaned_pod_resources(&self, keep: impl Fn(&str) -> bool) {
+        let pod_dirs = std::fs::read_dir(self.config.pods_dir())
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned());
+        for uid in pod_dirs.filter(|uid| !keep(uid)).collect::<Vec<_>>() {
+            match self.syncer.volumes.teardown_pod_volumes(&uid).await {
+                Ok(()) => {
+                    tracing::info!(pod_uid = %uid, "removing the directory of an orphaned pod");
+                    self.remove_pod_dir(&uid);
+                }
+                Err(err) => {
+                    tracing::warn!(pod_uid = %uid, %err, "tearing down an orphaned pod's volumes failed")
+                }
+            }
+        }
+        let Some(cgroups) = &self.syncer.cgroups else {
+            return;
+        };
+        for qos in [
+            QosClass::Guaranteed,
+            QosClass::Burstable,
+            QosClass::BestEffort,
+        ] {
+            // Every controller: a torn create may have reached only some of them.
+            let uids: HashSet<String> = cgroups
+                .hierarchy()
+                .dirs(&cgroups.qos_path(qos))
+                .into_iter()
+                .flat_map(|dir| std::fs::read_dir(dir).into_iter().flatten().flatten())
+                .filter_map(|e| {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    name.strip_prefix("pod").map(str::to_owned)
+                })
+                .filter(|uid| !keep(uid))
+                .collect();
+            for uid in uids {
+                let Ok(path) = cgroups.pod_path(qos, &uid) else {
+                    continue;
+                };
+                tracing::info!(pod_uid = %uid, cgroup = %path, "removing the cgroup of an orphaned pod");
+                if let Err(err) = cgroups.remove(&path) {
+                    tracing::warn!(pod_uid = %uid, %err, "removing an orphaned pod cgroup failed");
+                }
+            }
+        }
     }
 
     fn remove_pod_dir(&self, uid: &str) {

@@ -254,6 +254,12 @@ impl Kubelet {
                 Some(update) = self.probe_updates.recv() => self.sync_uid(&update.pod_uid),
                 _ = housekeeping.tick() => {
                     if self.pod_config.all_sources_ready() {
+                        // A source is marked ready once its first set is *queued*: take the
+                        // queued updates first, or housekeeping would see no desired pods
+                        // and kill every running one (e.g. right after an agent restart).
+                        while let Ok(update) = self.updates.try_recv() {
+                            self.handle_update(update);
+                        }
                         self.housekeeping().await;
                     }
                 }

@@ -8,6 +8,7 @@
 //! | `GET /pods`               | a `v1.PodList` of every pod (kubelet's `/pods`)     |
 //! | `GET /pods/<ns>/<name>`   | one `v1.Pod`, or 404 with a `v1.Status` body        |
 //! | `GET /metrics`            | Prometheus text, format 0.0.4                       |
+//! | `GET /version`            | version, pid and identity of the running binary     |
 //!
 //! HEAD is answered like GET without a body; other methods get 405, unknown paths 404.
 
@@ -46,7 +47,44 @@ pub fn route(request: &Request, view: &dyn PodsView, metrics: &Metrics) -> Respo
             }
         }
         ["metrics"] => Response::new(200, METRICS_CONTENT_TYPE, metrics.render()),
+        ["version"] => json(200, &VersionInfo::current()),
         _ => Response::text(404, "404 page not found\n"),
+    }
+}
+
+/// What `/version` answers: the agent's version and the identity of the binary it runs.
+/// Device and inode of `/proc/self/exe` change when the binary is replaced, so they tell
+/// whether an upgrade in place (SIGHUP to the supervisor) took effect.
+#[derive(Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct VersionInfo {
+    version: &'static str,
+    pid: u32,
+    /// The supervisor, the agent's parent.
+    supervisor_pid: i32,
+    binary: String,
+    binary_device: u64,
+    binary_inode: u64,
+    /// Process start, clock ticks since boot (`/proc/self/stat` field 22).
+    start_ticks: u64,
+}
+
+impl VersionInfo {
+    fn current() -> Self {
+        use std::os::unix::fs::MetadataExt;
+        let exe = std::fs::metadata("/proc/self/exe").ok();
+        Self {
+            version: env!("CARGO_PKG_VERSION"),
+            pid: std::process::id(),
+            supervisor_pid: nix::unistd::getppid().as_raw(),
+            binary: std::fs::read_link("/proc/self/exe")
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
+            binary_device: exe.as_ref().map_or(0, MetadataExt::dev),
+            binary_inode: exe.as_ref().map_or(0, MetadataExt::ino),
+            start_ticks: ironlet_runtime::zygote::process_start_time(std::process::id() as i32)
+                .unwrap_or(0),
+        }
     }
 }
 
@@ -204,6 +242,18 @@ mod tests {
         assert!(String::from_utf8(resp.body)
             .unwrap()
             .contains("kubelet_running_pods 0\n"));
+    }
+
+    #[test]
+    fn version_names_this_process_and_the_inode_of_its_binary() {
+        use std::os::unix::fs::MetadataExt;
+        let resp = get(&view(), "/version");
+        assert_eq!(resp.status, 200);
+        let body: serde_json::Value = serde_json::from_slice(&resp.body).expect("json");
+        assert_eq!(body["version"], env!("CARGO_PKG_VERSION"));
+        assert_eq!(body["pid"], std::process::id());
+        let exe = std::fs::metadata("/proc/self/exe").expect("own binary");
+        assert_eq!(body["binaryInode"], exe.ino());
     }
 
     #[test]

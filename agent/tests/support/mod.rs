@@ -2,6 +2,9 @@
 //! own cgroup tree and log directory, with busybox imported; pods read back over the
 //! agent's local socket. Dropping an [`Agent`] removes every manifest, waits for the pods
 //! to go, stops the agent and checks nothing is left.
+//!
+//! The process started is the supervisor; the agent is its child (see
+//! docs/CRASH_SAFETY.md). [`Agent::kill_agent`] SIGKILLs the agent alone.
 
 #![allow(dead_code)]
 
@@ -33,6 +36,7 @@ pub struct Agent {
     pub bridge: String,
     child: Option<Child>,
     log_file: PathBuf,
+    options: AgentOptions,
 }
 
 /// Distinct bridge names and subnets for the agents of one test process.
@@ -66,11 +70,26 @@ fn write_test_network(root: &Path) -> String {
 }
 
 /// Options of [`Agent::start_with`].
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct AgentOptions {
     pub extra_args: Vec<String>,
     /// `--system-reserved`, e.g. "memory=1Gi".
     pub system_reserved: Option<String>,
+    /// Run this binary instead of the one cargo built (e.g. a copy to replace later).
+    pub binary: Option<PathBuf>,
+}
+
+/// What the agent's `/version` says.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Version {
+    pub version: String,
+    pub pid: i32,
+    pub supervisor_pid: i32,
+    pub binary: String,
+    pub binary_device: u64,
+    pub binary_inode: u64,
+    pub start_ticks: u64,
 }
 
 impl Agent {
@@ -119,14 +138,24 @@ impl Agent {
             node_name,
             child: None,
             log_file,
+            options,
         };
-        agent.spawn(&options);
+        agent.spawn();
         agent
     }
 
-    fn spawn(&mut self, options: &AgentOptions) {
-        let log = std::fs::File::create(&self.log_file).expect("agent log file");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ironlet"));
+    fn spawn(&mut self) {
+        let options = self.options.clone();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log_file)
+            .expect("agent log file");
+        let binary = options
+            .binary
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_ironlet")));
+        let mut cmd = Command::new(binary);
         cmd.arg("--root-dir")
             .arg(self.root.path())
             .arg("-v")
@@ -159,13 +188,46 @@ impl Agent {
         );
     }
 
-    /// Kills the agent with SIGKILL (pods keep running) and starts it again.
+    /// Kills the agent with SIGKILL (pods keep running); the supervisor starts it again.
+    /// Waits until the new agent answers.
     pub fn restart(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        self.spawn(&AgentOptions::default());
+        let before = self.version().map(|v| v.pid);
+        self.kill_agent();
+        self.wait_until("a new agent answers", Duration::from_secs(20), |a| {
+            a.version().is_some_and(|v| Some(v.pid) != before)
+        });
+    }
+
+    /// SIGKILLs the agent process (not the supervisor); returns when the signal was sent.
+    pub fn kill_agent(&self) -> Instant {
+        let mut version = None;
+        self.wait_until("the agent answers /version", Duration::from_secs(20), |a| {
+            version = a.version();
+            version.is_some()
+        });
+        let version = version.expect("checked above");
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(version.pid),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .expect("kill -9 the agent");
+        Instant::now()
+    }
+
+    /// Sends `signal` to the supervisor.
+    pub fn signal_supervisor(&self, signal: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.supervisor_pid()), signal)
+            .expect("signal the supervisor");
+    }
+
+    /// The supervisor's pid (the process this harness started).
+    pub fn supervisor_pid(&self) -> i32 {
+        self.child.as_ref().map_or(0, |c| c.id() as i32)
+    }
+
+    /// The running agent's `/version`, if it answers.
+    pub fn version(&self) -> Option<Version> {
+        serde_json::from_str(&self.try_get("/version")?).ok()
     }
 
     pub fn socket(&self) -> PathBuf {
@@ -274,6 +336,58 @@ impl Agent {
             }
         }
         pids
+    }
+
+    /// Processes in this agent's cgroup tree by container id (the last component of their
+    /// cgroup path), each with its pid namespace pid (1 for the container's init).
+    pub fn container_processes(&self) -> std::collections::HashMap<String, Vec<(i32, i32)>> {
+        let mut out: std::collections::HashMap<String, Vec<(i32, i32)>> = Default::default();
+        let marker = format!("{}/", self.cgroup_root);
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+            let Some(path) = cgroup
+                .lines()
+                .filter_map(|l| l.splitn(3, ':').nth(2))
+                .find(|p| p.contains(&marker))
+            else {
+                continue;
+            };
+            let Some(id) = path.rsplit('/').next() else {
+                continue;
+            };
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+            let ns_pid = status
+                .lines()
+                .find_map(|l| l.strip_prefix("NSpid:"))
+                .and_then(|l| l.split_whitespace().last())
+                .and_then(|p| p.parse().ok())
+                .unwrap_or(0);
+            out.entry(id.to_owned()).or_default().push((pid, ns_pid));
+        }
+        out
+    }
+
+    /// The stdout lines of a pod's container, from its CRI log (attempt 0). A last record
+    /// without its newline is still being written and not counted.
+    pub fn log_lines(&self, pod: &Pod, container: &str) -> Vec<String> {
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let path = self
+            .logs
+            .join(format!("default_{name}_{uid}"))
+            .join(format!("{container}/0.log"));
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let complete = text.rfind('\n').map_or("", |end| &text[..end]);
+        complete
+            .lines()
+            .filter_map(|l| {
+                let (stream, partial, content) = ironlet_runtime::local::logs::parse_record(l)?;
+                (stream == "stdout" && !partial).then(|| content.to_owned())
+            })
+            .collect()
     }
 
     /// Mounts under this agent's data root.

@@ -163,7 +163,11 @@ impl Inner {
         Ok((stdout, stderr))
     }
 
-    async fn undo_create(&self, id: &ContainerId, dir: &Path) -> Result<(), RuntimeError> {
+    pub(super) async fn undo_create(
+        &self,
+        id: &ContainerId,
+        dir: &Path,
+    ) -> Result<(), RuntimeError> {
         let delete = self
             .zygote
             .delete(id.as_str(), self.config.libcontainer_root(), true)
@@ -196,7 +200,9 @@ impl Inner {
         false
     }
 
-    fn spawn_log_pump(
+    /// Copies the container's output into its log file until end of stream, then lets the
+    /// zygote close its copies of the pipes (it keeps them until then, see `zygote::server`).
+    pub(super) fn spawn_log_pump(
         &self,
         id: &ContainerId,
         log_path: PathBuf,
@@ -206,14 +212,23 @@ impl Inner {
         // The tap is looked up when the first output arrives, so `tap_output` between
         // create and start sees everything; taking it closes the subscriber's channel when
         // the pump ends.
-        let id = id.clone();
+        let tap_id = id.clone();
         let inner = self.this.clone();
         let tap: logs::TapSource = Box::new(move || {
             let inner = inner.upgrade()?;
             let mut state = inner.lock();
-            state.containers.get_mut(&id)?.tap.take()
+            state.containers.get_mut(&tap_id)?.tap.take()
         });
-        tokio::spawn(logs::pump(log_path, stdout, stderr, Some(tap)));
+        let id = id.clone();
+        let inner = self.this.clone();
+        tokio::spawn(async move {
+            logs::pump(log_path, stdout, stderr, Some(tap)).await;
+            if let Some(inner) = inner.upgrade() {
+                if let Err(err) = inner.zygote.release_logs(id.as_str()).await {
+                    tracing::debug!(container_id = %id, %err, "releasing log pipes failed");
+                }
+            }
+        });
     }
 
     pub(crate) async fn start_container(&self, id: &ContainerId) -> Result<(), RuntimeError> {
@@ -411,6 +426,8 @@ impl Inner {
         }
         self.release_and_remove(&self.container_dir(id)).await?;
         crate::zygote::exits::remove(&self.config.exits_dir(), id.as_str());
+        // The pump releases the pipes at end of stream; a removed container's are not needed.
+        let _ = self.zygote.release_logs(id.as_str()).await;
         self.lock().containers.remove(id);
         tracing::debug!(container_id = %id, "container removed");
         Ok(())
@@ -457,7 +474,7 @@ impl Inner {
 }
 
 /// Resolves when the process (pid, start time) no longer runs.
-async fn wait_process_gone(pid: i32, start_time: u64) {
+pub(super) async fn wait_process_gone(pid: i32, start_time: u64) {
     let Ok(pidfd) = crate::zygote::sys::pidfd_open(pid) else {
         return;
     };

@@ -9,16 +9,43 @@
 //! Lines longer than [`MAX_LINE`] are split into partial (`P`) records ending with a full
 //! (`F`) one, as containerd does; an unterminated last line is written as `F` at end of
 //! stream. Output can also be tapped raw (for `ironlet ctr run`).
+//!
+//! Guarantee: **no line is lost or written twice when the agent is killed at any instant**,
+//! and a new pump (after an agent restart, with pipes from the supervisor) continues the
+//! same file. The pump never reads container output destructively before it is in the file:
+//! 1. it *peeks* at the head of the pipe with `tee(2)` (into a scratch pipe it reads),
+//! 2. plans the records for the complete lines it sees ([`plan`], a pure function),
+//! 3. writes each record as `pwrite(prefix)` + `splice(pipe → file)` of the line's bytes
+//!    (+ `pwrite("\n")` for a `P` record): the kernel moves the bytes from the pipe into the
+//!    file, so a byte is either still in the pipe or already in the file.
+//!
+//! A kill can only tear the last record (a prefix without all its bytes). On open, the file
+//! is repaired: a torn prefix is cut off (its line is still in the pipe); a record with a
+//! complete prefix is continued from its stream's pipe before anything else is written.
+//! An incomplete line waits in the pipe (not in memory) until its newline, the 16 KiB
+//! split, or the end of the stream, so a restart loses no partial line either.
+//!
+//! Readers: a record is complete once its newline is in the file; while the pump writes
+//! it, the last record may be seen without it (prefix first, then the bytes), so a reader
+//! following the file treats an unterminated last line as still being written.
+//!
+//! Cost: two system calls per record plus a `tee` and a `read` per wake-up; the file is
+//! opened without `O_APPEND` (splice refuses it) and written at the pump's own offset; the
+//! pump is the file's only writer.
 
-use std::io::Write;
-use std::os::fd::OwnedFd;
+use std::io::Read;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
-use tokio::io::AsyncReadExt;
+use nix::fcntl::SpliceFFlags;
+use tokio::io::unix::AsyncFd;
 use tokio::sync::mpsc;
 
 /// containerd's default maximum log line size before splitting.
 pub const MAX_LINE: usize = 16 * 1024;
+
+/// How much of a pipe one peek looks at (the scratch pipe's default capacity).
+const PEEK_MAX: usize = 64 * 1024;
 
 /// Which stream a chunk came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,6 +61,14 @@ impl LogStream {
             Self::Stderr => "stderr",
         }
     }
+
+    fn parse(s: &[u8]) -> Option<Self> {
+        match s {
+            b"stdout" => Some(Self::Stdout),
+            b"stderr" => Some(Self::Stderr),
+            _ => None,
+        }
+    }
 }
 
 /// A raw chunk of container output, for taps.
@@ -42,158 +77,477 @@ pub type OutputChunk = (LogStream, Vec<u8>);
 /// Yields the tap to copy output to; asked once, when the first output arrives.
 pub type TapSource = Box<dyn FnOnce() -> Option<mpsc::UnboundedSender<OutputChunk>> + Send>;
 
-/// Appends CRI records to one file.
-struct CriWriter {
-    file: std::fs::File,
-    path: PathBuf,
+/// A record whose prefix is in the file but whose content is not complete (only after a
+/// crash tore it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct OpenRecord {
+    stream: LogStream,
+    partial: bool,
+    /// Content bytes already in the file.
+    len: usize,
 }
 
-impl CriWriter {
-    fn open(path: &Path) -> std::io::Result<Self> {
+/// One step of writing records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    /// Write a record prefix (timestamp, stream, `P` or `F`).
+    Start { partial: bool },
+    /// Move this many bytes from the pipe into the file.
+    Copy(usize),
+    /// Write the newline that ends a `P` record (or a line cut short by end of stream).
+    End,
+}
+
+/// Plans the records for `data`, the bytes at the head of `stream`'s pipe, continuing
+/// `open` if it belongs to this stream. `end_of_stream`: `data` is everything the pipe
+/// will ever hold. Returns the operations and updates `open`; the operations consume a
+/// prefix of `data` (an incomplete last line stays in the pipe).
+fn plan(
+    data: &[u8],
+    stream: LogStream,
+    open: &mut Option<OpenRecord>,
+    end_of_stream: bool,
+) -> Vec<Op> {
+    let mut ops = Vec::new();
+    let mut rest = data;
+    if let Some(record) = open.as_mut().filter(|r| r.stream == stream) {
+        let (take, done) = if record.partial {
+            let take = (MAX_LINE.saturating_sub(record.len)).min(rest.len());
+            (take, record.len + take >= MAX_LINE)
+        } else {
+            match rest.iter().position(|&b| b == b'\n') {
+                Some(i) => (i + 1, true),
+                None => (rest.len(), false),
+            }
+        };
+        if take > 0 {
+            ops.push(Op::Copy(take));
+        }
+        record.len += take;
+        rest = &rest[take..];
+        let newline_copied = !record.partial && done;
+        if done || end_of_stream {
+            if !newline_copied {
+                ops.push(Op::End);
+            }
+            *open = None;
+        } else {
+            return ops;
+        }
+    }
+    loop {
+        let line_end = rest.iter().position(|&b| b == b'\n');
+        let line_len = line_end.unwrap_or(rest.len());
+        // Split off 16 KiB partial records while more than that is pending.
+        let mut long = line_len;
+        while long > MAX_LINE {
+            ops.extend([Op::Start { partial: true }, Op::Copy(MAX_LINE), Op::End]);
+            long -= MAX_LINE;
+            rest = &rest[MAX_LINE..];
+        }
+        match line_end {
+            Some(_) => {
+                ops.extend([Op::Start { partial: false }, Op::Copy(long + 1)]);
+                rest = &rest[long + 1..];
+            }
+            None if end_of_stream && long > 0 => {
+                ops.extend([Op::Start { partial: false }, Op::Copy(long), Op::End]);
+                return ops;
+            }
+            None => return ops,
+        }
+    }
+}
+
+/// The log file, written at our own offset.
+struct LogWriter {
+    file: std::fs::File,
+    path: PathBuf,
+    offset: u64,
+}
+
+impl LogWriter {
+    /// Opens (creating) the file and repairs a torn last record: returns the record to
+    /// continue, if its prefix is complete.
+    fn open(path: &Path) -> std::io::Result<(Self, Option<OpenRecord>)> {
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent)?;
         }
         let file = std::fs::OpenOptions::new()
             .create(true)
-            .append(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
             .open(path)?;
-        Ok(Self {
+        let len = file.metadata()?.len();
+        let mut writer = Self {
             file,
             path: path.to_owned(),
+            offset: len,
+        };
+        let open = writer.repair()?;
+        Ok((writer, open))
+    }
+
+    fn repair(&mut self) -> std::io::Result<Option<OpenRecord>> {
+        use std::os::unix::fs::FileExt;
+        let len = self.offset;
+        let mut last = [0u8; 1];
+        if len == 0 || (self.file.read_exact_at(&mut last, len - 1).is_ok() && last[0] == b'\n') {
+            return Ok(None);
+        }
+        // Find the start of the last record, reading backwards.
+        let mut start = 0;
+        let mut end = len;
+        let mut chunk = vec![0u8; 64 * 1024];
+        while end > 0 {
+            let from = end.saturating_sub(chunk.len() as u64);
+            let buf = &mut chunk[..(end - from) as usize];
+            self.file.read_exact_at(buf, from)?;
+            if let Some(i) = buf.iter().rposition(|&b| b == b'\n') {
+                start = from + i as u64 + 1;
+                break;
+            }
+            end = from;
+        }
+        let mut head = vec![0u8; ((len - start) as usize).min(128)];
+        self.file.read_exact_at(&mut head, start)?;
+        let prefix = parse_prefix(&head);
+        tracing::info!(path = ?self.path, torn_at = start, continued = prefix.is_some(), "repairing a log record torn by a crash");
+        match prefix {
+            Some((stream, partial, prefix_len)) => Ok(Some(OpenRecord {
+                stream,
+                partial,
+                len: (len - start) as usize - prefix_len,
+            })),
+            None => {
+                // The prefix itself is torn: no container byte was written after it yet.
+                self.file.set_len(start)?;
+                self.offset = start;
+                Ok(None)
+            }
+        }
+    }
+
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        self.file.write_all_at(bytes, self.offset)?;
+        self.offset += bytes.len() as u64;
+        Ok(())
+    }
+
+    fn prefix(&mut self, stream: LogStream, partial: bool) -> std::io::Result<()> {
+        let ts = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Nanos, true);
+        let tag = if partial { "P" } else { "F" };
+        self.write(format!("{ts} {} {tag} ", stream.as_str()).as_bytes())
+    }
+
+    /// Moves exactly `len` bytes from `pipe` into the file.
+    fn splice_from(&mut self, pipe: &OwnedFd, mut len: usize) -> std::io::Result<()> {
+        while len > 0 {
+            let mut off = self.offset as libc::loff_t;
+            let moved = nix::fcntl::splice(
+                pipe.as_fd(),
+                None,
+                self.file.as_fd(),
+                Some(&mut off),
+                len,
+                SpliceFFlags::SPLICE_F_MOVE | SpliceFFlags::SPLICE_F_NONBLOCK,
+            )
+            .map_err(std::io::Error::from)?;
+            if moved == 0 {
+                return Err(std::io::Error::other("pipe ended before the peeked bytes"));
+            }
+            self.offset = off as u64;
+            len -= moved;
+        }
+        Ok(())
+    }
+}
+
+/// Parses `TIMESTAMP STREAM TAG ` at the start of a record: (stream, partial, length).
+fn parse_prefix(head: &[u8]) -> Option<(LogStream, bool, usize)> {
+    let mut spaces = head
+        .iter()
+        .enumerate()
+        .filter(|(_, &b)| b == b' ')
+        .map(|(i, _)| i);
+    let (a, b, c) = (spaces.next()?, spaces.next()?, spaces.next()?);
+    let stream = LogStream::parse(&head[a + 1..b])?;
+    let partial = match &head[b + 1..c] {
+        b"P" => true,
+        b"F" => false,
+        _ => return None,
+    };
+    Some((stream, partial, c + 1))
+}
+
+/// One of the container's output pipes, registered with tokio.
+struct StreamPipe {
+    pipe: AsyncFd<OwnedFd>,
+    peek: Peek,
+}
+
+/// How a pipe is peeked at: through a scratch pipe that `tee` fills.
+struct Peek {
+    stream: LogStream,
+    scratch_r: std::fs::File,
+    scratch_w: OwnedFd,
+    buf: Vec<u8>,
+    /// Bytes at the head of the pipe already sent to the tap.
+    tapped: usize,
+    done: bool,
+}
+
+impl StreamPipe {
+    fn new(stream: LogStream, fd: OwnedFd) -> std::io::Result<Self> {
+        set_nonblocking(&fd)?;
+        let (r, w) =
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)
+                .map_err(std::io::Error::from)?;
+        Ok(Self {
+            // SAFETY: the AsyncFd owns the descriptor for as long as it is registered.
+            pipe: unsafe { AsyncFd::register(fd) }?,
+            peek: Peek {
+                stream,
+                scratch_r: std::fs::File::from(r),
+                scratch_w: w,
+                buf: vec![0; PEEK_MAX],
+                tapped: 0,
+                done: false,
+            },
+        })
+    }
+}
+
+impl Peek {
+    /// Peeks at up to [`PEEK_MAX`] bytes of `pipe`: `Some(n)` (0 at end of stream), `None`
+    /// if the pipe is empty for now.
+    fn peek(&mut self, pipe: &OwnedFd) -> std::io::Result<Option<usize>> {
+        let n = match nix::fcntl::tee(
+            pipe.as_fd(),
+            self.scratch_w.as_fd(),
+            PEEK_MAX,
+            SpliceFFlags::SPLICE_F_NONBLOCK,
+        ) {
+            Ok(n) => n,
+            Err(nix::errno::Errno::EAGAIN) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        self.scratch_r.read_exact(&mut self.buf[..n])?;
+        Ok(Some(n))
+    }
+}
+
+/// True when `pipe` has no writer left and `peeked` bytes are all it holds.
+fn fully_peeked_and_closed(pipe: &OwnedFd, peeked: usize) -> bool {
+    let fd = pipe.as_raw_fd();
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, zero timeout.
+    let hup = unsafe { libc::poll(&mut pfd, 1, 0) } >= 0 && pfd.revents & libc::POLLHUP != 0;
+    let mut available: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int.
+    let ok = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut available) } == 0;
+    hup && ok && available as usize == peeked
+}
+
+fn set_nonblocking(fd: &OwnedFd) -> std::io::Result<()> {
+    let flags = nix::fcntl::fcntl(fd.as_raw_fd(), nix::fcntl::FcntlArg::F_GETFL)
+        .map_err(std::io::Error::from)?;
+    let flags = nix::fcntl::OFlag::from_bits_truncate(flags) | nix::fcntl::OFlag::O_NONBLOCK;
+    nix::fcntl::fcntl(fd.as_raw_fd(), nix::fcntl::FcntlArg::F_SETFL(flags))
+        .map_err(std::io::Error::from)?;
+    Ok(())
+}
+
+/// What one wake-up of a stream achieved.
+enum Progress {
+    /// Something was consumed; look again.
+    More,
+    /// Only an incomplete line (or nothing) is there: wait for the next write.
+    Wait,
+    Ended,
+}
+
+/// The pump's state across both streams.
+struct Pump {
+    writer: Option<LogWriter>,
+    open: Option<OpenRecord>,
+    tap_source: Option<TapSource>,
+    tap: Option<mpsc::UnboundedSender<OutputChunk>>,
+}
+
+impl Pump {
+    fn step(&mut self, pipe: &OwnedFd, s: &mut Peek) -> std::io::Result<Progress> {
+        let Some(n) = s.peek(pipe)? else {
+            return Ok(Progress::Wait);
+        };
+        let end_of_stream = n == 0 || fully_peeked_and_closed(pipe, n);
+        if n > s.tapped {
+            if let Some(source) = self.tap_source.take() {
+                self.tap = source();
+            }
+            if let Some(tap) = &self.tap {
+                let _ = tap.send((s.stream, s.buf[s.tapped..n].to_vec()));
+            }
+            s.tapped = n;
+        }
+        let ops = plan(&s.buf[..n], s.stream, &mut self.open, end_of_stream);
+        let mut consumed = 0;
+        for op in ops {
+            if let Op::Copy(len) = op {
+                consumed += len;
+            }
+            self.apply(pipe, s.stream, op)?;
+        }
+        s.tapped -= consumed;
+        Ok(if n == 0 {
+            Progress::Ended
+        } else if consumed > 0 {
+            Progress::More
+        } else {
+            Progress::Wait
         })
     }
 
-    fn record(&mut self, stream: LogStream, partial: bool, line: &[u8]) {
-        let ts = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Nanos, true);
-        let tag = if partial { "P" } else { "F" };
-        let mut out = Vec::with_capacity(line.len() + 48);
-        out.extend_from_slice(ts.as_bytes());
-        out.push(b' ');
-        out.extend_from_slice(stream.as_str().as_bytes());
-        out.push(b' ');
-        out.extend_from_slice(tag.as_bytes());
-        out.push(b' ');
-        out.extend_from_slice(line);
-        out.push(b'\n');
-        if let Err(err) = self.file.write_all(&out) {
-            tracing::error!(path = ?self.path, %err, "writing container log failed");
+    fn apply(&mut self, pipe: &OwnedFd, stream: LogStream, op: Op) -> std::io::Result<()> {
+        let Some(writer) = self.writer.as_mut() else {
+            // No log file: drain what would have been written.
+            if let Op::Copy(len) = op {
+                discard(pipe, len)?;
+            }
+            return Ok(());
+        };
+        let written = match op {
+            Op::Start { partial } => writer.prefix(stream, partial),
+            Op::Copy(len) => writer.splice_from(pipe, len),
+            Op::End => writer.write(b"\n"),
+        };
+        if let Err(err) = written {
+            tracing::error!(path = ?writer.path, %err, "writing container log failed; output is drained from now on");
+            self.writer = None;
+            if let Op::Copy(len) = op {
+                discard(pipe, len)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends a record `stream` left open when that stream ends.
+    fn close_open_record(&mut self, stream: LogStream) {
+        if self.open.is_some_and(|r| r.stream == stream) {
+            self.open = None;
+            if let Some(w) = self.writer.as_mut() {
+                let _ = w.write(b"\n");
+            }
         }
     }
 }
 
-/// Splits a byte stream into CRI records.
-#[derive(Default)]
-struct LineSplitter {
-    pending: Vec<u8>,
+/// Reads and drops exactly `len` bytes from a pipe that holds them.
+fn discard(pipe: &OwnedFd, mut len: usize) -> std::io::Result<()> {
+    let mut sink = [0u8; 8192];
+    while len > 0 {
+        let want = len.min(sink.len());
+        let n =
+            nix::unistd::read(pipe.as_raw_fd(), &mut sink[..want]).map_err(std::io::Error::from)?;
+        if n == 0 {
+            return Ok(());
+        }
+        len -= n;
+    }
+    Ok(())
 }
 
-impl LineSplitter {
-    /// Feeds bytes; calls `emit(partial, line)` for each record that is complete.
-    fn feed(&mut self, mut data: &[u8], emit: &mut impl FnMut(bool, &[u8])) {
-        while let Some(nl) = data.iter().position(|&b| b == b'\n') {
-            self.pending.extend_from_slice(&data[..nl]);
-            self.flush_long(emit);
-            emit(false, &self.pending);
-            self.pending.clear();
-            data = &data[nl + 1..];
-        }
-        self.pending.extend_from_slice(data);
-        self.flush_long(emit);
-    }
-
-    fn flush_long(&mut self, emit: &mut impl FnMut(bool, &[u8])) {
-        while self.pending.len() > MAX_LINE {
-            emit(true, &self.pending[..MAX_LINE]);
-            self.pending.drain(..MAX_LINE);
-        }
-    }
-
-    fn finish(&mut self, emit: &mut impl FnMut(bool, &[u8])) {
-        if !self.pending.is_empty() {
-            emit(false, &self.pending);
-            self.pending.clear();
-        }
-    }
-}
-
-/// Copies both pipes into the log file until both reach end of stream; tapped chunks go
-/// to `tap` too. Returns when the container's last writer has closed its pipes.
+/// Copies both pipes into the log file until both reach end of stream, continuing the
+/// file where an earlier pump stopped; tapped chunks go to `tap` too. Returns when the
+/// container's last writer has closed its pipes and everything is in the file.
 pub async fn pump(
     log_path: PathBuf,
     stdout: OwnedFd,
     stderr: OwnedFd,
-    mut tap_source: Option<TapSource>,
+    tap_source: Option<TapSource>,
 ) {
-    let mut tap = None;
-    let mut writer = match CriWriter::open(&log_path) {
-        Ok(w) => Some(w),
+    let (writer, open) = match LogWriter::open(&log_path) {
+        Ok((w, open)) => (Some(w), open),
         Err(err) => {
             tracing::error!(path = ?log_path, %err, "cannot open container log; output is drained");
-            None
+            (None, None)
         }
     };
-    let (mut out, mut err) = match (pipe_reader(stdout), pipe_reader(stderr)) {
-        (Ok(o), Ok(e)) => (Some(o), Some(e)),
-        _ => {
-            tracing::error!(path = ?log_path, "cannot read container output pipes");
+    let (mut out, mut err) = match (
+        StreamPipe::new(LogStream::Stdout, stdout),
+        StreamPipe::new(LogStream::Stderr, stderr),
+    ) {
+        (Ok(o), Ok(e)) => (o, e),
+        (Err(e), _) | (_, Err(e)) => {
+            tracing::error!(path = ?log_path, err = %e, "cannot read container output pipes");
             return;
         }
     };
-    let mut splitters = [LineSplitter::default(), LineSplitter::default()];
-    let mut buf_out = vec![0u8; 64 * 1024];
-    let mut buf_err = vec![0u8; 64 * 1024];
-    while out.is_some() || err.is_some() {
-        let (stream, n) = tokio::select! {
-            r = read_some(&mut out, &mut buf_out), if out.is_some() => (LogStream::Stdout, r),
-            r = read_some(&mut err, &mut buf_err), if err.is_some() => (LogStream::Stderr, r),
-        };
-        let (idx, buf) = match stream {
-            LogStream::Stdout => (0, &buf_out),
-            LogStream::Stderr => (1, &buf_err),
-        };
-        let mut emit = |partial: bool, line: &[u8]| {
-            if let Some(w) = writer.as_mut() {
-                w.record(stream, partial, line);
+    let mut pump = Pump {
+        writer,
+        open,
+        tap_source,
+        tap: None,
+    };
+    while !(out.peek.done && err.peek.done) {
+        // A torn record of one stream is finished before the other stream writes.
+        let owner = pump.open.map(|r| r.stream);
+        let out_turn = !out.peek.done && owner.is_none_or(|s| s == LogStream::Stdout);
+        let err_turn = !err.peek.done && owner.is_none_or(|s| s == LogStream::Stderr);
+        tokio::select! {
+            ready = out.pipe.readable(), if out_turn => {
+                step_ready(&mut pump, ready, &mut out.peek);
             }
-        };
-        match n {
-            Some(n) => {
-                splitters[idx].feed(&buf[..n], &mut emit);
-                if let Some(source) = tap_source.take() {
-                    tap = source();
-                }
-                if let Some(tap) = &tap {
-                    let _ = tap.send((stream, buf[..n].to_vec()));
-                }
+            ready = err.pipe.readable(), if err_turn => {
+                step_ready(&mut pump, ready, &mut err.peek);
             }
-            None => {
-                splitters[idx].finish(&mut emit);
-                match stream {
-                    LogStream::Stdout => out = None,
-                    LogStream::Stderr => err = None,
-                }
-            }
+            else => match owner {
+                // The stream owning an open record ended without finishing it.
+                Some(stream) => pump.close_open_record(stream),
+                None => break,
+            },
         }
     }
     // A container that wrote nothing still ends its tap: taking it closes the channel.
-    if let Some(source) = tap_source.take() {
+    if let Some(source) = pump.tap_source.take() {
         drop(source());
     }
 }
 
-fn pipe_reader(fd: OwnedFd) -> std::io::Result<tokio::net::unix::pipe::Receiver> {
-    tokio::net::unix::pipe::Receiver::from_owned_fd(fd)
-}
-
-/// Reads once; `None` at end of stream or on error.
-async fn read_some(
-    reader: &mut Option<tokio::net::unix::pipe::Receiver>,
-    buf: &mut [u8],
-) -> Option<usize> {
-    let r = reader.as_mut()?;
-    match r.read(buf).await {
-        Ok(0) | Err(_) => None,
-        Ok(n) => Some(n),
+/// Handles one readiness of a stream's pipe.
+fn step_ready(
+    pump: &mut Pump,
+    ready: std::io::Result<tokio::io::unix::AsyncFdReadyGuard<'_, OwnedFd>>,
+    peek: &mut Peek,
+) {
+    let mut guard = match ready {
+        Ok(guard) => guard,
+        Err(err) => {
+            tracing::error!(stream = peek.stream.as_str(), %err, "polling container output failed");
+            pump.close_open_record(peek.stream);
+            peek.done = true;
+            return;
+        }
+    };
+    match pump.step(guard.get_inner(), peek) {
+        Ok(Progress::More) => {}
+        // Cleared only if no new write arrived since the guard was taken (tokio's tick).
+        Ok(Progress::Wait) => guard.clear_ready(),
+        Ok(Progress::Ended) => {
+            pump.close_open_record(peek.stream);
+            peek.done = true;
+        }
+        Err(err) => {
+            tracing::error!(stream = peek.stream.as_str(), %err, "reading container output failed");
+            pump.close_open_record(peek.stream);
+            peek.done = true;
+        }
     }
 }
 
@@ -211,46 +565,220 @@ pub fn parse_record(line: &str) -> Option<(&str, bool, &str)> {
 mod tests {
     use super::*;
 
-    fn split(chunks: &[&[u8]]) -> Vec<(bool, Vec<u8>)> {
-        let mut s = LineSplitter::default();
-        let mut out = Vec::new();
-        let mut emit = |p: bool, l: &[u8]| out.push((p, l.to_vec()));
-        for c in chunks {
-            s.feed(c, &mut emit);
-        }
-        s.finish(&mut emit);
-        out
+    use LogStream::{Stderr, Stdout};
+    use Op::{Copy, End, Start};
+
+    const F: Op = Start { partial: false };
+    const P: Op = Start { partial: true };
+
+    fn plan_of(data: &[u8], eos: bool) -> Vec<Op> {
+        plan(data, Stdout, &mut None, eos)
     }
 
     #[test]
-    fn lines_split_across_reads_are_joined() {
-        let got = split(&[b"hel", b"lo\nwor", b"ld\n"]);
-        assert_eq!(
-            got,
-            vec![(false, b"hello".to_vec()), (false, b"world".to_vec())]
-        );
+    fn complete_lines_become_full_records_including_their_newline() {
+        assert_eq!(plan_of(b"a\nbb\n", false), vec![F, Copy(2), F, Copy(3)]);
+    }
+
+    #[test]
+    fn an_incomplete_last_line_stays_in_the_pipe_until_its_newline() {
+        assert_eq!(plan_of(b"a\nhel", false), vec![F, Copy(2)]);
+        assert_eq!(plan_of(b"hel", false), vec![]);
+    }
+
+    #[test]
+    fn an_unterminated_last_line_is_written_as_full_at_end_of_stream() {
+        assert_eq!(plan_of(b"a\nb", true), vec![F, Copy(2), F, Copy(1), End]);
     }
 
     #[test]
     fn long_lines_become_partial_records_then_a_full_one() {
-        let long = vec![b'x'; MAX_LINE * 2 + 10];
-        let mut data = long.clone();
+        let mut data = vec![b'x'; MAX_LINE * 2 + 10];
         data.push(b'\n');
-        let got = split(&[&data]);
-        assert_eq!(got.len(), 3);
-        assert!(got[0].0 && got[1].0 && !got[2].0);
-        assert_eq!(got.iter().map(|(_, l)| l.len()).sum::<usize>(), long.len());
+        assert_eq!(
+            plan_of(&data, false),
+            vec![P, Copy(MAX_LINE), End, P, Copy(MAX_LINE), End, F, Copy(11)]
+        );
+        let mut exact = vec![b'x'; MAX_LINE];
+        exact.push(b'\n');
+        assert_eq!(plan_of(&exact, false), vec![F, Copy(MAX_LINE + 1)]);
     }
 
     #[test]
-    fn an_unterminated_last_line_is_written_as_full() {
-        let got = split(&[b"a\nb"]);
-        assert_eq!(got, vec![(false, b"a".to_vec()), (false, b"b".to_vec())]);
+    fn a_long_incomplete_line_is_split_off_in_partial_records_and_the_rest_waits() {
+        let data = vec![b'x'; MAX_LINE + 5];
+        assert_eq!(plan_of(&data, false), vec![P, Copy(MAX_LINE), End]);
+    }
+
+    #[test]
+    fn a_torn_full_record_is_continued_up_to_its_newline_first() {
+        let mut open = Some(OpenRecord {
+            stream: Stdout,
+            partial: false,
+            len: 3,
+        });
+        let ops = plan(b"xyz\nnext\n", Stdout, &mut open, false);
+        assert_eq!(ops, vec![Copy(4), F, Copy(5)]);
+        assert_eq!(open, None);
+    }
+
+    #[test]
+    fn a_torn_partial_record_is_filled_to_sixteen_kib_and_ended() {
+        let mut open = Some(OpenRecord {
+            stream: Stdout,
+            partial: true,
+            len: MAX_LINE - 2,
+        });
+        let ops = plan(b"abcd\n", Stdout, &mut open, false);
+        assert_eq!(ops, vec![Copy(2), End, F, Copy(3)]);
+        assert_eq!(open, None);
+    }
+
+    #[test]
+    fn a_torn_record_without_more_data_stays_open_until_end_of_stream() {
+        let torn = OpenRecord {
+            stream: Stdout,
+            partial: false,
+            len: 3,
+        };
+        let mut open = Some(torn);
+        assert_eq!(plan(b"more", Stdout, &mut open, false), vec![Copy(4)]);
+        assert_eq!(open.map(|r| r.len), Some(7));
+        assert_eq!(plan(b"", Stdout, &mut open, true), vec![End]);
+        assert_eq!(open, None);
+    }
+
+    #[test]
+    fn another_streams_torn_record_is_left_alone() {
+        let torn = OpenRecord {
+            stream: Stderr,
+            partial: false,
+            len: 3,
+        };
+        let mut open = Some(torn);
+        assert_eq!(plan(b"a\n", Stdout, &mut open, false), vec![F, Copy(2)]);
+        assert_eq!(open, Some(torn));
     }
 
     #[test]
     fn records_parse_back() {
         let rec = "2026-11-22T10:00:00.000000001Z stderr P some text here";
         assert_eq!(parse_record(rec), Some(("stderr", true, "some text here")));
+        assert_eq!(
+            parse_prefix(rec.as_bytes()),
+            Some((
+                Stderr,
+                true,
+                "2026-11-22T10:00:00.000000001Z stderr P ".len()
+            ))
+        );
+        assert_eq!(parse_prefix(b"2026-11-22T10:00:00.0Z std"), None);
+    }
+
+    fn write_pipe(fd: &OwnedFd, bytes: &[u8]) {
+        nix::unistd::write(fd, bytes).expect("write to pipe");
+    }
+
+    fn records(path: &Path) -> Vec<(String, bool, String)> {
+        std::fs::read_to_string(path)
+            .expect("log file")
+            .lines()
+            .map(|l| {
+                let (s, p, c) = parse_record(l).expect("a CRI record");
+                (s.to_owned(), p, c.to_owned())
+            })
+            .collect()
+    }
+
+    fn full(stream: &str, content: &str) -> (String, bool, String) {
+        (stream.to_owned(), false, content.to_owned())
+    }
+
+    #[tokio::test]
+    async fn the_pump_writes_both_streams_and_ends_with_the_writers() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let log = dir.path().join("c/0.log");
+        let (out_r, out_w) = nix::unistd::pipe().expect("pipe");
+        let (err_r, err_w) = nix::unistd::pipe().expect("pipe");
+        let task = tokio::spawn(pump(log.clone(), out_r, err_r, None));
+        write_pipe(&out_w, b"one\ntw");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        write_pipe(&err_w, b"oops\n");
+        write_pipe(&out_w, b"o\nthree");
+        drop((out_w, err_w));
+        tokio::time::timeout(std::time::Duration::from_secs(5), task)
+            .await
+            .expect("the pump ends when the writers close")
+            .expect("pump task");
+        let mut got = records(&log);
+        got.sort();
+        let mut want = vec![
+            full("stdout", "one"),
+            full("stdout", "two"),
+            full("stdout", "three"),
+            full("stderr", "oops"),
+        ];
+        want.sort();
+        assert_eq!(got, want);
+    }
+
+    #[tokio::test]
+    async fn a_new_pump_continues_a_record_torn_by_a_crash_without_losing_bytes() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let log = dir.path().join("0.log");
+        // A previous pump wrote one record, the prefix of the next and two of its bytes,
+        // then died; the rest of the line is still in the pipe.
+        std::fs::write(
+            &log,
+            "2026-11-22T10:00:00.000000001Z stdout F first\n2026-11-22T10:00:00.000000002Z stdout F se",
+        )
+        .expect("write log");
+        let (out_r, out_w) = nix::unistd::pipe().expect("pipe");
+        let (err_r, err_w) = nix::unistd::pipe().expect("pipe");
+        write_pipe(&err_w, b"on stderr\n");
+        write_pipe(&out_w, b"cond\nthird\n");
+        drop((out_w, err_w));
+        tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            pump(log.clone(), out_r, err_r, None),
+        )
+        .await
+        .expect("pump ends");
+        let got = records(&log);
+        assert_eq!(
+            &got[..2],
+            &[full("stdout", "first"), full("stdout", "second")]
+        );
+        let mut rest = got[2..].to_vec();
+        rest.sort();
+        assert_eq!(
+            rest,
+            vec![full("stderr", "on stderr"), full("stdout", "third")]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_torn_prefix_is_cut_off_and_its_line_written_whole() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let log = dir.path().join("0.log");
+        std::fs::write(
+            &log,
+            "2026-11-22T10:00:00.000000001Z stdout F first\n2026-11-22T1",
+        )
+        .expect("write log");
+        let (out_r, out_w) = nix::unistd::pipe().expect("pipe");
+        let (err_r, err_w) = nix::unistd::pipe().expect("pipe");
+        write_pipe(&out_w, b"second\n");
+        drop((out_w, err_w));
+        tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            pump(log.clone(), out_r, err_r, None),
+        )
+        .await
+        .expect("pump ends");
+        assert_eq!(
+            records(&log),
+            vec![full("stdout", "first"), full("stdout", "second")]
+        );
     }
 }

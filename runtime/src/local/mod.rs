@@ -10,14 +10,23 @@
 //! State lives in memory (one `std::sync::Mutex`, never held across an await) and in
 //! records under `<root-dir>` (`sandboxes/<id>/`, `containers/<id>/`, `exits/`), so other
 //! processes can read it. Files here: `mod.rs` (type, construction, events), `sandbox.rs`,
-//! `container.rs` (create/start/stop/remove), `exec.rs`, `record.rs`, `logs.rs`.
+//! `container.rs` (create/start/stop/remove), `exec.rs`, `record.rs`, `logs.rs`,
+//! `recover.rs` (re-adoption after an agent restart), `cleanup.rs`.
+//!
+//! Two ways to start: connected to the supervisor (`ironlet run`), the runtime owns the data
+//! root and [re-adopts](recover) its containers before [`LocalRuntime::new`] returns;
+//! with a private zygote (`ironlet ctr`, tests) it only reads the records, since an agent
+//! may own the root meanwhile.
 
 pub mod cleanup;
 mod container;
 mod exec;
 pub mod logs;
 pub mod record;
+mod recover;
 mod sandbox;
+
+pub use recover::Recovery;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -112,6 +121,8 @@ pub(crate) struct Inner {
     cgroups: Option<ironlet_cgroups::Hierarchy>,
     /// CNI networking for sandboxes with their own network namespace.
     network: Option<crate::network::Network>,
+    /// What start-up re-adopted, when connected to a supervisor.
+    recovery: std::sync::OnceLock<Recovery>,
 }
 
 /// The in-process runtime. Cheap to clone.
@@ -138,6 +149,14 @@ impl LocalRuntime {
         }
         let (event_tx, event_rx) = mpsc::unbounded_channel();
         let zygote = ZygoteClient::new(zygote, event_tx)?;
+        let hello = zygote.hello().await?;
+        if hello.protocol != crate::zygote::PROTOCOL_VERSION {
+            return Err(crate::zygote::ZygoteError::Protocol {
+                theirs: hello.protocol,
+                ours: crate::zygote::PROTOCOL_VERSION,
+            }
+            .into());
+        }
         zygote.set_exit_dir(config.exits_dir()).await?;
         let cgroups = match ironlet_cgroups::Hierarchy::detect() {
             Ok(h) => Some(h),
@@ -171,14 +190,25 @@ impl LocalRuntime {
             events,
             cgroups,
             network,
+            recovery: std::sync::OnceLock::new(),
         });
-        inner.load_containers();
         tokio::spawn(event_loop(Arc::downgrade(&inner), event_rx));
+        if hello.supervised {
+            let report = inner.recover(&hello).await;
+            let _ = inner.recovery.set(report);
+        } else {
+            inner.load_containers();
+        }
         Ok(Self { inner })
     }
 
     pub fn config(&self) -> &LocalRuntimeConfig {
         &self.inner.config
+    }
+
+    /// What start-up re-adopted (`None` with a private zygote).
+    pub fn recovery(&self) -> Option<&Recovery> {
+        self.inner.recovery.get()
     }
 
     /// Subscribes to a container's raw output. Call between create and start to see all of
@@ -255,8 +285,7 @@ impl Inner {
                 }) = crate::zygote::exits::read(&self.config.exits_dir(), rec.id.as_str())
                 {
                     let at = SystemTime::UNIX_EPOCH + Duration::from_nanos(at_unix_nanos as u64);
-                    let reason = self.exit_reason(&rec, status);
-                    rec.phase = rec.phase.exited(at, exit_code(status), reason);
+                    self.apply_exit(&mut rec, status, at);
                 } else if crate::zygote::process_start_time(pid).ok() != Some(start_time) {
                     // Gone without a trace: kubelet reports such containers as 137/Error.
                     rec.phase = rec.phase.exited(SystemTime::now(), 137, ExitReason::Error);
@@ -272,6 +301,17 @@ impl Inner {
                     tap: None,
                 },
             );
+        }
+    }
+
+    /// Moves a record to Exited with `status` (no-op if it already is).
+    fn apply_exit(&self, rec: &mut ContainerRecord, status: WireExit, at: SystemTime) {
+        let reason = self.exit_reason(rec, status);
+        rec.phase = rec.phase.exited(at, exit_code(status), reason);
+        if status == WireExit::Unknown {
+            if let ContainerPhase::Exited { message, .. } = &mut rec.phase {
+                message.get_or_insert_with(|| UNKNOWN_EXIT_MESSAGE.to_owned());
+            }
         }
     }
 
@@ -333,12 +373,10 @@ impl Inner {
             state.early_exits.insert(id.to_string(), (status, at));
             return;
         };
-        if !matches!(entry.record.phase, ContainerPhase::Exited { .. }) {
-            let reason = self.exit_reason(&entry.record, status);
-            entry.record.phase = entry.record.phase.exited(at, exit_code(status), reason);
-        } else {
+        if matches!(entry.record.phase, ContainerPhase::Exited { .. }) {
             return;
         }
+        self.apply_exit(&mut entry.record, status, at);
         let rec = entry.record.clone();
         entry.exited.send_replace(true);
         drop(state);
@@ -354,10 +392,17 @@ impl Inner {
     }
 }
 
+/// The message of a container whose exit status nobody could observe.
+const UNKNOWN_EXIT_MESSAGE: &str =
+    "the container ended while no ironlet supervisor was its parent; its exit status is unknown";
+
+/// The exit code kubelet shows: the code, 128 + the signal, or 137 when unknown (as kubelet
+/// reports a container that disappeared).
 pub(crate) fn exit_code(status: WireExit) -> i32 {
     match status {
         WireExit::Code(c) => c,
         WireExit::Signal(s) => 128 + s,
+        WireExit::Unknown => 128 + libc::SIGKILL,
     }
 }
 

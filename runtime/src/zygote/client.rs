@@ -14,7 +14,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::{mpsc, oneshot};
 
 use super::protocol::{
-    recv_message, send_message, Envelope, Event, Inbound, Reply, Request, MAX_MESSAGE,
+    recv_message, send_message, Envelope, Event, Hello, Inbound, Reply, Request, MAX_MESSAGE,
 };
 use super::{ZygoteError, ZygoteHandle};
 
@@ -227,6 +227,31 @@ impl ZygoteClient {
 
     pub async fn set_exit_dir(&self, dir: PathBuf) -> Result<(), ZygoteError> {
         self.call(Request::SetExitDir { dir }).await.map(drop)
+    }
+
+    /// Opens the connection: what the zygote watches and holds (see [`Hello`]). Under a
+    /// supervisor the answer waits for calls made for an earlier agent to finish.
+    pub async fn hello(&self) -> Result<Hello, ZygoteError> {
+        match self.call(Request::Hello).await? {
+            (Reply::Hello(hello), _) => Ok(hello),
+            (other, _) => Err(ZygoteError::Unexpected(format!("{other:?}"))),
+        }
+    }
+
+    /// Copies of container `id`'s stdout and stderr read ends, which the zygote holds.
+    pub async fn take_logs(&self, id: &str) -> Result<(OwnedFd, OwnedFd), ZygoteError> {
+        let (reply, fds) = self.call(Request::TakeLogs { id: id.to_owned() }).await?;
+        match (reply, two_fds(fds)) {
+            (Reply::Logs, Some(pair)) => Ok(pair),
+            (other, _) => Err(ZygoteError::Unexpected(format!("{other:?}"))),
+        }
+    }
+
+    /// Lets the zygote close its copies of container `id`'s log pipes (drained or removed).
+    pub async fn release_logs(&self, id: &str) -> Result<(), ZygoteError> {
+        self.call(Request::ReleaseLogs { id: id.to_owned() })
+            .await
+            .map(drop)
     }
 }
 

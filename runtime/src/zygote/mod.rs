@@ -7,20 +7,25 @@
 //! exists; the zygote forks one short-lived worker per call and reaps every container
 //! process through pidfds. The agent talks to it with a [`ZygoteClient`].
 //!
+//! Under `ironlet run` the zygote loop is the supervisor itself (see
+//! [`crate::supervisor`]) and the agent connects to it through an inherited socket.
+//!
 //! Start with [`spawn`]; `server` documents the zygote's guarantees.
 
+mod calls;
 mod client;
 pub mod exits;
 pub(crate) mod protocol;
+mod reaper;
 pub mod seccomp;
-mod server;
+pub(crate) mod server;
 pub(crate) mod sys;
 mod worker;
 
 use std::os::fd::OwnedFd;
 
 pub use client::{ExecHandle, ExecProcess, ZygoteClient};
-pub use protocol::{Event, WireExit};
+pub use protocol::{Event, Hello, LiveProcess, WireExit, PROTOCOL_VERSION};
 pub use sys::process_start_time;
 
 #[derive(Debug, thiserror::Error)]
@@ -43,6 +48,11 @@ pub enum ZygoteError {
     Failed(String),
     #[error("unexpected zygote reply: {0}")]
     Unexpected(String),
+    #[error(
+        "the supervisor speaks protocol {theirs}, this agent {ours}: restart the supervisor \
+         (stop it, then start the new binary) to upgrade across this change"
+    )]
+    Protocol { theirs: u32, ours: u32 },
 }
 
 /// The agent's end of a freshly spawned zygote; turn it into a [`ZygoteClient`] inside a

@@ -4,6 +4,15 @@
 //! kernel's. File descriptors (log pipes) travel beside a message as `SCM_RIGHTS`.
 //! Requests carry a client-chosen `seq`; the zygote answers each with exactly one
 //! [`Reply`] of the same `seq`, in any order. [`Event`]s (process exits) are unsolicited.
+//!
+//! A connection starts with [`Request::Hello`]. Under a supervisor the agent's connection
+//! is one of many over the supervisor's life (one per agent run), so the answer tells the
+//! agent what outlived its predecessor: live container processes and held log pipes.
+//!
+//! Compatibility: after an upgrade in place the supervisor keeps running the old code while
+//! the agent runs the new one. [`PROTOCOL_VERSION`] changes whenever a message changes
+//! incompatibly; an agent refuses a supervisor with another version (see
+//! `docs/CRASH_SAFETY.md`). Adding a variant is incompatible for the side that receives it.
 
 use std::io::IoSlice;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -18,6 +27,9 @@ use super::ZygoteError;
 pub(crate) const MAX_MESSAGE: usize = 256 * 1024;
 /// At most this many descriptors ride along one message.
 const MAX_FDS: usize = 4;
+
+/// The version of this protocol; see the module docs.
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// What the agent asks of the zygote.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -68,15 +80,57 @@ pub enum Request {
     },
     /// Remember an exit durably under this directory (`<dir>/<id>.json`).
     SetExitDir { dir: PathBuf },
+    /// The first request of a connection. Answered with [`Reply::Hello`] once every worker
+    /// started for an earlier connection has finished, so the answer is a settled state.
+    Hello,
+    /// A copy of the read ends of container `id`'s stdout and stderr pipes, which the zygote
+    /// keeps until [`Request::ReleaseLogs`]. Reply: [`Reply::Logs`] with two descriptors.
+    TakeLogs { id: String },
+    /// The caller has drained container `id`'s output to end of stream (or removed the
+    /// container): the zygote closes its copies of the log pipes.
+    ReleaseLogs { id: String },
 }
 
 /// The zygote's answer to one request.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum Reply {
-    Created { pid: i32, start_time: u64 },
-    Execd { pid: i32 },
+    Created {
+        pid: i32,
+        start_time: u64,
+    },
+    Execd {
+        pid: i32,
+    },
     Done,
-    Failed { message: String },
+    Failed {
+        message: String,
+    },
+    Hello(Hello),
+    /// The stdout and stderr read ends travel beside this reply.
+    Logs,
+}
+
+/// What the zygote tells a newly connected client.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Hello {
+    /// The zygote's [`PROTOCOL_VERSION`].
+    pub protocol: u32,
+    /// Whether the zygote is a supervisor that outlives its clients (`ironlet run`), rather
+    /// than the private zygote of one process (`ironlet ctr`, tests).
+    pub supervised: bool,
+    /// Container init processes the zygote watches (and will reap).
+    pub live: Vec<LiveProcess>,
+    /// Containers whose log pipes the zygote holds (running, or exited and not drained).
+    pub held_logs: Vec<String>,
+}
+
+/// A container init process a zygote watches.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LiveProcess {
+    pub id: String,
+    pub pid: i32,
+    /// Clock ticks since boot (`/proc/<pid>/stat` field 22), the pid reuse guard.
+    pub start_time: u64,
 }
 
 /// Something that happened without being asked.
@@ -98,6 +152,9 @@ pub enum Event {
 pub enum WireExit {
     Code(i32),
     Signal(i32),
+    /// The process ended but was not the reaper's child (it was re-adopted after a
+    /// supervisor restart), so its status is unknowable.
+    Unknown,
 }
 
 /// A message from the agent.

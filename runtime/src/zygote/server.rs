@@ -1,5 +1,5 @@
-//! The zygote's event loop: a single-threaded process, forked before any thread exists,
-//! that owns every container process.
+//! The zygote's event loop: a single-threaded process, forked (or, as the supervisor,
+//! started) before any thread exists, that owns every container process.
 //!
 //! ```text
 //!   agent (tokio) ══ SOCK_SEQPACKET ══ zygote (this loop, child subreaper)
@@ -8,95 +8,76 @@
 //!                                        └─ exec process       intermediate process exits
 //! ```
 //!
+//! Two modes share this loop:
+//! - **private** ([`serve`], from [`super::spawn`]): the zygote of one process (`ironlet
+//!   ctr`, tests). When that process hangs up, the zygote keeps reaping and recording until
+//!   its last process has ended, then exits.
+//! - **supervised** ([`serve_supervised`], `ironlet run`): the loop is also the
+//!   [`Supervisor`] of the agent process, which connects anew after every restart (each
+//!   connection is a *generation*). See `crate::supervisor`.
+//!
 //! Guarantees:
 //! - libcontainer only ever runs in a worker forked from this single-threaded process.
 //! - Every process the zygote owns is watched through a pidfd and reaped with
 //!   `waitid(P_PIDFD)`; there is no `waitpid(-1)`, so nothing else's exit is stolen.
 //! - A container exit is written durably (`<exit dir>/<id>.json`, temp + fsync + rename)
-//!   before the agent is told, so an exit code survives an agent that is gone.
-//! - The zygote holds its own read end of every log pipe, so a container never gets SIGPIPE
-//!   when the agent is gone; once the pipe is full the container blocks.
-//! - When the agent hangs up, the zygote keeps reaping and recording until its last
-//!   process has ended, then exits.
+//!   before the client is told, so an exit code survives a client that is gone.
+//! - The zygote holds its own read end of every container's log pipes until the client
+//!   releases them (after draining them to end of stream) or deletes the container, so a
+//!   container never gets SIGPIPE while its client is gone, and output written just before
+//!   an exit is still there for the next client; once a pipe is full the writer blocks.
+//! - [`Request::Hello`] is answered only when no worker of an earlier generation runs, and
+//!   a container or exec process created for a client that is gone is killed (it never ran
+//!   user code, or nobody reads it): a new client sees a settled state.
 
-use std::io::Read;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
-use std::time::SystemTime;
+use std::time::Instant;
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-use nix::unistd::{fork, ForkResult};
 
-use super::protocol::{
-    raw_fds, recv_message, send_message, Envelope, Event, Inbound, Reply, Request, WireExit,
-    MAX_MESSAGE,
-};
-use super::sys;
-use super::worker::{self, Stdio, WorkerResult};
+use super::calls::Worker;
+use super::protocol::{recv_message, send_message, Envelope, Inbound, Reply, Request, MAX_MESSAGE};
+use super::reaper::Watched;
 use super::ZygoteError;
+use crate::supervisor::{Supervisor, SupervisorSource};
 
-/// A worker running one request.
-struct Worker {
-    seq: u64,
-    pid: i32,
-    pidfd: OwnedFd,
-    result_pipe: Option<OwnedFd>,
-    output: Vec<u8>,
-    exit: Option<WireExit>,
-    kind: WorkerKind,
-}
-
-/// What to do with a worker's success.
-enum WorkerKind {
-    /// Watch the new container init; hand these log pipe read ends to the agent.
-    Create {
-        id: String,
-        pipes: Vec<OwnedFd>,
-    },
-    Exec {
-        id: String,
-        exec_id: String,
-        pipes: Vec<OwnedFd>,
-    },
-    Plain,
-}
-
-/// A container init or exec process the zygote reaps.
-struct Watched {
-    id: String,
-    exec_id: Option<String>,
-    pid: i32,
-    pidfd: OwnedFd,
-    /// The zygote's own read ends of the log pipes (see the module guarantees).
-    _held_pipes: Vec<OwnedFd>,
-}
-
-struct Server {
-    sock: Option<OwnedFd>,
-    workers: Vec<Worker>,
-    watched: Vec<Watched>,
-    exit_dir: Option<PathBuf>,
+pub(super) struct Server {
+    pub(super) sock: Option<OwnedFd>,
+    /// Increases with every new connection; workers remember the one they serve.
+    pub(super) generation: u64,
+    /// A `Hello` waiting for the workers of earlier generations.
+    pub(super) pending_hello: Option<u64>,
+    pub(super) workers: Vec<Worker>,
+    pub(super) watched: Vec<Watched>,
+    /// Read ends of containers' stdout and stderr pipes, by container id.
+    pub(super) logs: std::collections::HashMap<String, [OwnedFd; 2]>,
+    pub(super) exit_dir: Option<PathBuf>,
+    pub(super) filters: super::seccomp::FilterCache,
+    supervisor: Option<Supervisor>,
     buf: Vec<u8>,
-    filters: super::seccomp::FilterCache,
 }
 
-/// Runs the zygote until the agent has hung up and every owned process has ended.
+/// Runs a private zygote until its client has hung up and every owned process has ended.
 pub(crate) fn serve(sock: OwnedFd) -> ! {
-    // SAFETY: prctl with integer arguments.
-    unsafe {
-        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
-    }
+    set_child_subreaper();
     // Own session: a Ctrl-C meant for `ironlet ctr run` must not kill the zygote.
     let _ = nix::unistd::setsid();
-    let mut server = Server {
-        sock: Some(sock),
-        workers: Vec::new(),
-        watched: Vec::new(),
-        exit_dir: None,
-        buf: vec![0; MAX_MESSAGE],
-        filters: super::seccomp::FilterCache::default(),
-    };
-    let code = match server.run() {
+    let mut server = Server::new(Some(sock), None, None);
+    let result = server.run_private();
+    exit_with(result)
+}
+
+/// Runs the supervisor: the zygote loop plus the agent's life cycle. Returns never; the
+/// process exits when the supervisor is told to stop and the agent has gone.
+pub(crate) fn serve_supervised(supervisor: Supervisor, exit_dir: PathBuf) -> ! {
+    let mut server = Server::new(None, Some(supervisor), Some(exit_dir));
+    let result = server.run_supervised();
+    exit_with(result)
+}
+
+fn exit_with(result: Result<(), ZygoteError>) -> ! {
+    let code = match result {
         Ok(()) => 0,
         Err(err) => {
             tracing::error!(%err, "zygote stopped");
@@ -107,35 +88,107 @@ pub(crate) fn serve(sock: OwnedFd) -> ! {
     unsafe { libc::_exit(code) }
 }
 
+pub(crate) fn set_child_subreaper() {
+    // SAFETY: prctl with integer arguments.
+    unsafe {
+        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+    }
+}
+
 /// What one ready descriptor in the poll set stands for.
 #[derive(Clone, Copy)]
 enum Source {
     Socket,
     WorkerExit(usize),
     Watched(usize),
+    Supervisor(SupervisorSource),
 }
 
 impl Server {
-    fn run(&mut self) -> Result<(), ZygoteError> {
+    fn new(
+        sock: Option<OwnedFd>,
+        supervisor: Option<Supervisor>,
+        exit_dir: Option<PathBuf>,
+    ) -> Self {
+        Self {
+            sock,
+            generation: 0,
+            pending_hello: None,
+            workers: Vec::new(),
+            watched: Vec::new(),
+            logs: std::collections::HashMap::new(),
+            exit_dir,
+            filters: super::seccomp::FilterCache::default(),
+            supervisor,
+            buf: vec![0; MAX_MESSAGE],
+        }
+    }
+
+    pub(super) fn is_supervisor(&self) -> bool {
+        self.supervisor.is_some()
+    }
+
+    fn run_private(&mut self) -> Result<(), ZygoteError> {
         loop {
             if self.sock.is_none() && self.workers.is_empty() && self.watched.is_empty() {
                 return Ok(());
             }
-            let ready = self.wait()?;
-            for source in ready {
-                match source {
-                    Source::Socket => self.on_request()?,
-                    Source::WorkerExit(i) => self.reap_worker(i),
-                    Source::Watched(i) => self.reap_watched(i),
-                }
-            }
-            self.finish_workers();
-            self.watched.retain(|w| w.pid != 0);
+            self.round(None)?;
         }
     }
 
+    fn run_supervised(&mut self) -> Result<(), ZygoteError> {
+        loop {
+            let now = Instant::now();
+            let Some(outcome) = self.supervisor.as_mut().map(|s| s.tick(now)) else {
+                return Ok(());
+            };
+            if let Some(sock) = outcome.connection {
+                self.connect(sock);
+            }
+            if outcome.exit {
+                tracing::info!(
+                    containers = self.watched.iter().filter(|w| w.exec_id.is_none()).count(),
+                    "supervisor exits; containers keep running"
+                );
+                return Ok(());
+            }
+            let timeout = self.supervisor.as_ref().and_then(|s| s.timeout(now));
+            self.round(timeout)?;
+        }
+    }
+
+    /// A new client (a freshly started agent): the previous one is gone for good.
+    fn connect(&mut self, sock: OwnedFd) {
+        self.generation += 1;
+        self.pending_hello = None;
+        self.sock = Some(sock);
+        tracing::debug!(generation = self.generation, "agent connected");
+    }
+
+    /// One poll round: wait, then handle every ready source.
+    fn round(&mut self, timeout: Option<std::time::Duration>) -> Result<(), ZygoteError> {
+        let ready = self.wait(timeout)?;
+        for source in ready {
+            match source {
+                Source::Socket => self.on_request()?,
+                Source::WorkerExit(i) => self.reap_worker(i),
+                Source::Watched(i) => self.reap_watched(i),
+                Source::Supervisor(source) => {
+                    if let Some(supervisor) = self.supervisor.as_mut() {
+                        supervisor.on_ready(source, Instant::now());
+                    }
+                }
+            }
+        }
+        self.finish_workers();
+        self.watched.retain(|w| w.pid != 0);
+        self.answer_pending_hello();
+        Ok(())
+    }
+
     /// Polls every descriptor; returns the sources that are ready.
-    fn wait(&self) -> Result<Vec<Source>, ZygoteError> {
+    fn wait(&self, timeout: Option<std::time::Duration>) -> Result<Vec<Source>, ZygoteError> {
         let mut sources = Vec::new();
         let mut fds = Vec::new();
         if let Some(sock) = &self.sock {
@@ -152,7 +205,19 @@ impl Server {
             sources.push(Source::Watched(i));
             fds.push(PollFd::new(w.pidfd.as_fd(), PollFlags::POLLIN));
         }
-        match poll(&mut fds, PollTimeout::NONE) {
+        if let Some(supervisor) = &self.supervisor {
+            for (source, fd) in supervisor.poll_fds() {
+                sources.push(Source::Supervisor(source));
+                fds.push(PollFd::new(fd, PollFlags::POLLIN));
+            }
+        }
+        let timeout = match timeout {
+            None => PollTimeout::NONE,
+            // Rounded up, so a deadline is never polled for just before it passes.
+            Some(t) => PollTimeout::try_from(t.as_millis().saturating_add(1).min(60_000) as i32)
+                .unwrap_or(PollTimeout::MAX),
+        };
+        match poll(&mut fds, timeout) {
             Ok(_) | Err(nix::errno::Errno::EINTR) => {}
             Err(e) => return Err(ZygoteError::Socket(e.into())),
         }
@@ -172,7 +237,7 @@ impl Server {
         let message = match recv_message::<Envelope>(raw, &mut self.buf) {
             Ok(Some((msg, _fds))) => msg,
             Ok(None) => {
-                tracing::debug!("agent hung up; zygote drains its processes");
+                tracing::debug!("client hung up; the zygote keeps reaping");
                 self.sock = None;
                 return Ok(());
             }
@@ -180,10 +245,18 @@ impl Server {
                 tracing::warn!(%err, "zygote dropped an undecodable request");
                 return Ok(());
             }
+            Err(ZygoteError::Socket(err)) => {
+                tracing::warn!(%err, "client connection failed; the zygote keeps reaping");
+                self.sock = None;
+                return Ok(());
+            }
             Err(err) => return Err(err),
         };
         let seq = message.seq;
         match message.request {
+            Request::Hello => {
+                self.pending_hello = Some(seq);
+            }
             Request::Kill { id, signal } => {
                 let reply = self.kill(&id, signal);
                 self.reply(seq, reply, &[]);
@@ -200,7 +273,15 @@ impl Server {
                 let reply = self.adopt(id, pid, start_time);
                 self.reply(seq, reply, &[]);
             }
+            Request::TakeLogs { id } => self.take_logs(seq, &id),
+            Request::ReleaseLogs { id } => {
+                self.logs.remove(&id);
+                self.reply(seq, Reply::Done, &[]);
+            }
             request => {
+                if let Request::Delete { id, .. } = &request {
+                    self.logs.remove(id);
+                }
                 if let Err(message) = self.spawn_worker(seq, request) {
                     self.reply(seq, Reply::Failed { message }, &[]);
                 }
@@ -209,287 +290,30 @@ impl Server {
         Ok(())
     }
 
-    fn reply(&mut self, seq: u64, reply: Reply, fds: &[RawFd]) {
+    /// Answers a waiting `Hello` once no worker of an earlier generation is left.
+    fn answer_pending_hello(&mut self) {
+        let Some(seq) = self.pending_hello else {
+            return;
+        };
+        if self.workers.iter().any(|w| w.generation != self.generation) {
+            return;
+        }
+        self.pending_hello = None;
+        let hello = self.hello();
+        self.reply(seq, Reply::Hello(hello), &[]);
+    }
+
+    pub(super) fn reply(&mut self, seq: u64, reply: Reply, fds: &[RawFd]) {
         self.send(&Inbound::Reply { seq, reply }, fds);
     }
 
-    fn send(&mut self, msg: &Inbound, fds: &[RawFd]) {
+    pub(super) fn send(&mut self, msg: &Inbound, fds: &[RawFd]) {
         let Some(sock) = &self.sock else {
             return;
         };
         if let Err(err) = send_message(sock.as_raw_fd(), msg, fds) {
-            tracing::warn!(%err, "zygote lost the agent; it keeps reaping on its own");
+            tracing::warn!(%err, "zygote lost its client; it keeps reaping on its own");
             self.sock = None;
-        }
-    }
-
-    fn kill(&self, id: &str, signal: i32) -> Reply {
-        match self
-            .watched
-            .iter()
-            .find(|w| w.id == id && w.exec_id.is_none())
-        {
-            Some(w) => match sys::pidfd_send_signal(&w.pidfd, signal) {
-                Ok(()) => Reply::Done,
-                Err(e) => Reply::Failed {
-                    message: format!("signal {signal} to {id}: {e}"),
-                },
-            },
-            None => Reply::Failed {
-                message: format!("container {id} is not running"),
-            },
-        }
-    }
-
-    fn adopt(&mut self, id: String, pid: i32, start_time: u64) -> Reply {
-        if self
-            .watched
-            .iter()
-            .any(|w| w.id == id && w.exec_id.is_none())
-        {
-            return Reply::Done;
-        }
-        match sys::process_start_time(pid) {
-            Ok(t) if t == start_time => {}
-            _ => {
-                return Reply::Failed {
-                    message: format!("process {pid} of {id} is gone"),
-                }
-            }
-        }
-        match sys::pidfd_open(pid) {
-            Ok(pidfd) => {
-                self.watched.push(Watched {
-                    id,
-                    exec_id: None,
-                    pid,
-                    pidfd,
-                    _held_pipes: Vec::new(),
-                });
-                Reply::Done
-            }
-            Err(e) => Reply::Failed {
-                message: format!("pidfd_open {pid}: {e}"),
-            },
-        }
-    }
-
-    fn spawn_worker(&mut self, seq: u64, request: Request) -> Result<(), String> {
-        let wants_stdio = matches!(request, Request::Create { .. } | Request::Exec { .. });
-        // Compiled here, once per profile; the forked worker inherits the program.
-        let seccomp = match &request {
-            Request::Create { bundle, .. } | Request::Exec { bundle, .. } => {
-                self.filters.for_bundle(bundle)?
-            }
-            _ => None,
-        };
-        let (mut pipes, stdio) = if wants_stdio {
-            let (out_r, out_w) = sys::pipe().map_err(|e| format!("pipe: {e}"))?;
-            let (err_r, err_w) = sys::pipe().map_err(|e| format!("pipe: {e}"))?;
-            sys::grow_pipe(&out_r);
-            sys::grow_pipe(&err_r);
-            (
-                vec![out_r, err_r],
-                Some(Stdio {
-                    stdout: out_w,
-                    stderr: err_w,
-                }),
-            )
-        } else {
-            (Vec::new(), None)
-        };
-        let kind = match &request {
-            Request::Create { id, .. } => WorkerKind::Create {
-                id: id.clone(),
-                pipes: std::mem::take(&mut pipes),
-            },
-            Request::Exec { id, exec_id, .. } => WorkerKind::Exec {
-                id: id.clone(),
-                exec_id: exec_id.clone(),
-                pipes: std::mem::take(&mut pipes),
-            },
-            _ => WorkerKind::Plain,
-        };
-        let (result_r, result_w) = sys::pipe().map_err(|e| format!("pipe: {e}"))?;
-        // SAFETY: the zygote is single-threaded, so the child may run arbitrary code.
-        match unsafe { fork() } {
-            Ok(ForkResult::Child) => {
-                drop(result_r);
-                drop(kind);
-                self.sock = None;
-                worker::run(request, stdio, seccomp, result_w)
-            }
-            Ok(ForkResult::Parent { child }) => {
-                drop(result_w);
-                drop(stdio);
-                let pidfd = sys::pidfd_open(child.as_raw())
-                    .map_err(|e| format!("pidfd_open worker {child}: {e}"))?;
-                self.workers.push(Worker {
-                    seq,
-                    pid: child.as_raw(),
-                    pidfd,
-                    result_pipe: Some(result_r),
-                    output: Vec::new(),
-                    exit: None,
-                    kind,
-                });
-                Ok(())
-            }
-            Err(e) => Err(format!("fork worker: {e}")),
-        }
-    }
-
-    /// Drains a reaped worker's result. The result is not read to end-of-file: the
-    /// container init inherits the pipe's write end and keeps it open until it execs, so
-    /// EOF would only come at `start`. The worker wrote everything before exiting.
-    fn read_worker_output(w: &mut Worker) {
-        let Some(pipe) = w.result_pipe.take() else {
-            return;
-        };
-        let _ = nix::fcntl::fcntl(
-            pipe.as_raw_fd(),
-            nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
-        );
-        let mut file = std::fs::File::from(pipe);
-        let mut chunk = [0u8; 4096];
-        loop {
-            match file.read(&mut chunk) {
-                Ok(0) | Err(_) => return,
-                Ok(n) => w.output.extend_from_slice(&chunk[..n]),
-            }
-        }
-    }
-
-    fn reap_worker(&mut self, i: usize) {
-        if let Some(w) = self.workers.get_mut(i) {
-            match sys::reap_pidfd(&w.pidfd) {
-                Ok(Some(status)) => {
-                    w.exit = Some(status);
-                    Self::read_worker_output(w);
-                }
-                Ok(None) => {}
-                Err(err) => {
-                    tracing::warn!(pid = w.pid, %err, "reaping worker failed");
-                    w.exit = Some(WireExit::Code(-1));
-                    Self::read_worker_output(w);
-                }
-            }
-        }
-    }
-
-    /// Replies for every worker whose result is complete and that has been reaped.
-    fn finish_workers(&mut self) {
-        let mut i = 0;
-        while i < self.workers.len() {
-            let done = self.workers[i].result_pipe.is_none() && self.workers[i].exit.is_some();
-            if !done {
-                i += 1;
-                continue;
-            }
-            let w = self.workers.swap_remove(i);
-            self.finish_worker(w);
-        }
-    }
-
-    fn finish_worker(&mut self, w: Worker) {
-        let result = serde_json::from_slice::<WorkerResult>(&w.output).unwrap_or_else(|_| {
-            WorkerResult::Err {
-                message: format!("worker {} died without a result ({:?})", w.pid, w.exit),
-            }
-        });
-        let pid = match result {
-            WorkerResult::Err { message } => {
-                self.reply(w.seq, Reply::Failed { message }, &[]);
-                return;
-            }
-            WorkerResult::Ok { pid } => pid,
-        };
-        match (w.kind, pid) {
-            (WorkerKind::Plain, _) => self.reply(w.seq, Reply::Done, &[]),
-            (WorkerKind::Create { id, pipes }, Some(pid)) => {
-                let start_time = sys::process_start_time(pid).unwrap_or(0);
-                match self.watch(id, None, pid, &pipes) {
-                    Ok(()) => {
-                        self.reply(w.seq, Reply::Created { pid, start_time }, &raw_fds(&pipes))
-                    }
-                    Err(message) => self.reply(w.seq, Reply::Failed { message }, &[]),
-                }
-            }
-            (WorkerKind::Exec { id, exec_id, pipes }, Some(pid)) => {
-                match self.watch(id, Some(exec_id), pid, &pipes) {
-                    Ok(()) => self.reply(w.seq, Reply::Execd { pid }, &raw_fds(&pipes)),
-                    Err(message) => self.reply(w.seq, Reply::Failed { message }, &[]),
-                }
-            }
-            (_, None) => self.reply(
-                w.seq,
-                Reply::Failed {
-                    message: "worker reported no pid".into(),
-                },
-                &[],
-            ),
-        }
-    }
-
-    fn watch(
-        &mut self,
-        id: String,
-        exec_id: Option<String>,
-        pid: i32,
-        pipes: &[OwnedFd],
-    ) -> Result<(), String> {
-        let pidfd = sys::pidfd_open(pid).map_err(|e| format!("pidfd_open {pid}: {e}"))?;
-        let held = pipes
-            .iter()
-            .map(OwnedFd::try_clone)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| format!("dup log pipe: {e}"))?;
-        self.watched.push(Watched {
-            id,
-            exec_id,
-            pid,
-            pidfd,
-            _held_pipes: held,
-        });
-        Ok(())
-    }
-
-    fn reap_watched(&mut self, i: usize) {
-        let Some(w) = self.watched.get_mut(i) else {
-            return;
-        };
-        let status = match sys::reap_pidfd(&w.pidfd) {
-            Ok(Some(status)) => status,
-            Ok(None) => return,
-            // ECHILD: an adopted process that is not our child; its code is unknowable.
-            Err(err) => {
-                tracing::debug!(pid = w.pid, %err, "watched process ended; status unknown");
-                WireExit::Signal(0)
-            }
-        };
-        let event = Event::Exited {
-            id: w.id.clone(),
-            exec_id: w.exec_id.clone(),
-            pid: w.pid,
-            status,
-            at_unix_nanos: SystemTime::now()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or_default(),
-        };
-        w.pid = 0; // removed after this round
-        if w.exec_id.is_none() {
-            self.record_exit(&event);
-        }
-        self.send(&Inbound::Event(event), &[]);
-    }
-
-    fn record_exit(&self, event: &Event) {
-        let (Some(dir), Event::Exited { id, .. }) = (&self.exit_dir, event) else {
-            return;
-        };
-        if let Err(err) = super::exits::write(dir, id, event) {
-            tracing::error!(container_id = %id, %err, "recording exit failed");
         }
     }
 }

@@ -97,3 +97,9 @@ pub(crate) fn grow_pipe(fd: &OwnedFd) {
         libc::fcntl(fd.as_raw_fd(), libc::F_SETPIPE_SZ, LOG_PIPE_SIZE);
     }
 }
+
+/// Unblocks every signal in the calling thread: a forked child must not inherit the
+/// supervisor's blocked mask (it survives exec, and containers must get their signals).
+pub(crate) fn unblock_all_signals() {
+    let _ = nix::sys::signal::SigSet::empty().thread_set_mask();
+}

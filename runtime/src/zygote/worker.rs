@@ -164,11 +164,19 @@ fn load(state_root: &Path, id: &str) -> Result<Container, String> {
 }
 
 fn delete(id: &str, state_root: &Path, force: bool) -> Result<(), String> {
-    if !state_root.join(id).exists() {
+    let dir = state_root.join(id);
+    if !dir.exists() {
         return Ok(());
     }
-    let mut container = load(state_root, id)?;
-    container.delete(force).map_err(|e| format!("delete: {e}"))
+    match load(state_root, id) {
+        Ok(mut container) => container.delete(force).map_err(|e| format!("delete: {e}")),
+        // A state directory without a readable state (a create interrupted before
+        // libcontainer wrote it) holds nothing else to clean.
+        Err(_) if force && !dir.join("state.json").exists() => {
+            std::fs::remove_dir_all(&dir).map_err(|e| format!("remove {}: {e}", dir.display()))
+        }
+        Err(e) => Err(e),
+    }
 }
 
 fn exec(
