@@ -10,6 +10,7 @@ pub mod admission;
 pub mod config;
 pub mod env;
 pub mod kubelet;
+pub mod node;
 pub mod objects;
 pub mod pleg;
 pub mod pod_cache;

@@ -2,7 +2,7 @@
 //! codes and limits, ps/logs/exec/rm, and a rootless run as an unprivileged user the test
 //! creates. Needs root (CI runs as root); skips otherwise.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -10,20 +10,9 @@ fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
 }
 
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
+/// The test images, built once.
 fn images_out() -> PathBuf {
-    let out = repo_root().join("images/out");
-    if !out.join("busybox/index.json").exists() {
-        let status = Command::new(repo_root().join("images/build"))
-            .arg(&out)
-            .status()
-            .expect("images/build runs");
-        assert!(status.success(), "images/build failed");
-    }
-    out
+    ironlet_runtime::testkit::test_images().expect("images/build produces the test images")
 }
 
 /// A data root of its own, with busybox imported.

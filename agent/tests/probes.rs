@@ -5,7 +5,7 @@
 //! thread exists, as the binary does.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -43,23 +43,7 @@ struct WebPod {
 const ONE_SECOND: Duration = Duration::from_secs(1);
 const HTTPD: &str = "mkdir -p /www && echo ok > /www/index.html && exec httpd -f -p 8080 -h /www";
 
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-/// The test images, built by `images/build` (deterministic, no network).
-fn busybox_layout() -> Result<PathBuf> {
-    let out = repo_root().join("images/out");
-    let layout = out.join("busybox");
-    if !layout.join("index.json").exists() {
-        let status = std::process::Command::new(repo_root().join("images/build"))
-            .arg(&out)
-            .status()
-            .context("running images/build")?;
-        ensure!(status.success(), "images/build failed");
-    }
-    Ok(layout)
-}
+use ironlet_runtime::testkit::busybox_layout;
 
 fn main() {
     let args = Arguments::from_args();
@@ -165,6 +149,7 @@ fn setup(zygote: ironlet_runtime::zygote::ZygoteHandle) -> Result<Env> {
             root_dir: root.clone(),
             rootless: false,
             default_cgroup_parent: Some(format!("/{}", cgroup_parent_name())),
+            cni: None,
         };
         anyhow::Ok(LocalRuntime::new(config, zygote, store).await?)
     })?;

@@ -38,6 +38,20 @@ spec:
     emptyDir: {}
 "#;
 
+/// A plain HTTP/1.0 GET; the body, or the error as text.
+fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let attempt = || -> std::io::Result<String> {
+        let mut stream = std::net::TcpStream::connect(addr)?;
+        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+        write!(stream, "GET {path} HTTP/1.0\r\n\r\n")?;
+        let mut out = String::new();
+        stream.read_to_string(&mut out)?;
+        Ok(out)
+    };
+    attempt().unwrap_or_else(|e| format!("error: {e}"))
+}
+
 fn running_and_ready(pod: &k8s_openapi::api::core::v1::Pod) -> bool {
     phase(pod) == "Running" && condition(pod, "Ready").as_deref() == Some("True")
 }
@@ -115,6 +129,30 @@ fn a_pod_with_an_init_container_and_two_containers_comes_up_running() {
     assert_eq!(status.qos_class.as_deref(), Some("BestEffort"));
     assert!(status.start_time.is_some());
     assert!(status.host_ip.is_some());
+    // The pod has an address on its CNI bridge, and the host reaches the server there.
+    let ip = status.pod_ip.clone().expect("podIP from CNI");
+    assert!(ip.starts_with("10.87."), "podIP {ip}");
+    let body = http_get(&format!("{ip}:8080"), "/index.html");
+    assert!(body.contains("init-done"), "GET / on the pod IP: {body:?}");
+
+    // `ironlet pods` shows it as kubectl would.
+    let table = std::process::Command::new(env!("CARGO_BIN_EXE_ironlet"))
+        .arg("--root-dir")
+        .arg(agent.root.path())
+        .arg("pods")
+        .output()
+        .expect("ironlet pods runs");
+    let table = String::from_utf8_lossy(&table.stdout).into_owned();
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("web-e2e-node "))
+        .unwrap_or_else(|| panic!("no row for the pod in:\n{table}"));
+    let columns: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(
+        columns.get(1..4),
+        Some(&["2/2", "Running", "0"][..]),
+        "{table}"
+    );
 
     // The sidecar's output is in its CRI log with $(POD_NAME) expanded.
     let uid = pod.metadata.uid.clone().expect("uid");
@@ -234,17 +272,19 @@ spec:
         gap3 >= Duration::from_secs(19) && gap3 < Duration::from_secs(25),
         "third back-off {gap3:?}"
     );
-    let message = backoff_messages
-        .first()
-        .cloned()
-        .expect("a CrashLoopBackOff waiting state was reported");
-    assert!(
-        message
-            .starts_with("back-off 10s restarting failed container=c pod=crash-e2e-node_default(")
-            || message.starts_with(
-                "back-off 20s restarting failed container=c pod=crash-e2e-node_default("
-            ),
-        "{message}"
+    // The waiting message names each window in turn, in kubelet's words.
+    let prefix = "restarting failed container=c pod=crash-e2e-node_default(";
+    let windows: Vec<&str> = backoff_messages
+        .iter()
+        .filter_map(|m| m.strip_prefix("back-off "))
+        .filter_map(|m| m.split_once(' '))
+        .filter(|(_, rest)| rest.starts_with(prefix))
+        .map(|(window, _)| window)
+        .collect();
+    assert_eq!(
+        windows.get(..2),
+        Some(&["10s", "20s"][..]),
+        "{backoff_messages:?}"
     );
 }
 
@@ -496,4 +536,46 @@ fn a_pod_whose_container_fails_under_restart_policy_never_ends_failed() {
     assert_eq!(bad.exit_code, 7);
     assert_eq!(bad.reason.as_deref(), Some("Error"));
     assert_eq!(restart_count(&pod, "bad"), 0);
+}
+
+#[test]
+fn termination_messages_come_from_the_file_or_the_log_tail_on_error() {
+    if !support::is_root() {
+        return;
+    }
+    let agent = Agent::start();
+    agent.write_manifest(
+        "msg.yaml",
+        r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: msg}
+spec:
+  restartPolicy: Never
+  containers:
+  - name: file
+    image: busybox
+    command: [sh, -c, "echo -n 'disk full' > /dev/termination-log; exit 2"]
+  - name: custom
+    image: busybox
+    terminationMessagePath: /tmp/why
+    command: [sh, -c, "echo -n custom-path > /tmp/why; exit 0"]
+  - name: fallback
+    image: busybox
+    terminationMessagePolicy: FallbackToLogsOnError
+    command: [sh, -c, "echo first; echo last words; exit 1"]
+"#,
+    );
+    let pod = agent.wait_pod("msg", "Failed", Duration::from_secs(30), |p| {
+        phase(p) == "Failed"
+    });
+    let message = |name: &str| {
+        container_status(&pod, name)
+            .and_then(|c| c.state.as_ref())
+            .and_then(|s| s.terminated.as_ref())
+            .and_then(|t| t.message.clone())
+    };
+    assert_eq!(message("file").as_deref(), Some("disk full"));
+    assert_eq!(message("custom").as_deref(), Some("custom-path"));
+    assert_eq!(message("fallback").as_deref(), Some("first\nlast words"));
 }

@@ -72,22 +72,7 @@ metadata: {name: creds}
 stringData: {password: hunter2}
 "#;
 
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn busybox_layout() -> Result<PathBuf> {
-    let out = repo_root().join("images/out");
-    let layout = out.join("busybox");
-    if !layout.join("index.json").exists() {
-        let status = std::process::Command::new(repo_root().join("images/build"))
-            .arg(&out)
-            .status()
-            .context("running images/build")?;
-        ensure!(status.success(), "images/build failed");
-    }
-    Ok(layout)
-}
+use ironlet_runtime::testkit::busybox_layout;
 
 fn main() {
     if !nix::unistd::geteuid().is_root() {
@@ -162,6 +147,7 @@ async fn run(zygote: ironlet_runtime::zygote::ZygoteHandle, root: &Path) -> Resu
             root_dir: root.join("runtime"),
             rootless: false,
             default_cgroup_parent: Some(format!("/{}", cgroup_parent())),
+            cni: None,
         },
         zygote,
         store,

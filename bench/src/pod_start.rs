@@ -84,6 +84,7 @@ async fn in_process(
             root_dir: root.path().to_owned(),
             rootless: false,
             default_cgroup_parent: None,
+            cni: None,
         },
         zygote,
         store,
@@ -169,11 +170,13 @@ async fn exit_to_cache(
     count: usize,
 ) -> Result<Vec<Duration>> {
     let cache = Arc::new(ironlet::pod_cache::PodCache::new(runtime.clone()));
-    let (mut events, _health, pleg) = ironlet::pleg::start(
+    let handles = ironlet::pleg::start(
         runtime.clone(),
         cache.clone(),
         ironlet::pleg::PlegConfig::default(),
+        None,
     );
+    let (mut events, pleg) = (handles.events, handles.task);
     let sandbox = runtime
         .run_pod_sandbox(&PodSandboxConfig {
             pod_uid: "bench-exit".into(),

@@ -35,6 +35,12 @@ pub enum RuntimeError {
     Cgroups(#[from] ironlet_cgroups::Error),
     #[error(transparent)]
     Zygote(#[from] crate::zygote::ZygoteError),
+    #[error("pod network of sandbox {sandbox_id}: {source}")]
+    Network {
+        sandbox_id: crate::types::SandboxId,
+        #[source]
+        source: Box<crate::network::NetworkError>,
+    },
 
     // ---- failed steps ----
     #[error("creating container {id}: {message}")]

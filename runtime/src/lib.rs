@@ -6,8 +6,11 @@
 pub mod error;
 pub mod image;
 pub mod local;
+pub mod network;
 pub mod spec;
 pub mod supervisor;
+#[doc(hidden)]
+pub mod testkit;
 pub mod traits;
 pub mod types;
 pub mod zygote;

@@ -24,23 +24,7 @@ struct Env {
     root: PathBuf,
 }
 
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-/// The test images, built by `images/build` (deterministic, no network).
-fn busybox_layout() -> Result<PathBuf> {
-    let out = repo_root().join("images/out");
-    let layout = out.join("busybox");
-    if !layout.join("index.json").exists() {
-        let status = std::process::Command::new(repo_root().join("images/build"))
-            .arg(&out)
-            .status()
-            .context("running images/build")?;
-        ensure!(status.success(), "images/build failed");
-    }
-    Ok(layout)
-}
+use ironlet_runtime::testkit::busybox_layout;
 
 fn main() {
     let args = Arguments::from_args();
@@ -140,6 +124,7 @@ fn setup(zygote: ironlet_runtime::zygote::ZygoteHandle) -> Result<Env> {
             root_dir: root.clone(),
             rootless: false,
             default_cgroup_parent: Some(format!("/ironlet-test-{}", std::process::id())),
+            cni: None,
         };
         anyhow::Ok(LocalRuntime::new(config, zygote, store).await?)
     })?;

@@ -1,1 +1,10 @@
-//! ironlet-e2e
+//! ironlet-e2e: harnesses for the end-to-end tests in `tests/tests/`.
+//!
+//! * [`ControlPlane`]: a real kube-apiserver, scheduler, controller manager and etcd on
+//!   127.0.0.1, started by `scripts/controlplane up` (which builds them from Go modules on a
+//!   fresh machine) and stopped, state directory removed, when dropped.
+//! * [`eventually`]: poll until a condition holds, failing with what was awaited.
+
+mod controlplane;
+
+pub use controlplane::{client_from_kubeconfig, eventually, ControlPlane};

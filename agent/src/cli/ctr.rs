@@ -131,6 +131,8 @@ pub fn run(root_flag: Option<PathBuf>, cmd: CtrCommand) -> anyhow::Result<ExitCo
             root_dir: root_dir.clone(),
             rootless,
             default_cgroup_parent: (!rootless).then(|| "/ironlet".to_owned()),
+            // One-off containers keep a loopback-only network namespace.
+            cni: None,
         };
         let runtime = LocalRuntime::new(config, zygote, images)
             .await

@@ -41,7 +41,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the node agent: static pods from --pod-manifest-path, kept in their desired state.
-    Run(run::RunArgs),
+    Run(Box<run::RunArgs>),
     /// Manage the local image store.
     #[command(subcommand)]
     Images(images::ImagesCommand),
@@ -68,7 +68,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             rt.block_on(images::run(&root, cmd))
         }
         Command::Ctr(cmd) => ctr::run(cli.root_dir, cmd),
-        Command::Run(args) => run::run(cli.root_dir, args),
+        Command::Run(args) => run::run(cli.root_dir, *args),
         Command::Pods(args) => pods::run(&root_dir(&cli.root_dir, running_rootless()), args),
     }
 }

@@ -18,6 +18,7 @@ use anyhow::{bail, Context};
 use clap::Args;
 use ironlet::kubelet::{Kubelet, KubeletConfig};
 use ironlet_runtime::image::LocalImageService;
+use ironlet_runtime::network::{CniConfig, DefaultNetwork};
 use ironlet_runtime::{LocalRuntime, LocalRuntimeConfig};
 
 #[derive(Debug, Args)]
@@ -59,6 +60,28 @@ pub struct RunArgs {
     /// Parent cgroup of the pods' tree (`<cgroup-root>/kubepods`).
     #[arg(long = "cgroup-root", default_value = "/")]
     pub cgroup_root: String,
+    /// Cap of the crash-loop back-off (KubeletConfiguration
+    /// crashLoopBackOff.maxContainerRestartPeriod); at least 1s.
+    #[arg(long = "max-container-restart-period", value_parser = parse_duration, default_value = "300s")]
+    pub max_container_restart_period: Duration,
+    /// CNI network configurations; the first by name is used. When none exists, a bridge
+    /// network on --pod-cidr is written here.
+    #[arg(long = "cni-conf-dir", default_value = "/etc/cni/net.d")]
+    pub cni_conf_dir: PathBuf,
+    /// Where CNI plugin binaries are searched (comma-separated).
+    #[arg(
+        long = "cni-bin-dir",
+        value_delimiter = ',',
+        default_value = "/usr/lib/cni,/opt/cni/bin"
+    )]
+    pub cni_bin_dir: Vec<PathBuf>,
+    /// Pod addresses of the default bridge network (written only when --cni-conf-dir has
+    /// no configuration).
+    #[arg(long = "pod-cidr", default_value = "10.85.0.0/16")]
+    pub pod_cidr: String,
+    /// Run pods without a network beyond loopback (no CNI).
+    #[arg(long = "no-pod-network")]
+    pub no_pod_network: bool,
     /// Use the RuntimeDefault seccomp profile for containers that name none.
     #[arg(long = "seccomp-default")]
     pub seccomp_default: bool,
@@ -188,6 +211,10 @@ fn run_agent(
     config.reserved_memory_bytes = reserved.iter().flatten().map(|r| r.memory_bytes).sum();
     config.cgroup_root = format!("{}/kubepods", args.cgroup_root.trim_end_matches('/'));
     config.seccomp_default = args.seccomp_default;
+    if args.max_container_restart_period < Duration::from_secs(1) {
+        bail!("--max-container-restart-period must be at least 1s");
+    }
+    config.max_container_restart_period = args.max_container_restart_period;
 
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -196,10 +223,20 @@ fn run_agent(
         .context("starting the async runtime")?;
     rt.block_on(async move {
         let store = super::open_images(&root_dir)?;
+        let cni = (!rootless && !args.no_pod_network).then(|| CniConfig {
+            conf_dir: args.cni_conf_dir.clone(),
+            bin_dirs: args.cni_bin_dir.clone(),
+            default_network: DefaultNetwork {
+                subnet: args.pod_cidr.clone(),
+                ..DefaultNetwork::default()
+            },
+            ..CniConfig::default()
+        });
         let runtime_config = LocalRuntimeConfig {
             root_dir: root_dir.clone(),
             rootless,
             default_cgroup_parent: None,
+            cni,
         };
         let runtime = LocalRuntime::new(runtime_config, zygote, store.clone())
             .await

@@ -19,13 +19,14 @@
 //! before every read, so a directory created later is picked up without a restart.
 
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::time::{interval_at, Instant, MissedTickBehavior};
 
 use super::error::ManifestError;
-use super::file_scan::{scan, FileSourceState, Scan};
+use super::file_scan::{scan_cached, FileSourceState, ReadCache, Scan};
 use super::inotify::{DirWatch, WatchError};
 use super::source::{PodSource, ProblemReporter, SourceSender};
 use super::update::ConfigSource;
@@ -53,8 +54,10 @@ impl FileSourceConfig {
             node_name: node_name.into(),
             // kubelet: fileCheckFrequency defaults to 20s.
             resync_period: Duration::from_secs(20),
-            // Long enough to coalesce a write + rename, short enough to feel immediate.
-            debounce: Duration::from_millis(100),
+            // Coalesces an editor's write + rename (microseconds apart) without showing in
+            // pod start latency; a half-written file read early only reports an error and
+            // keeps the file's previous pods until the next event re-reads it.
+            debounce: Duration::from_millis(2),
         }
     }
 
@@ -78,6 +81,8 @@ impl FileSourceConfig {
 pub struct FileSource {
     config: FileSourceConfig,
     problems: ProblemReporter,
+    /// The last read of each manifest file, so a change re-parses only that file.
+    cache: Arc<Mutex<ReadCache>>,
 }
 
 /// The inotify side of the loop.
@@ -124,6 +129,7 @@ impl FileSource {
         Self {
             config,
             problems: ProblemReporter::new(ConfigSource::File),
+            cache: Arc::default(),
         }
     }
 
@@ -137,7 +143,13 @@ impl FileSource {
     async fn read(&self) -> Option<Scan> {
         let path = self.config.path.clone();
         let node_name = self.config.node_name.clone();
-        match tokio::task::spawn_blocking(move || scan(&path, &node_name)).await {
+        let cache = self.cache.clone();
+        let read = move || {
+            // Only this source's reads take the lock, one at a time.
+            let mut cache = cache.lock().unwrap_or_else(|p| p.into_inner());
+            scan_cached(&path, &node_name, &mut cache)
+        };
+        match tokio::task::spawn_blocking(read).await {
             Ok(scan) => Some(scan),
             Err(err) => {
                 tracing::error!(

@@ -38,9 +38,62 @@ pub enum Scan {
     Files(BTreeMap<PathBuf, FileRead>),
 }
 
+/// What identifies one version of a file: any write or rename changes one of these.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime_ns: i128,
+    ctime_ns: i128,
+}
+
+impl Stamp {
+    fn of(m: &std::fs::Metadata) -> Self {
+        use std::os::unix::fs::MetadataExt;
+        let ns = |s: i64, n: i64| i128::from(s) * 1_000_000_000 + i128::from(n);
+        Self {
+            dev: m.dev(),
+            ino: m.ino(),
+            len: m.len(),
+            mtime_ns: ns(m.mtime(), m.mtime_nsec()),
+            ctime_ns: ns(m.ctime(), m.ctime_nsec()),
+        }
+    }
+}
+
+/// The last read of each file, so that a re-read of the directory parses only the files
+/// that changed (a write into a directory of N manifests costs one parse, not N).
+#[derive(Debug, Default)]
+pub struct ReadCache {
+    files: BTreeMap<PathBuf, (Stamp, FileRead)>,
+}
+
 /// Reads every manifest under `path` for node `node_name`. Blocking: run it off the runtime.
+#[cfg(test)]
 #[must_use]
 pub fn scan(path: &Path, node_name: &str) -> Scan {
+    scan_cached(path, node_name, &mut ReadCache::default())
+}
+
+/// [`scan`], re-reading only files whose [`Stamp`] changed since the last call with `cache`.
+#[must_use]
+pub fn scan_cached(path: &Path, node_name: &str, cache: &mut ReadCache) -> Scan {
+    let mut seen = BTreeMap::new();
+    let scan = scan_with(path, &mut |file: &Path, m: &std::fs::Metadata| {
+        let stamp = Stamp::of(m);
+        let read = match cache.files.get(file) {
+            Some((cached, read)) if *cached == stamp => read.clone(),
+            _ => read_file(file, node_name),
+        };
+        seen.insert(file.to_path_buf(), (stamp, read.clone()));
+        read
+    });
+    cache.files = seen;
+    scan
+}
+
+fn scan_with(path: &Path, read: &mut dyn FnMut(&Path, &std::fs::Metadata) -> FileRead) -> Scan {
     let read_error = |path: &Path, err: io::Error| ManifestError::Read {
         origin: ManifestOrigin::File(path.to_path_buf()),
         source: Arc::new(err),
@@ -52,7 +105,7 @@ pub fn scan(path: &Path, node_name: &str) -> Scan {
     };
     let mut files = BTreeMap::new();
     if !metadata.is_dir() {
-        files.insert(path.to_path_buf(), read_file(path, node_name));
+        files.insert(path.to_path_buf(), read(path, &metadata));
         return Scan::Files(files);
     }
     let entries = match std::fs::read_dir(path) {
@@ -70,7 +123,7 @@ pub fn scan(path: &Path, node_name: &str) -> Scan {
         }
         match std::fs::metadata(&file) {
             Ok(m) if m.is_file() => {
-                files.insert(file.clone(), read_file(&file, node_name));
+                files.insert(file.clone(), read(&file, &m));
             }
             Ok(m) if m.is_dir() => {
                 tracing::debug!(path = %file.display(), "not recursing into manifest subdirectory");
@@ -277,5 +330,40 @@ mod tests {
         let out = state.step(Scan::Unreadable(err));
         assert!(out.change.is_none());
         assert_eq!(out.problems.len(), 1);
+    }
+
+    #[test]
+    fn a_cached_rescan_rereads_only_changed_files_and_forgets_removed_ones() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pod = |name: &str| {
+            format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  containers: [{{name: c, image: i}}]\n")
+        };
+        std::fs::write(dir.path().join("a.yaml"), pod("a")).expect("write");
+        std::fs::write(dir.path().join("b.yaml"), pod("b")).expect("write");
+        let mut cache = ReadCache::default();
+        let names = |scan: Scan| -> Vec<String> {
+            let Scan::Files(files) = scan else {
+                return Vec::new();
+            };
+            files
+                .values()
+                .flat_map(|r| r.as_ref().map(|m| m.pods.clone()).unwrap_or_default())
+                .filter_map(|p| p.metadata.name)
+                .collect()
+        };
+        assert_eq!(
+            names(scan_cached(dir.path(), "n", &mut cache)),
+            ["a-n", "b-n"]
+        );
+        // A file rewritten in place with the same size is still noticed (ctime/mtime).
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        std::fs::write(dir.path().join("b.yaml"), pod("c")).expect("rewrite");
+        assert_eq!(
+            names(scan_cached(dir.path(), "n", &mut cache)),
+            ["a-n", "c-n"]
+        );
+        std::fs::remove_file(dir.path().join("a.yaml")).expect("remove");
+        assert_eq!(names(scan_cached(dir.path(), "n", &mut cache)), ["c-n"]);
+        assert_eq!(cache.files.len(), 1);
     }
 }

@@ -42,6 +42,10 @@ pub struct KubeletConfig {
     pub seccomp_default: bool,
     /// Dead containers kept per pod container (kubelet `--maximum-dead-containers-per-container`, 1).
     pub max_dead_per_container: usize,
+    /// Cap of the crash-loop back-off (KubeletConfiguration
+    /// `crashLoopBackOff.maxContainerRestartPeriod`, default 300 s); the first back-off is
+    /// 10 s or this cap if smaller.
+    pub max_container_restart_period: Duration,
     /// How often housekeeping runs (kubelet: every 2 s).
     pub housekeeping_period: Duration,
     /// Node labels admission matches nodeSelector against (besides the well-known ones).
@@ -68,6 +72,7 @@ impl KubeletConfig {
             cgroup_options: CgroupOptions::default(),
             seccomp_default: false,
             max_dead_per_container: 1,
+            max_container_restart_period: Duration::from_secs(300),
             housekeeping_period: Duration::from_secs(2),
             node_labels: Default::default(),
         }

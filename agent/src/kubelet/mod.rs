@@ -44,6 +44,9 @@ use events::{EventRecorder, TracingRecorder};
 use status_store::StatusStore;
 use syncer::{NodeResources, NodeSyncer};
 
+/// kubelet's first crash-loop back-off.
+const INITIAL_RESTART_BACKOFF: Duration = Duration::from_secs(10);
+
 /// Why the agent could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -118,6 +121,17 @@ impl Kubelet {
         };
 
         let cache = Arc::new(PodCache::new(runtime.clone()));
+        let pleg_config = PlegConfig {
+            relist_period: config.pleg_relist_period,
+            ..PlegConfig::default()
+        };
+        let pleg = crate::pleg::start(
+            runtime.clone(),
+            cache.clone(),
+            pleg_config,
+            cgroups.as_ref().map(|c| c.hierarchy().clone()),
+        );
+
         let objects: Arc<dyn crate::objects::ObjectSource> = match &config.manifest_path {
             Some(dir) => Arc::new(crate::objects::FileObjectSource::new(dir.clone())),
             None => Arc::new(crate::objects::NoObjects),
@@ -133,9 +147,13 @@ impl Kubelet {
             images,
             cache: cache.clone(),
             cgroups,
+            cgroup_watches: pleg.watches,
             objects,
             probes,
-            backoff: Mutex::new(crate::sync::backoff::Backoff::default()),
+            backoff: Mutex::new(crate::sync::backoff::Backoff::new(
+                INITIAL_RESTART_BACKOFF.min(config.max_container_restart_period),
+                config.max_container_restart_period,
+            )),
             statuses: statuses.clone(),
             metrics: metrics.clone(),
             events,
@@ -155,13 +173,6 @@ impl Kubelet {
                 ..PodWorkersConfig::default()
             },
         );
-        let pleg_config = PlegConfig {
-            relist_period: config.pleg_relist_period,
-            ..PlegConfig::default()
-        };
-        let (pleg_events, pleg_health, _pleg) =
-            crate::pleg::start(runtime.clone(), cache, pleg_config);
-
         let (pod_config, updates) = PodConfig::new(&PodConfigOptions::default());
         if let Some(path) = &config.manifest_path {
             let source = FileSource::new(
@@ -189,8 +200,8 @@ impl Kubelet {
             node,
             pod_config,
             updates,
-            pleg_events,
-            pleg_health,
+            pleg_events: pleg.events,
+            pleg_health: pleg.health,
             pleg_config,
             metrics,
             started: std::time::Instant::now(),

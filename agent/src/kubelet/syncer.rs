@@ -50,6 +50,8 @@ pub struct NodeSyncer {
     pub(crate) images: Arc<dyn ImageService>,
     pub(crate) cache: Arc<PodCache>,
     pub(crate) cgroups: Option<NodeCgroups>,
+    /// Pod cgroups the PLEG watches for emptiness and OOM kills.
+    pub(crate) cgroup_watches: crate::pleg::CgroupWatches,
     pub(crate) volumes: VolumeManager,
     pub(crate) objects: Arc<dyn ObjectSource>,
     pub(crate) probes: ProbeManager,
@@ -90,6 +92,7 @@ impl NodeSyncer {
         cgroups
             .create_pod(&path, &settings)
             .map_err(|e| SyncError::new("FailedCreatePodCgroup", e.to_string()))?;
+        self.cgroup_watches.watch(pod_uid(pod), &path);
         Ok(Some(path))
     }
 
@@ -185,6 +188,7 @@ impl PodSyncer for NodeSyncer {
 
     async fn sync_terminated_pod(&self, pod: &Arc<Pod>) -> Result<(), SyncError> {
         let uid = pod_uid(pod);
+        self.cgroup_watches.unwatch(uid);
         self.volumes
             .teardown_pod_volumes(uid)
             .await

@@ -22,21 +22,9 @@ pub fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
 }
 
-pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
 /// The test images, built once.
 pub fn images_out() -> PathBuf {
-    let out = repo_root().join("images/out");
-    if !out.join("busybox/index.json").exists() {
-        let status = Command::new(repo_root().join("images/build"))
-            .arg(&out)
-            .status()
-            .expect("images/build runs");
-        assert!(status.success(), "images/build failed");
-    }
-    out
+    ironlet_runtime::testkit::test_images().expect("images/build produces the test images")
 }
 
 /// A running agent.
@@ -46,9 +34,41 @@ pub struct Agent {
     pub logs: PathBuf,
     pub cgroup_root: String,
     pub node_name: String,
+    /// This agent's own CNI bridge (a conflist in its data root names it).
+    pub bridge: String,
     child: Option<Child>,
     log_file: PathBuf,
     options: AgentOptions,
+}
+
+/// Distinct bridge names and subnets for the agents of one test process.
+static NETWORKS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Writes a bridge conflist of its own under `root/cni` so that concurrent test agents do
+/// not share a bridge, subnet or IPAM state. Returns the bridge name.
+fn write_test_network(root: &Path) -> String {
+    let n = NETWORKS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let slot = (std::process::id() * 7 + n) % 250;
+    let bridge = format!("irle{slot}");
+    let conflist = serde_json::json!({
+        "cniVersion": "1.0.0",
+        "name": format!("e2e{slot}"),
+        "plugins": [{
+            "type": "bridge",
+            "bridge": bridge,
+            "isGateway": true,
+            "ipMasq": false,
+            "hairpinMode": true,
+            "ipam": {
+                "type": "host-local",
+                "ranges": [[{"subnet": format!("10.87.{slot}.0/24")}]],
+                "dataDir": root.join("cni/networks"),
+            },
+        }],
+    });
+    std::fs::create_dir_all(root.join("cni")).expect("cni dir");
+    std::fs::write(root.join("cni/10-e2e.conflist"), conflist.to_string()).expect("conflist");
+    bridge
 }
 
 /// Options of [`Agent::start_with`].
@@ -110,7 +130,9 @@ impl Agent {
             String::from_utf8_lossy(&import.stderr)
         );
         let log_file = root.path().join("agent.log");
+        let bridge = write_test_network(root.path());
         let mut agent = Self {
+            bridge,
             root,
             manifests,
             logs,
@@ -149,7 +171,9 @@ impl Agent {
             .arg("--cgroup-root")
             .arg(&self.cgroup_root)
             .arg("--file-check-frequency")
-            .arg("5s");
+            .arg("5s")
+            .arg("--cni-conf-dir")
+            .arg(self.root.path().join("cni"));
         if let Some(r) = &options.system_reserved {
             cmd.arg("--system-reserved").arg(r);
         }
@@ -458,6 +482,10 @@ impl Drop for Agent {
                 nix::sys::signal::Signal::SIGKILL,
             );
         }
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.bridge])
+            .stderr(Stdio::null())
+            .status();
         for m in self.mounts_under_root().iter().rev() {
             let _ = nix::mount::umount2(m.as_str(), nix::mount::MntFlags::MNT_DETACH);
         }

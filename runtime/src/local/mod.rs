@@ -56,6 +56,8 @@ pub struct LocalRuntimeConfig {
     pub rootless: bool,
     /// Cgroup parent for containers whose sandbox names none; `None`: no cgroup at all.
     pub default_cgroup_parent: Option<String>,
+    /// CNI pod networking; `None` (and always when rootless): pods get loopback only.
+    pub cni: Option<crate::network::CniConfig>,
 }
 
 impl LocalRuntimeConfig {
@@ -117,6 +119,8 @@ pub(crate) struct Inner {
     state: Mutex<State>,
     events: broadcast::Sender<RuntimeEvent>,
     cgroups: Option<ironlet_cgroups::Hierarchy>,
+    /// CNI networking for sandboxes with their own network namespace.
+    network: Option<crate::network::Network>,
     /// What start-up re-adopted, when connected to a supervisor.
     recovery: std::sync::OnceLock<Recovery>,
 }
@@ -169,6 +173,14 @@ impl LocalRuntime {
             ..State::default()
         };
         let (events, _) = broadcast::channel(4096);
+        let network = match (&config.cni, config.rootless) {
+            (Some(cni), false) => Some(crate::network::Network::new(cni.clone(), &config.root_dir)),
+            (Some(_), true) => {
+                tracing::info!("rootless: no CNI networking, pods get loopback only");
+                None
+            }
+            (None, _) => None,
+        };
         let inner = Arc::new_cyclic(|this| Inner {
             this: this.clone(),
             config,
@@ -177,6 +189,7 @@ impl LocalRuntime {
             state: Mutex::new(state),
             events,
             cgroups,
+            network,
             recovery: std::sync::OnceLock::new(),
         });
         tokio::spawn(event_loop(Arc::downgrade(&inner), event_rx));

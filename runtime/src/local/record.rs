@@ -154,6 +154,9 @@ pub struct SandboxRecord {
     /// The pod's address on the CNI network, once set up.
     #[serde(default)]
     pub ip: Option<String>,
+    /// The CNI attachment ADD made, kept for DEL; `None` without CNI networking.
+    #[serde(default)]
+    pub network: Option<crate::network::NetworkAttachment>,
 }
 
 impl SandboxRecord {

@@ -2,6 +2,11 @@
 //! the host's, network/IPC/UTS namespaces pinned by bind mounts (`<dir>/ns/{net,ipc,uts}`).
 //! Rootless sandboxes share nothing: each container gets its own namespaces, because an
 //! unprivileged user cannot pin namespace files on the host.
+//!
+//! With CNI networking configured, a sandbox with its own network namespace joins the
+//! node's network right after the namespace is pinned (ADD; its IP goes into the record)
+//! and leaves it before the namespace is unpinned (DEL at stop, again at remove). A
+//! sandbox whose ADD fails is rolled back completely: DEL, unpin, directory removed.
 
 use std::time::{Duration, SystemTime};
 
@@ -10,6 +15,7 @@ use nix::mount::MntFlags;
 use super::record::{self, SandboxRecord};
 use super::{not_found, remove_dir_all_if_exists, Inner};
 use crate::error::RuntimeError;
+use crate::network::PodRef;
 use crate::types::{ContainerId, PodSandboxConfig, SandboxId, SandboxState};
 
 impl Inner {
@@ -41,10 +47,15 @@ impl Inner {
             ipc,
             uts,
             ip: None,
+            network: None,
         };
         let result = self.make_sandbox(&mut rec).await;
         if let Err(original) = result {
-            if let Err(cleanup) = self.destroy_sandbox_files(&rec) {
+            let cleanup = match self.detach_network(&rec).await {
+                Ok(()) => self.destroy_sandbox_files(&rec),
+                Err(e) => self.destroy_sandbox_files(&rec).and(Err(e)),
+            };
+            if let Err(cleanup) = cleanup {
                 return Err(RuntimeError::Rollback {
                     original: Box::new(original),
                     cleanup: Box::new(cleanup),
@@ -73,8 +84,19 @@ impl Inner {
                 rec.config.hostname.clone()
             };
             self.zygote
-                .create_namespaces(ns_dir, hostname, rec.net, rec.ipc, rec.uts)
+                .create_namespaces(ns_dir.clone(), hostname, rec.net, rec.ipc, rec.uts)
                 .await?;
+            if let (true, Some(network)) = (rec.net, &self.network) {
+                let attached = network
+                    .attach(&pod_ref(rec), &ns_dir.join("net"))
+                    .await
+                    .map_err(|source| RuntimeError::Network {
+                        sandbox_id: rec.id.clone(),
+                        source: Box::new(source),
+                    })?;
+                rec.ip = attached.as_ref().map(|a| a.ip.to_string());
+                rec.network = attached;
+            }
         }
         record::save(&dir, rec).map_err(|e| RuntimeError::io("save sandbox record", &dir, e))
     }
@@ -105,6 +127,22 @@ impl Inner {
             rec.clone()
         };
         let dir = self.config.sandboxes_dir().join(id.as_str());
+        record::save(&dir, &rec).map_err(|e| RuntimeError::io("save sandbox record", &dir, e))?;
+        if rec.network.is_none() {
+            return Ok(());
+        }
+        // The pod leaves the network now (containerd does the same at stop); a failure
+        // is reported, and remove tries again.
+        self.detach_network(&rec).await?;
+        let rec = {
+            let mut state = self.lock();
+            let Some(rec) = state.sandboxes.get_mut(id) else {
+                return Ok(());
+            };
+            rec.network = None;
+            rec.ip = None;
+            rec.clone()
+        };
         record::save(&dir, &rec).map_err(|e| RuntimeError::io("save sandbox record", &dir, e))
     }
 
@@ -114,9 +152,33 @@ impl Inner {
         }
         let rec = self.lock().sandboxes.remove(id);
         if let Some(rec) = rec {
+            // DEL must not keep a sandbox forever: a plugin that cannot clean up now (its
+            // binary gone, the namespace lost at a reboot) is logged, and removal goes on.
+            if let Err(err) = self.detach_network(&rec).await {
+                tracing::warn!(sandbox_id = %id, %err, "CNI DEL failed; removing the sandbox anyway");
+            }
             self.destroy_sandbox_files(&rec)?;
         }
         Ok(())
+    }
+
+    /// Runs CNI DEL for a sandbox attached to the network; a no-op otherwise.
+    async fn detach_network(&self, rec: &SandboxRecord) -> Result<(), RuntimeError> {
+        let (Some(attachment), Some(ns_dir)) = (&rec.network, &rec.namespace_dir) else {
+            return Ok(());
+        };
+        let Some(network) = &self.network else {
+            tracing::warn!(sandbox_id = %rec.id, ip = ?rec.ip,
+                "sandbox joined a CNI network but networking is now disabled; its address is not released");
+            return Ok(());
+        };
+        network
+            .detach(&pod_ref(rec), &ns_dir.join("net"), attachment)
+            .await
+            .map_err(|source| RuntimeError::Network {
+                sandbox_id: rec.id.clone(),
+                source: Box::new(source),
+            })
     }
 
     /// Unpins the namespaces and removes the sandbox directory; idempotent.
@@ -137,5 +199,14 @@ impl Inner {
             }
         }
         remove_dir_all_if_exists(&self.config.sandboxes_dir().join(rec.id.as_str()))
+    }
+}
+
+fn pod_ref(rec: &SandboxRecord) -> PodRef<'_> {
+    PodRef {
+        sandbox_id: rec.id.as_str(),
+        namespace: &rec.config.namespace,
+        name: &rec.config.name,
+        uid: &rec.config.pod_uid,
     }
 }

@@ -3,6 +3,7 @@
 //!
 //! ```text
 //!  runtime exits (pidfd reaps) ──► refresh cache(uid) ──► ContainerDied ──┐
+//!  pod cgroup empty / OOM kill ──► refresh cache(uid) ──► PodSync ────────┤
 //!  relist every `relist_period` ─► diff container states ─► refresh ──────┼─► sync loop
 //!                                   (Started / Died / Removed)            │   (one pod sync
 //!                                                                         ┘    per event)
@@ -23,6 +24,11 @@ use ironlet_runtime::{Runtime, RuntimeEvent};
 use tokio::sync::{broadcast, mpsc};
 
 use crate::pod_cache::PodCache;
+
+mod cgroup_events;
+
+pub use cgroup_events::{CgroupEvent, CgroupEventKind, CgroupWatches};
+use cgroup_events::{WatchRequest, Watchers};
 
 /// What changed in a pod (kubelet's `PodLifeCycleEventType`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,28 +90,43 @@ impl PlegHealth {
     }
 }
 
-/// Starts the PLEG task; events for the sync loop arrive on the returned receiver.
+/// What [`start`] hands back.
+pub struct PlegHandles {
+    /// Events for the sync loop.
+    pub events: mpsc::UnboundedReceiver<PodLifecycleEvent>,
+    pub health: Arc<PlegHealth>,
+    /// Registers pod cgroups for emptiness and OOM events.
+    pub watches: CgroupWatches,
+    pub task: tokio::task::JoinHandle<()>,
+}
+
+/// Starts the PLEG task. `hierarchy` enables the cgroup event sources.
 pub fn start(
     runtime: Arc<dyn Runtime>,
     cache: Arc<PodCache>,
     config: PlegConfig,
-) -> (
-    mpsc::UnboundedReceiver<PodLifecycleEvent>,
-    Arc<PlegHealth>,
-    tokio::task::JoinHandle<()>,
-) {
-    let (tx, rx) = mpsc::unbounded_channel();
+    hierarchy: Option<ironlet_cgroups::Hierarchy>,
+) -> PlegHandles {
+    let (tx, events) = mpsc::unbounded_channel();
     let health = Arc::new(PlegHealth::default());
-    let events = runtime.subscribe();
+    let runtime_events = runtime.subscribe();
+    let (watches, requests) = CgroupWatches::new();
+    let (watchers, cgroup_events) = Watchers::new(hierarchy);
     let pleg = Pleg {
         runtime,
         cache,
         tx,
         health: health.clone(),
         last_states: HashMap::new(),
+        watchers,
     };
-    let handle = tokio::spawn(pleg.run(events, config));
-    (rx, health, handle)
+    let task = tokio::spawn(pleg.run(runtime_events, requests, cgroup_events, config));
+    PlegHandles {
+        events,
+        health,
+        watches,
+        task,
+    }
 }
 
 struct Pleg {
@@ -115,10 +136,17 @@ struct Pleg {
     health: Arc<PlegHealth>,
     /// Container states at the last relist, by container id.
     last_states: HashMap<ContainerId, (String, ContainerState)>,
+    watchers: Watchers,
 }
 
 impl Pleg {
-    async fn run(mut self, mut events: broadcast::Receiver<RuntimeEvent>, config: PlegConfig) {
+    async fn run(
+        mut self,
+        mut events: broadcast::Receiver<RuntimeEvent>,
+        mut requests: mpsc::UnboundedReceiver<WatchRequest>,
+        mut cgroup_events: mpsc::UnboundedReceiver<CgroupEvent>,
+        config: PlegConfig,
+    ) {
         let mut relist = tokio::time::interval(config.relist_period);
         relist.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -132,6 +160,8 @@ impl Pleg {
                     Err(broadcast::error::RecvError::Closed) => return,
                 },
                 _ = relist.tick() => self.relist().await,
+                Some(request) = requests.recv() => self.watchers.apply(request),
+                Some(event) = cgroup_events.recv() => self.on_cgroup_event(event).await,
             }
             if self.tx.is_closed() {
                 return;
@@ -159,6 +189,20 @@ impl Pleg {
             kind: PodLifecycleEventType::ContainerDied,
             container_id: Some(id),
             observed_at,
+            cached_at: Instant::now(),
+        });
+    }
+
+    async fn on_cgroup_event(&mut self, event: CgroupEvent) {
+        tracing::debug!(pod_uid = %event.pod_uid, kind = ?event.kind, "pod cgroup event");
+        if let Err(err) = self.cache.refresh(&event.pod_uid).await {
+            tracing::warn!(pod_uid = %event.pod_uid, %err, "reading pod status after a cgroup event failed");
+        }
+        self.send(PodLifecycleEvent {
+            pod_uid: event.pod_uid,
+            kind: PodLifecycleEventType::PodSync,
+            container_id: None,
+            observed_at: None,
             cached_at: Instant::now(),
         });
     }

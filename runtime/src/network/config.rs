@@ -1,0 +1,337 @@
+//! CNI configuration: where ironlet looks for network configs and plugins
+//! ([`CniConfig`]), the network list it uses ([`NetworkList`], a `.conflist` or a single
+//! `.conf`), and the default network it writes when the directory holds none.
+//!
+//! Choice of network, as containerd does it: the first file of the conf dir in
+//! lexicographic order with the extension `.conflist`, `.conf` or `.json`. The default
+//! file is named `99-ironlet.conflist` so that any cluster CNI installed later (calico,
+//! flannel, cilium write `05-`/`10-` files) takes precedence for new pods.
+//!
+//! The default network (`ironlet`): a `bridge` (`ironlet0`, gateway, masquerade, hairpin)
+//! with `host-local` addresses from `10.85.0.0/16` (not used by Docker's 172.17/16,
+//! podman's and containerd's 10.88/16, flannel's 10.244/16 or calico's 192.168/16), a default
+//! route, then `portmap` for hostPort mappings. host-local's allocations live under the
+//! ironlet root (`<root>/cni/networks`), not the shared `/var/lib/cni/networks`, so that
+//! instances with different roots (tests) neither collide nor leak into each other.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
+
+use super::error::{NetworkError, Result};
+
+/// File name of the default network written into an empty conf dir.
+pub const DEFAULT_CONFLIST: &str = "99-ironlet.conflist";
+
+/// Where CNI configs and plugins are, and the default network. `None` in
+/// [`LocalRuntimeConfig::cni`](crate::LocalRuntimeConfig::cni) disables CNI networking.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CniConfig {
+    /// Network configurations; kubelet's old `--cni-conf-dir` and containerd's default.
+    pub conf_dir: PathBuf,
+    /// Plugin binaries, searched in order: Debian's `containernetworking-plugins`
+    /// installs to `/usr/lib/cni`, upstream tarballs to `/opt/cni/bin` (`--cni-bin-dir`).
+    pub bin_dirs: Vec<PathBuf>,
+    /// host-local's `dataDir` in the default network; `None`: `<root-dir>/cni/networks`.
+    pub ipam_data_dir: Option<PathBuf>,
+    /// What the default conflist (written when `conf_dir` has none) contains.
+    pub default_network: DefaultNetwork,
+    /// Longest one plugin invocation may take before it is killed.
+    pub plugin_timeout: Duration,
+}
+
+impl Default for CniConfig {
+    fn default() -> Self {
+        Self {
+            conf_dir: PathBuf::from("/etc/cni/net.d"),
+            bin_dirs: vec![PathBuf::from("/usr/lib/cni"), PathBuf::from("/opt/cni/bin")],
+            ipam_data_dir: None,
+            default_network: DefaultNetwork::default(),
+            // containerd bounds the whole sandbox setup by the CRI call's deadline
+            // (kubelet's --runtime-request-timeout, 2 min); one plugin gets a quarter.
+            plugin_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The bridge network ironlet writes when no CNI configuration exists.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DefaultNetwork {
+    /// CNI network name (also in iptables comments and host-local's data dir).
+    pub name: String,
+    /// Linux bridge device, at most 15 bytes.
+    pub bridge: String,
+    /// Pod addresses, in CIDR notation.
+    pub subnet: String,
+    /// Masquerade traffic leaving the subnet (adds iptables NAT rules per pod).
+    pub ip_masq: bool,
+}
+
+impl Default for DefaultNetwork {
+    fn default() -> Self {
+        Self {
+            name: "ironlet".into(),
+            bridge: "ironlet0".into(),
+            subnet: "10.85.0.0/16".into(),
+            ip_masq: true,
+        }
+    }
+}
+
+impl DefaultNetwork {
+    /// The conflist JSON of this network, with host-local keeping state in `data_dir`.
+    pub fn conflist(&self, data_dir: &Path) -> Value {
+        json!({
+            "cniVersion": "1.0.0",
+            "name": self.name,
+            "plugins": [
+                {
+                    "type": "bridge",
+                    "bridge": self.bridge,
+                    "isGateway": true,
+                    "ipMasq": self.ip_masq,
+                    "hairpinMode": true,
+                    "ipam": {
+                        "type": "host-local",
+                        "ranges": [[{ "subnet": self.subnet }]],
+                        "routes": [{ "dst": "0.0.0.0/0" }],
+                        "dataDir": data_dir,
+                    }
+                },
+                { "type": "portmap", "capabilities": { "portMappings": true } }
+            ]
+        })
+    }
+}
+
+/// A network configuration list: what ADD/DEL/CHECK run, plugin by plugin.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkList {
+    pub name: String,
+    pub cni_version: String,
+    #[serde(default)]
+    pub disable_check: bool,
+    /// Each plugin's configuration object as written (`type`, its own keys).
+    pub plugins: Vec<Map<String, Value>>,
+}
+
+impl NetworkList {
+    /// Parses a `.conflist`, or a single-plugin `.conf` which becomes a list of one.
+    pub fn parse(path: &Path, bytes: &[u8]) -> Result<Self> {
+        let value: Value =
+            serde_json::from_slice(bytes).map_err(|source| NetworkError::ParseConfig {
+                path: path.to_owned(),
+                source,
+            })?;
+        let invalid = |reason: &str| NetworkError::InvalidConfig {
+            path: path.to_owned(),
+            reason: reason.to_owned(),
+        };
+        let Value::Object(mut obj) = value else {
+            return Err(invalid("not a JSON object"));
+        };
+        let list = if obj.contains_key("plugins") {
+            serde_json::from_value::<NetworkList>(Value::Object(obj)).map_err(|source| {
+                NetworkError::ParseConfig {
+                    path: path.to_owned(),
+                    source,
+                }
+            })?
+        } else {
+            let name = take_string(&mut obj, "name").ok_or_else(|| invalid("no name"))?;
+            let cni_version =
+                take_string(&mut obj, "cniVersion").ok_or_else(|| invalid("no cniVersion"))?;
+            NetworkList {
+                name,
+                cni_version,
+                disable_check: false,
+                plugins: vec![obj],
+            }
+        };
+        list.validate().map_err(|reason| invalid(&reason))?;
+        Ok(list)
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        if self.name.is_empty() {
+            return Err("empty network name".into());
+        }
+        if self.plugins.is_empty() {
+            return Err("no plugins".into());
+        }
+        for plugin in &self.plugins {
+            let ty = plugin_type(plugin).ok_or("a plugin has no \"type\"")?;
+            // The type names a file in a bin dir; it must not reach outside it.
+            if ty.is_empty() || ty.contains('/') || ty == "." || ty == ".." {
+                return Err(format!("plugin type {ty:?} is not a file name"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether CHECK exists for this version (CNI 0.4.0 and later) and is not disabled.
+    pub fn supports_check(&self) -> bool {
+        let mut parts = self.cni_version.split('.').map(|p| p.parse::<u32>().ok());
+        let major = parts.next().flatten().unwrap_or(0);
+        let minor = parts.next().flatten().unwrap_or(0);
+        !self.disable_check && (major, minor) >= (0, 4)
+    }
+}
+
+/// A plugin configuration's `type`: the binary to run.
+pub fn plugin_type(plugin: &Map<String, Value>) -> Option<&str> {
+    plugin.get("type").and_then(Value::as_str)
+}
+
+fn take_string(obj: &mut Map<String, Value>, key: &str) -> Option<String> {
+    match obj.remove(key) {
+        Some(Value::String(s)) if !s.is_empty() => Some(s),
+        _ => None,
+    }
+}
+
+/// The file containerd would pick: the first `.conflist`/`.conf`/`.json` by name.
+pub fn first_config_file(conf_dir: &Path) -> Result<Option<PathBuf>> {
+    let entries = match std::fs::read_dir(conf_dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => {
+            return Err(NetworkError::ReadConfig {
+                path: conf_dir.to_owned(),
+                source,
+            })
+        }
+    };
+    let mut files: Vec<PathBuf> = entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.extension()
+                .and_then(|e| e.to_str())
+                .is_some_and(|e| matches!(e, "conflist" | "conf" | "json"))
+        })
+        .filter(|p| p.is_file())
+        .collect();
+    files.sort();
+    Ok(files.into_iter().next())
+}
+
+/// Loads the network to use, writing the default network first if the conf dir has none.
+pub fn load_or_write_default(
+    config: &CniConfig,
+    root_dir: &Path,
+) -> Result<(PathBuf, NetworkList)> {
+    let path = match first_config_file(&config.conf_dir)? {
+        Some(path) => path,
+        None => write_default(config, root_dir)?,
+    };
+    let bytes = std::fs::read(&path).map_err(|source| NetworkError::ReadConfig {
+        path: path.clone(),
+        source,
+    })?;
+    Ok((path.clone(), NetworkList::parse(&path, &bytes)?))
+}
+
+fn write_default(config: &CniConfig, root_dir: &Path) -> Result<PathBuf> {
+    let path = config.conf_dir.join(DEFAULT_CONFLIST);
+    let data_dir = config
+        .ipam_data_dir
+        .clone()
+        .unwrap_or_else(|| root_dir.join("cni/networks"));
+    let bytes =
+        serde_json::to_vec_pretty(&config.default_network.conflist(&data_dir)).map_err(|e| {
+            NetworkError::WriteDefault {
+                path: path.clone(),
+                source: std::io::Error::other(e),
+            }
+        })?;
+    let write = || -> std::io::Result<()> {
+        std::fs::create_dir_all(&config.conf_dir)?;
+        crate::fsutil::write_atomic(&path, &bytes)
+    };
+    write().map_err(|source| NetworkError::WriteDefault {
+        path: path.clone(),
+        source,
+    })?;
+    tracing::info!(?path, network = %config.default_network.name,
+        subnet = %config.default_network.subnet, "wrote the default CNI network");
+    Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_network_is_written_into_an_empty_conf_dir_and_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = CniConfig {
+            conf_dir: dir.path().join("net.d"),
+            ..CniConfig::default()
+        };
+        let (path, list) = load_or_write_default(&config, Path::new("/root-x")).unwrap();
+        assert_eq!(path, dir.path().join("net.d").join(DEFAULT_CONFLIST));
+        assert_eq!(list.name, "ironlet");
+        assert_eq!(list.cni_version, "1.0.0");
+        let types: Vec<_> = list.plugins.iter().filter_map(plugin_type).collect();
+        assert_eq!(types, ["bridge", "portmap"]);
+        let bridge = &list.plugins[0];
+        assert_eq!(bridge["bridge"], "ironlet0");
+        assert_eq!(bridge["ipam"]["dataDir"], "/root-x/cni/networks");
+        assert_eq!(bridge["ipam"]["ranges"][0][0]["subnet"], "10.85.0.0/16");
+    }
+
+    #[test]
+    fn an_existing_config_is_used_and_not_overwritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let own = br#"{"cniVersion":"0.3.1","name":"other","type":"ptp","ipam":{}}"#;
+        std::fs::write(dir.path().join("10-other.conf"), own).unwrap();
+        std::fs::write(dir.path().join("20-later.conflist"), b"not json").unwrap();
+        let config = CniConfig {
+            conf_dir: dir.path().to_owned(),
+            ..CniConfig::default()
+        };
+        let (path, list) = load_or_write_default(&config, Path::new("/r")).unwrap();
+        assert!(path.ends_with("10-other.conf"));
+        assert_eq!(list.name, "other");
+        assert_eq!(list.plugins.len(), 1);
+        assert_eq!(plugin_type(&list.plugins[0]), Some("ptp"));
+        assert!(
+            !list.plugins[0].contains_key("name"),
+            "name moved to the list"
+        );
+        assert!(!dir.path().join(DEFAULT_CONFLIST).exists());
+        assert!(!list.supports_check(), "0.3.1 has no CHECK");
+    }
+
+    #[test]
+    fn a_plugin_type_with_a_slash_is_rejected() {
+        let bytes = br#"{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"../../bin/sh"}]}"#;
+        let err = NetworkList::parse(Path::new("x.conflist"), bytes).unwrap_err();
+        assert!(matches!(err, NetworkError::InvalidConfig { .. }), "{err:?}");
+    }
+
+    #[test]
+    fn a_list_without_plugins_is_rejected() {
+        let bytes = br#"{"cniVersion":"1.0.0","name":"n","plugins":[]}"#;
+        assert!(NetworkList::parse(Path::new("x"), bytes).is_err());
+    }
+
+    #[test]
+    fn check_is_supported_from_cni_0_4_0_unless_disabled() {
+        let mut list = NetworkList {
+            name: "n".into(),
+            cni_version: "0.4.0".into(),
+            disable_check: false,
+            plugins: vec![],
+        };
+        assert!(list.supports_check());
+        list.cni_version = "1.0.0".into();
+        assert!(list.supports_check());
+        list.disable_check = true;
+        assert!(!list.supports_check());
+    }
+}

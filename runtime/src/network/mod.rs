@@ -1,0 +1,304 @@
+//! Pod networking through standard CNI plugins (DESIGN.md decision 4), run directly —
+//! no libcni, no Go.
+//!
+//! ```text
+//!  run_pod_sandbox ─► zygote pins netns (lo up) ─► Network::attach ─► ADD bridge ─► ADD portmap
+//!                                                        │  (host-local IPAM)
+//!                                                        ▼
+//!                        SandboxRecord { ip, network: NetworkAttachment (list + result) }
+//!  stop/remove_pod_sandbox ─► Network::detach ─► DEL portmap, DEL bridge ─► unpin netns
+//! ```
+//!
+//! Guarantees:
+//! - [`Network::attach`] either returns an attachment with the pod's IP or leaves nothing
+//!   behind: after a failed ADD it runs DEL, and reports both errors if that fails too.
+//! - DEL runs with the network list and result recorded at ADD, not whatever the conf dir
+//!   holds by then, so a config change never strands an address.
+//! - When networking is unavailable (no config can be read or written, a plugin binary is
+//!   missing), `attach` returns `Ok(None)`: the pod keeps a loopback-only namespace (the
+//!   zygote brings `lo` up when it creates the namespace), and one warning says why.
+//!
+//! Files: `config.rs` (where configs and plugins are, the default network), `cni.rs`
+//! (running plugins), `result.rs` (reading results), `error.rs`.
+
+mod cni;
+mod config;
+mod error;
+mod result;
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+pub use cni::{Attachment, Command, Invoker};
+pub use config::{CniConfig, DefaultNetwork, NetworkList, DEFAULT_CONFLIST};
+pub use error::NetworkError;
+pub use result::CniResult;
+
+/// The interface name inside the pod, as kubelet and containerd use.
+pub const POD_IFNAME: &str = "eth0";
+
+/// Who the pod is: its sandbox id is the CNI container id; the rest goes to `CNI_ARGS`.
+#[derive(Debug, Clone, Copy)]
+pub struct PodRef<'a> {
+    pub sandbox_id: &'a str,
+    pub namespace: &'a str,
+    pub name: &'a str,
+    pub uid: &'a str,
+}
+
+impl PodRef<'_> {
+    /// `CNI_ARGS` as containerd sends them.
+    fn cni_args(&self) -> Vec<(String, String)> {
+        [
+            ("K8S_POD_NAMESPACE", self.namespace),
+            ("K8S_POD_NAME", self.name),
+            ("K8S_POD_INFRA_CONTAINER_ID", self.sandbox_id),
+            ("K8S_POD_UID", self.uid),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+    }
+}
+
+/// A pod's membership in a network: what DEL and CHECK need later.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NetworkAttachment {
+    /// The network list ADD ran.
+    pub network: NetworkList,
+    pub ifname: String,
+    /// ADD's result, the `prevResult` of DEL and CHECK.
+    pub result: Value,
+    pub ip: IpAddr,
+}
+
+/// Attaches pods to the node's CNI network.
+#[derive(Debug)]
+pub struct Network {
+    config: CniConfig,
+    root_dir: PathBuf,
+    invoker: Invoker,
+    /// Whether the "networking unavailable" warning was logged since it last worked.
+    warned: AtomicBool,
+    /// Serializes reading (and maybe writing) the conf dir between concurrent sandboxes.
+    resolving: Mutex<()>,
+}
+
+impl Network {
+    /// `root_dir` is the runtime's data root: the default network's IPAM state goes there.
+    pub fn new(config: CniConfig, root_dir: &Path) -> Self {
+        let invoker = Invoker {
+            bin_dirs: config.bin_dirs.clone(),
+            timeout: config.plugin_timeout,
+        };
+        Self {
+            config,
+            root_dir: root_dir.to_owned(),
+            invoker,
+            warned: AtomicBool::new(false),
+            resolving: Mutex::new(()),
+        }
+    }
+
+    pub fn config(&self) -> &CniConfig {
+        &self.config
+    }
+
+    /// The network list to use, with every plugin present; `None` (and a warning, once)
+    /// when networking is unavailable.
+    fn resolve(&self) -> Option<NetworkList> {
+        let resolved = {
+            // Held only for a directory read and maybe one small write; never across an await.
+            let _guard = self.resolving.lock().unwrap_or_else(|p| p.into_inner());
+            config::load_or_write_default(&self.config, &self.root_dir)
+        }
+        .and_then(|(path, list)| self.invoker.find_all(&list).map(|()| (path, list)));
+        match resolved {
+            Ok((path, list)) => {
+                if self.warned.swap(false, Ordering::Relaxed) {
+                    tracing::info!(?path, network = %list.name, "CNI networking is available");
+                }
+                Some(list)
+            }
+            Err(err) => {
+                if !self.warned.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(%err, conf_dir = ?self.config.conf_dir,
+                        bin_dirs = ?self.config.bin_dirs,
+                        "CNI networking unavailable: pods get a loopback-only network \
+                         (install containernetworking-plugins)");
+                }
+                None
+            }
+        }
+    }
+
+    /// Runs ADD for the pod whose network namespace is pinned at `netns`. `Ok(None)`:
+    /// networking is unavailable, the pod stays loopback-only.
+    pub async fn attach(
+        &self,
+        pod: &PodRef<'_>,
+        netns: &Path,
+    ) -> Result<Option<NetworkAttachment>, NetworkError> {
+        let Some(list) = self.resolve() else {
+            return Ok(None);
+        };
+        let args = pod.cni_args();
+        let capabilities = Map::new();
+        let at = Attachment {
+            container_id: pod.sandbox_id,
+            netns: Some(netns),
+            ifname: POD_IFNAME,
+            args: &args,
+            capabilities: &capabilities,
+        };
+        let started = Instant::now();
+        let added = self.invoker.add(&list, &at).await.and_then(|result| {
+            let ip = CniResult::parse(&result)
+                .ok()
+                .and_then(|r| r.pod_ip())
+                .ok_or_else(|| NetworkError::NoAddress {
+                    network: list.name.clone(),
+                })?;
+            Ok((result, ip))
+        });
+        match added {
+            Ok((result, ip)) => {
+                tracing::debug!(sandbox_id = pod.sandbox_id, %ip, network = %list.name,
+                    elapsed_ms = started.elapsed().as_millis() as u64, "CNI ADD done");
+                Ok(Some(NetworkAttachment {
+                    network: list,
+                    ifname: POD_IFNAME.to_owned(),
+                    result,
+                    ip,
+                }))
+            }
+            Err(original) => {
+                tracing::warn!(sandbox_id = pod.sandbox_id, err = %original,
+                    "CNI ADD failed; removing the pod from the network");
+                match self.invoker.del(&list, &at, None).await {
+                    Ok(()) => Err(original),
+                    Err(cleanup) => Err(NetworkError::Rollback {
+                        original: Box::new(original),
+                        cleanup: Box::new(cleanup),
+                    }),
+                }
+            }
+        }
+    }
+
+    /// Runs CHECK (CNI ≥ 0.4.0): whether the pod's networking is still as ADD made it.
+    pub async fn check(
+        &self,
+        pod: &PodRef<'_>,
+        netns: &Path,
+        attachment: &NetworkAttachment,
+    ) -> Result<(), NetworkError> {
+        let args = pod.cni_args();
+        let capabilities = Map::new();
+        let at = Attachment {
+            container_id: pod.sandbox_id,
+            netns: Some(netns),
+            ifname: &attachment.ifname,
+            args: &args,
+            capabilities: &capabilities,
+        };
+        self.invoker
+            .check(&attachment.network, &at, &attachment.result)
+            .await
+    }
+
+    /// Runs DEL with what ADD recorded. Idempotent. A namespace that is no longer
+    /// mounted is passed as empty `CNI_NETNS`, so plugins still release addresses.
+    pub async fn detach(
+        &self,
+        pod: &PodRef<'_>,
+        netns: &Path,
+        attachment: &NetworkAttachment,
+    ) -> Result<(), NetworkError> {
+        let args = pod.cni_args();
+        let capabilities = Map::new();
+        let at = Attachment {
+            container_id: pod.sandbox_id,
+            netns: is_netns(netns).then_some(netns),
+            ifname: &attachment.ifname,
+            args: &args,
+            capabilities: &capabilities,
+        };
+        self.invoker
+            .del(&attachment.network, &at, Some(&attachment.result))
+            .await
+    }
+}
+
+/// Whether `path` is a mounted network namespace (nsfs), not a leftover plain file.
+fn is_netns(path: &Path) -> bool {
+    nix::sys::statfs::statfs(path)
+        .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::NSFS_MAGIC)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cni_args_name_the_pod_as_containerd_does() {
+        let pod = PodRef {
+            sandbox_id: "sb1",
+            namespace: "default",
+            name: "web",
+            uid: "u-1",
+        };
+        let args = pod.cni_args();
+        let keys: Vec<_> = args.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        assert_eq!(
+            keys,
+            [
+                "K8S_POD_NAMESPACE=default",
+                "K8S_POD_NAME=web",
+                "K8S_POD_INFRA_CONTAINER_ID=sb1",
+                "K8S_POD_UID=u-1"
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn missing_plugins_make_attach_return_none_instead_of_failing() {
+        let dir = tempfile::tempdir().unwrap();
+        let network = Network::new(
+            CniConfig {
+                conf_dir: dir.path().join("net.d"),
+                bin_dirs: vec![dir.path().join("no-bin")],
+                ..CniConfig::default()
+            },
+            dir.path(),
+        );
+        let pod = PodRef {
+            sandbox_id: "sb",
+            namespace: "ns",
+            name: "n",
+            uid: "u",
+        };
+        let got = network
+            .attach(&pod, Path::new("/nonexistent"))
+            .await
+            .unwrap();
+        assert!(got.is_none());
+        assert!(
+            network.warned.load(Ordering::Relaxed),
+            "no warning recorded"
+        );
+    }
+
+    #[test]
+    fn a_plain_file_is_not_a_network_namespace() {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        assert!(!is_netns(file.path()));
+        assert!(is_netns(Path::new("/proc/self/ns/net")));
+    }
+}

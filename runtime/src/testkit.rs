@@ -1,0 +1,50 @@
+//! Shared by the real-container tests and the benchmarks of every crate: where the
+//! repository's test images are, built on first use by `images/build` (deterministic, from
+//! Debian's `busybox-static`, no network). Not part of the runtime proper.
+
+use std::path::{Path, PathBuf};
+
+/// `images/build` could not produce the test images.
+#[derive(Debug, thiserror::Error)]
+pub enum TestImagesError {
+    #[error("running {script}")]
+    Spawn {
+        script: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{script} failed with {status}")]
+    Failed {
+        script: PathBuf,
+        status: std::process::ExitStatus,
+    },
+}
+
+/// The repository's top directory.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// `images/out`, with every test image built.
+pub fn test_images() -> Result<PathBuf, TestImagesError> {
+    let out = repo_root().join("images/out");
+    if !out.join("busybox/index.json").exists() {
+        let script = repo_root().join("images/build");
+        let status = std::process::Command::new(&script)
+            .arg(&out)
+            .status()
+            .map_err(|source| TestImagesError::Spawn {
+                script: script.clone(),
+                source,
+            })?;
+        if !status.success() {
+            return Err(TestImagesError::Failed { script, status });
+        }
+    }
+    Ok(out)
+}
+
+/// The busybox OCI layout.
+pub fn busybox_layout() -> Result<PathBuf, TestImagesError> {
+    Ok(test_images()?.join("busybox"))
+}
