@@ -393,14 +393,13 @@ fn torn_state_of_every_kind_is_removed_when_the_agent_starts_again() {
     let ns = root.join("sandboxes").join(fake).join("ns");
     std::fs::create_dir_all(&ns).expect("sandbox dir");
     std::fs::write(ns.join("net"), "").expect("ns file");
-    nix::mount::mount(
-        Some("/proc/self/ns/net"),
-        &ns.join("net"),
-        None::<&str>,
-        nix::mount::MsFlags::MS_BIND,
-        None::<&str>,
-    )
-    .expect("pin a network namespace");
+    // A fresh namespace, as the sandbox's would be (recovery runs CNI DEL in it).
+    let pinned = std::process::Command::new("unshare")
+        .arg(format!("--net={}", ns.join("net").display()))
+        .arg("true")
+        .status()
+        .expect("unshare runs");
+    assert!(pinned.success(), "pin a network namespace");
     // A pod deleted while the agent was down, after its cgroup and directory were made.
     let pod_dir = root
         .join("pods")

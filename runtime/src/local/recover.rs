@@ -221,6 +221,27 @@ impl Inner {
         Ok(())
     }
 
+    /// CNI DEL for a sandbox torn between ADD and its record, so its address and rules
+    /// are released; the namespace must still be pinned for plugins to find the interface.
+    async fn detach_torn_sandbox(&self, id: &str, netns: &std::path::Path) {
+        let Some(network) = &self.network else {
+            return;
+        };
+        // Never hand the host's own namespace to DEL (it would delete the host's eth0).
+        let same_as_host = |path: &std::path::Path| {
+            use std::os::unix::fs::MetadataExt;
+            let host = std::fs::metadata("/proc/self/ns/net").ok();
+            let pinned = std::fs::metadata(path).ok();
+            matches!((host, pinned), (Some(h), Some(p)) if h.dev() == p.dev() && h.ino() == p.ino())
+        };
+        if !netns.exists() || same_as_host(netns) {
+            return;
+        }
+        if let Err(err) = network.detach_unrecorded(id, netns).await {
+            tracing::warn!(sandbox_id = %id, %err, "CNI DEL of a torn sandbox failed");
+        }
+    }
+
     /// Removes torn directories and states (see [`super::cleanup::find_torn`]).
     async fn remove_torn(&self) -> usize {
         let known: HashSet<String> = self
@@ -252,6 +273,8 @@ impl Inner {
         }
         for id in &torn.sandbox_dirs {
             let dir = self.config.sandboxes_dir().join(id);
+            self.detach_torn_sandbox(id, &dir.join("ns").join("net"))
+                .await;
             match super::cleanup::remove_torn_sandbox(&dir) {
                 Ok(()) => removed += 1,
                 Err(err) => tracing::warn!(?dir, %err, "removing a torn sandbox directory failed"),

@@ -236,6 +236,32 @@ impl Network {
     }
 }
 
+impl Network {
+    /// DEL for a sandbox whose ADD result was never recorded (the agent died between ADD
+    /// and the sandbox record): with the current network list and no `prevResult`, so the
+    /// plugins release the address and rules they keep by container id. Idempotent; a
+    /// no-op when networking is unavailable.
+    pub async fn detach_unrecorded(
+        &self,
+        sandbox_id: &str,
+        netns: &Path,
+    ) -> Result<(), NetworkError> {
+        let Some(list) = self.resolve() else {
+            return Ok(());
+        };
+        let args = Vec::new();
+        let capabilities = Map::new();
+        let at = Attachment {
+            container_id: sandbox_id,
+            netns: is_netns(netns).then_some(netns),
+            ifname: POD_IFNAME,
+            args: &args,
+            capabilities: &capabilities,
+        };
+        self.invoker.del(&list, &at, None).await
+    }
+}
+
 /// Whether `path` is a mounted network namespace (nsfs), not a leftover plain file.
 fn is_netns(path: &Path) -> bool {
     nix::sys::statfs::statfs(path)
