@@ -1,0 +1,29 @@
+//! The agent's link to the API server (issue 4): the pod watch feeding the pod config
+//! merger, the status manager (statuses, mirror pods, deletion finalization), pod events and
+//! ConfigMaps/Secrets for API pods.
+//!
+//! ```text
+//!  watch pods spec.nodeName=<node> ──► PodConfig (ConfigSource::Api) ──► sync loop
+//!  StatusStore ──subscribe──► StatusManager ──► PATCH pods/<p>/status (mirror pod for static)
+//!  housekeeping ──ApiCommand──► StatusManager ──► create/delete mirror pods, final DELETE
+//!  EventRecorder ──► ApiRecorder ──► POST events (rate-limited)
+//! ```
+//!
+//! Where to start: [`ApiLink`], which [`Kubelet::start_with_api`](crate::kubelet::Kubelet::start_with_api) builds.
+
+mod events;
+mod objects;
+mod pod_source;
+mod status_manager;
+
+pub use events::{pod_event, ApiRecorder};
+pub use objects::{ApiObjectSource, LayeredObjects, CACHE_TTL};
+pub use pod_source::run_pod_source;
+pub use status_manager::{mirror_pod, ApiCommand, StatusManager, MIRROR_DEBOUNCE, RETRY_PERIOD};
+
+/// What the agent needs to talk to the API server.
+#[derive(Clone)]
+pub struct ApiLink {
+    /// The node's client (node credentials).
+    pub client: kube::Client,
+}
