@@ -2,9 +2,10 @@
 //! [`ControlPlane`](crate::ControlPlane), on its own temp data root, manifest directory, log
 //! directory, cgroup root and CNI bridge, with busybox imported.
 //!
-//! Guarantees: dropping it sends SIGTERM, waits up to 10 s (then SIGKILL), and removes the
-//! data root; pods it started are left to the agent's clean-up on the next run of the same
-//! root, so tests delete their pods before finishing.
+//! Guarantees: dropping it removes every manifest and waits (up to 40 s) for the agent to
+//! remove its pods' sandboxes, then sends SIGTERM (SIGKILL after 10 s) and removes what is
+//! left: mounts under the data root, its bridge, its cgroup tree and the data root. Tests
+//! delete the API pods they create.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -18,6 +19,8 @@ pub struct ClusterAgent {
     pub manifests: PathBuf,
     pub node_name: String,
     pub log_file: PathBuf,
+    bridge: String,
+    cgroup_root: String,
     child: Option<Child>,
 }
 
@@ -82,6 +85,8 @@ impl ClusterAgent {
                 String::from_utf8_lossy(&import.stderr)
             );
         }
+        let bridge = format!("irlc{slot}");
+        let cgroup_root = format!("/ironlet-e2e-{node_name}");
         let cni = root.join("cni");
         std::fs::create_dir_all(&cni).context("creating the CNI dir")?;
         let conflist = serde_json::json!({
@@ -89,7 +94,7 @@ impl ClusterAgent {
             "name": format!("e2ec{slot}"),
             "plugins": [{
                 "type": "bridge",
-                "bridge": format!("irlc{slot}"),
+                "bridge": bridge,
                 "isGateway": true,
                 "ipMasq": false,
                 "hairpinMode": true,
@@ -117,7 +122,7 @@ impl ClusterAgent {
             .arg("--pod-logs-dir")
             .arg(root.join("logs"))
             .arg("--cgroup-root")
-            .arg(format!("/ironlet-e2e-{node_name}"))
+            .arg(&cgroup_root)
             .arg("--cni-conf-dir")
             .arg(&cni)
             .env("IRONLET_LOG", "info,libcontainer=off,libcgroups=off")
@@ -131,6 +136,8 @@ impl ClusterAgent {
             manifests,
             node_name: node_name.to_owned(),
             log_file,
+            bridge,
+            cgroup_root,
             child: Some(child),
         })
     }
@@ -183,6 +190,78 @@ impl ClusterAgent {
 
 impl Drop for ClusterAgent {
     fn drop(&mut self) {
+        if let Ok(entries) = std::fs::read_dir(&self.manifests) {
+            for e in entries.flatten() {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+        let sandboxes = self.root.join("sandboxes");
+        let deadline = Instant::now() + Duration::from_secs(40);
+        while Instant::now() < deadline
+            && std::fs::read_dir(&sandboxes).is_ok_and(|mut d| d.next().is_some())
+        {
+            std::thread::sleep(Duration::from_millis(200));
+        }
         self.stop();
+        // Containers of pods the agent did not get to remove (a failed test's pods).
+        let tree = Path::new("/sys/fs/cgroup/pids").join(self.cgroup_root.trim_start_matches('/'));
+        for pid in pids_in_tree(&tree) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+        let root = self.root.to_string_lossy().into_owned();
+        let under: Vec<&str> = mounts
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(1))
+            .filter(|m| m.starts_with(&root))
+            .collect();
+        for m in under.iter().rev() {
+            let _ = nix::mount::umount2(*m, nix::mount::MntFlags::MNT_DETACH);
+        }
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.bridge])
+            .stderr(Stdio::null())
+            .status();
+        if let Ok(controllers) = std::fs::read_dir("/sys/fs/cgroup") {
+            for controller in controllers.flatten() {
+                remove_cgroup_tree(
+                    &controller
+                        .path()
+                        .join(self.cgroup_root.trim_start_matches('/')),
+                );
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.root);
     }
+}
+
+fn pids_in_tree(dir: &Path) -> Vec<i32> {
+    let mut pids: Vec<i32> = std::fs::read_to_string(dir.join("cgroup.procs"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect();
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.path().is_dir() {
+                pids.extend(pids_in_tree(&e.path()));
+            }
+        }
+    }
+    pids
+}
+
+fn remove_cgroup_tree(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.path().is_dir() {
+                remove_cgroup_tree(&e.path());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
 }

@@ -3,7 +3,8 @@
 //! graceful or forced delete and disappear; a failing container under `restartPolicy: Never`
 //! ends Failed with its exit code; static pods get mirror pods (recreated when deleted,
 //! deleted with the manifest); a pod waiting for a missing ConfigMap gets an event and starts
-//! once it exists.
+//! once it exists; pods keep running through a 60 s apiserver outage (SIGSTOP) and status
+//! converges within 10 s after it.
 //!
 //! One control plane and one agent (node `e2e-cluster-<pid>`) serve every test of this
 //! binary; the tests use distinct pod names. Needs root (containers, cgroups, CNI).
@@ -22,6 +23,8 @@ use serde_json::json;
 struct Env {
     plane: ControlPlane,
     agent: ClusterAgent,
+    /// The outage test holds it exclusively: the others' timeouts assume a live apiserver.
+    api_up: std::sync::RwLock<()>,
 }
 
 type TestFn = fn(&Env) -> Result<()>;
@@ -48,7 +51,11 @@ const TESTS: &[(&str, TestFn)] = &[
         "a_pod_waiting_for_a_missing_config_map_gets_an_event_and_starts_once_it_exists",
         missing_config_map,
     ),
+    (OUTAGE_TEST, apiserver_outage),
 ];
+
+const OUTAGE_TEST: &str =
+    "pods_keep_running_through_a_60_s_apiserver_outage_and_status_converges_within_10_s_after";
 
 const RUNNING_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -74,6 +81,9 @@ fn main() {
         .map(|&(name, test)| {
             let env = Arc::clone(&env);
             Trial::test(name, move || {
+                let outage = name == OUTAGE_TEST;
+                let _shared = (!outage).then(|| env.api_up.read());
+                let _exclusive = outage.then(|| env.api_up.write());
                 test(&env).map_err(|e| Failed::from(format!("{e:#}")))
             })
         })
@@ -92,7 +102,11 @@ fn start() -> Result<Env> {
     let node = format!("e2e-cluster-{}", std::process::id());
     let kubeconfig = plane.node_kubeconfig(&node)?;
     let agent = ClusterAgent::start(&kubeconfig, &node, std::process::id() % 250)?;
-    Ok(Env { plane, agent })
+    Ok(Env {
+        plane,
+        agent,
+        api_up: std::sync::RwLock::new(()),
+    })
 }
 
 fn is_selected(args: &Arguments, name: &str) -> bool {
@@ -135,6 +149,16 @@ fn busybox_pod(name: &str, node: &str, command: &[&str], restart: &str) -> Resul
             }],
         },
     }))?)
+}
+
+/// Creates `pod`, retrying while the namespace's default ServiceAccount does not exist yet
+/// (the ServiceAccount admission plugin rejects pods until the controller manager made it).
+async fn create(pods: &Api<Pod>, pod: &Pod) -> Result<()> {
+    eventually("the pod is created", Duration::from_secs(30), || async {
+        pods.create(&PostParams::default(), pod).await?;
+        Ok(Some(()))
+    })
+    .await
 }
 
 fn phase(pod: &Pod) -> &str {
@@ -207,7 +231,7 @@ fn pod_runs_then_graceful_delete(env: &Env) -> Result<()> {
             &["sleep", "3602"],
             "Always",
         )?;
-        pods.create(&PostParams::default(), &pod).await?;
+        create(&pods, &pod).await?;
         let running = eventually("graceful Running and ready", RUNNING_TIMEOUT, || async {
             let pod = pods.get("graceful").await?;
             let ready = pod
@@ -261,7 +285,7 @@ fn force_delete(env: &Env) -> Result<()> {
     block_on(async {
         let pods: Api<Pod> = Api::namespaced(admin(env).await?, "default");
         let pod = busybox_pod("forced", &env.agent.node_name, &["sleep", "3603"], "Always")?;
-        pods.create(&PostParams::default(), &pod).await?;
+        create(&pods, &pod).await?;
         wait_phase(&pods, "forced", "Running").await?;
         pods.delete("forced", &DeleteParams::default().grace_period(0))
             .await?;
@@ -284,7 +308,7 @@ fn failed_pod_reports_exit_code(env: &Env) -> Result<()> {
             &["sh", "-c", "exit 3"],
             "Never",
         )?;
-        pods.create(&PostParams::default(), &pod).await?;
+        create(&pods, &pod).await?;
         let failed = wait_phase(&pods, "fails", "Failed").await?;
         let code = failed
             .status
@@ -304,7 +328,7 @@ fn static_pod_mirror(env: &Env) -> Result<()> {
         let pods: Api<Pod> = Api::namespaced(admin(env).await?, "default");
         env.agent.write_manifest(
             "web.yaml",
-            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\n  namespace: default\nspec:\n  containers:\n  - name: web\n    image: busybox\n    imagePullPolicy: Never\n    command: [sleep, \"3604\"]\n",
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\n  namespace: default\nspec:\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: web\n    image: busybox\n    imagePullPolicy: Never\n    command: [sleep, \"3604\"]\n",
         )?;
         let name = format!("web-{}", env.agent.node_name);
         let mirror = eventually("the mirror pod runs", RUNNING_TIMEOUT, || async {
@@ -373,7 +397,7 @@ fn missing_config_map(env: &Env) -> Result<()> {
                 }],
             },
         }))?;
-        pods.create(&PostParams::default(), &pod).await?;
+        create(&pods, &pod).await?;
         eventually(
             "a warning event about the pod",
             Duration::from_secs(30),
@@ -406,5 +430,88 @@ fn missing_config_map(env: &Env) -> Result<()> {
         pods.delete("needs-config", &DeleteParams::default().grace_period(1))
             .await?;
         wait_gone(&pods, "needs-config", Duration::from_secs(30)).await
+    })
+}
+
+/// Sends `signal` to the apiserver's process group (its pid is in the state directory).
+fn signal_apiserver(env: &Env, signal: nix::sys::signal::Signal) -> Result<()> {
+    let pid: i32 = std::fs::read_to_string(env.plane.dir().join("kube-apiserver.pid"))
+        .context("reading the apiserver pid")?
+        .trim()
+        .parse()
+        .context("parsing the apiserver pid")?;
+    nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), signal)
+        .or_else(|_| nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal))
+        .context("signalling the apiserver")
+}
+
+fn apiserver_outage(env: &Env) -> Result<()> {
+    block_on(async {
+        let client = admin(env).await?;
+        let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+        let nodes: Api<Node> = Api::all(client);
+        let steady = busybox_pod("steady", &env.agent.node_name, &["sleep", "3606"], "Always")?;
+        let finishing = busybox_pod(
+            "finishing",
+            &env.agent.node_name,
+            &["sh", "-c", "sleep 20; exit 0"],
+            "Never",
+        )?;
+        create(&pods, &steady).await?;
+        create(&pods, &finishing).await?;
+        wait_phase(&pods, "steady", "Running").await?;
+        wait_phase(&pods, "finishing", "Running").await?;
+
+        // The apiserver freezes: requests hang, as when it is unreachable.
+        signal_apiserver(env, nix::sys::signal::Signal::SIGSTOP)?;
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        let still_running = process_running("sleep 3606");
+        signal_apiserver(env, nix::sys::signal::Signal::SIGCONT)?;
+        anyhow::ensure!(still_running, "the steady pod stopped during the outage");
+
+        let resumed = k8s_openapi::jiff::Timestamp::now();
+        eventually(
+            "the finished pod's status converges",
+            Duration::from_secs(10),
+            || async {
+                let pod = pods.get("finishing").await?;
+                Ok((phase(&pod) == "Succeeded").then_some(()))
+            },
+        )
+        .await?;
+        let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+            Api::namespaced(admin(env).await?, "kube-node-lease");
+        eventually(
+            "the node's lease is renewed again",
+            Duration::from_secs(10),
+            || async {
+                let lease = leases.get(&env.agent.node_name).await?;
+                Ok(lease
+                    .spec
+                    .and_then(|s| s.renew_time)
+                    .filter(|t| t.0 >= resumed)
+                    .map(|_| ()))
+            },
+        )
+        .await?;
+        eventually("the node is Ready", Duration::from_secs(10), || async {
+            let node = nodes.get(&env.agent.node_name).await?;
+            let ready = node
+                .status
+                .and_then(|s| s.conditions)
+                .and_then(|c| c.into_iter().find(|c| c.type_ == "Ready"));
+            Ok(ready.filter(|c| c.status == "True").map(|_| ()))
+        })
+        .await?;
+        let steady = pods.get("steady").await?;
+        anyhow::ensure!(phase(&steady) == "Running", "steady is {}", phase(&steady));
+        for name in ["steady", "finishing"] {
+            pods.delete(name, &DeleteParams::default().grace_period(1))
+                .await?;
+        }
+        for name in ["steady", "finishing"] {
+            wait_gone(&pods, name, Duration::from_secs(30)).await?;
+        }
+        Ok(())
     })
 }

@@ -10,8 +10,8 @@
 //! * [`ApiCommand::Finalize`]: the pod's final status is flushed, then the pod is deleted
 //!   with grace 0 and a UID precondition (a re-created pod of the same name is untouched).
 //! * [`ApiCommand::EnsureMirror`] creates the mirror pod (annotation `config.mirror` = the
-//!   static pod's `config.hash`, owner reference to the Node), deleting an outdated one
-//!   first; [`ApiCommand::DeleteMirror`] deletes an orphan. Repeated requests for the same
+//!   static pod's `config.hash`, owner reference to the Node as controller), deleting an
+//!   outdated one — or one being deleted — first, with grace 0 (kubelet's `DeleteMirrorPod`); [`ApiCommand::DeleteMirror`] deletes an orphan. Repeated requests for the same
 //!   mirror within [`MIRROR_DEBOUNCE`] are ignored (the watch has not caught up yet).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -41,7 +41,8 @@ pub const MIRROR_DEBOUNCE: Duration = Duration::from_secs(5);
 pub enum ApiCommand {
     /// This API pod has a deletionTimestamp and its containers are all stopped.
     Finalize(Arc<Pod>),
-    /// Create the mirror of this static pod (replacing `outdated`, if any).
+    /// Create the mirror of this static pod, replacing `outdated` (a mirror of another
+    /// version, or one with a deletionTimestamp), if any.
     EnsureMirror {
         static_pod: Arc<Pod>,
         outdated: Option<Arc<Pod>>,
@@ -193,7 +194,7 @@ impl StatusManager {
                     return;
                 }
                 tracing::info!(pod = %pod_full_name(&mirror), "deleting orphaned mirror pod");
-                self.delete(&mirror, None).await;
+                self.delete(&mirror, Some(0)).await;
             }
         }
     }
@@ -249,18 +250,19 @@ impl StatusManager {
         let Some(hash) = annotation(static_pod, CONFIG_HASH).map(str::to_owned) else {
             return;
         };
-        let key = format!("create/{}/{hash}", pod_full_name(static_pod));
+        let key = format!(
+            "create/{}/{hash}/{}",
+            pod_full_name(static_pod),
+            outdated.map(pod_uid).unwrap_or_default()
+        );
         if self.debounced(&key) {
             return;
         }
         if let Some(old) = outdated {
-            if old.metadata.deletion_timestamp.is_some() {
-                // Still going away; ask again once it is gone.
-                self.mirror_requests.remove(&key);
-                return;
-            }
+            // Outdated or being deleted (kubelet's syncPod): remove it at once, then recreate.
             tracing::info!(pod = %pod_full_name(old), "deleting outdated mirror pod");
-            if !self.delete(old, None).await {
+            if !self.delete(old, Some(0)).await {
+                self.mirror_requests.remove(&key);
                 return;
             }
         }
@@ -314,6 +316,8 @@ pub fn mirror_pod(static_pod: &Pod, hash: &str, node_name: &str, node_uid: &str)
                 kind: "Node".into(),
                 name: node_name.to_owned(),
                 uid: node_uid.to_owned(),
+                // NodeRestriction admits a mirror pod only with its Node as controller.
+                controller: Some(true),
                 ..OwnerReference::default()
             }]),
             ..ObjectMeta::default()

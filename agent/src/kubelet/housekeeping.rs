@@ -109,7 +109,9 @@ impl Kubelet {
                     continue;
                 }
                 let mirror = self.lock_manager().mirror_pod_by_pod(&pod);
-                let current = mirror.as_ref().is_some_and(|m| is_mirror_pod_of(m, &pod));
+                let current = mirror.as_ref().is_some_and(|m| {
+                    is_mirror_pod_of(m, &pod) && m.metadata.deletion_timestamp.is_none()
+                });
                 if !current {
                     let _ = commands.send(ApiCommand::EnsureMirror {
                         static_pod: pod.clone(),
@@ -123,9 +125,7 @@ impl Kubelet {
             }
         }
         for mirror in mirrors {
-            if orphans.contains(&pod_full_name(&mirror))
-                && mirror.metadata.deletion_timestamp.is_none()
-            {
+            if orphans.contains(&pod_full_name(&mirror)) {
                 let _ = commands.send(ApiCommand::DeleteMirror(mirror));
             }
         }
