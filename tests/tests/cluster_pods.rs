@@ -1,5 +1,6 @@
 //! A real `ironlet run --kubeconfig` joined to a real control plane (`scripts/controlplane`):
-//! the node turns Ready; pods created through the API run with correct statuses, stop on a
+//! the node turns Ready; pods created through the API (bound by `spec.nodeName` or by the
+//! real kube-scheduler) run with correct statuses, stop on a
 //! graceful or forced delete and disappear; a failing container under `restartPolicy: Never`
 //! ends Failed with its exit code; static pods get mirror pods (recreated when deleted,
 //! deleted with the manifest); a pod waiting for a missing ConfigMap gets an event and starts
@@ -50,6 +51,10 @@ const TESTS: &[(&str, TestFn)] = &[
     (
         "a_pod_waiting_for_a_missing_config_map_gets_an_event_and_starts_once_it_exists",
         missing_config_map,
+    ),
+    (
+        "a_pod_scheduled_by_the_kube_scheduler_runs_on_the_node",
+        scheduled_pod_runs,
     ),
     (OUTAGE_TEST, apiserver_outage),
 ];
@@ -513,5 +518,38 @@ fn apiserver_outage(env: &Env) -> Result<()> {
             wait_gone(&pods, name, Duration::from_secs(30)).await?;
         }
         Ok(())
+    })
+}
+
+fn scheduled_pod_runs(env: &Env) -> Result<()> {
+    block_on(async {
+        let pods: Api<Pod> = Api::namespaced(admin(env).await?, "default");
+        let pod: Pod = serde_json::from_value(json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": { "name": "scheduled", "namespace": "default" },
+            "spec": {
+                "nodeSelector": { "kubernetes.io/hostname": env.agent.node_name },
+                "terminationGracePeriodSeconds": 1,
+                "containers": [{
+                    "name": "main",
+                    "image": "busybox",
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": ["sleep", "3607"],
+                    "resources": { "requests": { "cpu": "10m", "memory": "16Mi" } },
+                }],
+            },
+        }))?;
+        create(&pods, &pod).await?;
+        let running = wait_phase(&pods, "scheduled", "Running").await?;
+        let node = running.spec.and_then(|s| s.node_name);
+        anyhow::ensure!(
+            node.as_deref() == Some(env.agent.node_name.as_str()),
+            "scheduled to {node:?}"
+        );
+        let qos = running.status.and_then(|s| s.qos_class);
+        anyhow::ensure!(qos.as_deref() == Some("Burstable"), "qosClass {qos:?}");
+        pods.delete("scheduled", &DeleteParams::default()).await?;
+        wait_gone(&pods, "scheduled", Duration::from_secs(30)).await
     })
 }

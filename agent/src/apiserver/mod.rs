@@ -9,7 +9,8 @@
 //!  EventRecorder ──► ApiRecorder ──► POST events (rate-limited)
 //! ```
 //!
-//! Where to start: [`ApiLink`], which [`Kubelet::start_with_api`](crate::kubelet::Kubelet::start_with_api) builds.
+//! Where to start: [`Kubelet::start_with_api`](crate::kubelet::Kubelet::start_with_api), which
+//! wires these together from one node client; [`StatusManager`] for what is written back.
 
 mod events;
 mod objects;
@@ -20,10 +21,3 @@ pub use events::{pod_event, ApiRecorder};
 pub use objects::{ApiObjectSource, LayeredObjects, CACHE_TTL};
 pub use pod_source::run_pod_source;
 pub use status_manager::{mirror_pod, ApiCommand, StatusManager, MIRROR_DEBOUNCE, RETRY_PERIOD};
-
-/// What the agent needs to talk to the API server.
-#[derive(Clone)]
-pub struct ApiLink {
-    /// The node's client (node credentials).
-    pub client: kube::Client,
-}

@@ -2,14 +2,15 @@
 //! PLEG and probes together and runs kubelet's sync loop.
 //!
 //! ```text
-//!  PodConfig ──ADD/UPDATE/REMOVE──┐
+//!  PodConfig ──ADD/UPDATE/REMOVE──┐   (file, URL and — with a client — API pods)
 //!  PLEG events ───────────────────┤   sync loop (select!)  ──► PodWorkers ──► NodeSyncer
 //!  probe results ─────────────────┤   admission on ADD         (one task per UID)
 //!  housekeeping tick (2 s) ───────┘   orphans, GC, known pods
 //! ```
 //!
 //! Where to start: [`Kubelet::start`] builds everything from a [`KubeletConfig`] and a
-//! runtime; [`Kubelet::run`] is the loop and returns when the shutdown future completes.
+//! runtime ([`Kubelet::start_with_api`] also joins a cluster: see [`crate::apiserver`]);
+//! [`Kubelet::run`] is the loop and returns when the shutdown future completes.
 
 pub mod config;
 pub mod container_config;
