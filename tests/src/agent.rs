@@ -67,9 +67,13 @@ pub fn images_out() -> Result<PathBuf> {
 impl ClusterAgent {
     /// Imports busybox and starts `ironlet run --kubeconfig <kubeconfig>` as `node_name`.
     pub fn start(kubeconfig: &Path, node_name: &str, slot: u32) -> Result<Self> {
-        let binary = ironlet_binary()?;
+        let built = ironlet_binary()?;
         let root = std::env::temp_dir().join(format!("ironlet-e2e-{node_name}"));
         let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(&root).context("creating the data root")?;
+        // A private copy: the shared target directory may be rebuilt by others meanwhile.
+        let binary = root.join("ironlet");
+        std::fs::copy(&built, &binary).with_context(|| format!("copying {}", built.display()))?;
         let manifests = root.join("manifests");
         std::fs::create_dir_all(&manifests).context("creating the manifest dir")?;
         let import = Command::new(&binary)
