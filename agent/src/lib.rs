@@ -7,6 +7,7 @@
 //! and benchmarks can drive it.
 
 pub mod admission;
+pub mod apiserver;
 pub mod config;
 pub mod env;
 pub mod kubelet;

@@ -4,7 +4,7 @@
 //! * [`FileObjectSource`]: for static pods, objects written as YAML/JSON files beside the
 //!   manifests (`kind: ConfigMap|Secret`, possibly in the same multi-document file as the
 //!   pods), read on demand.
-//! * An API-backed source (a watch-based cache, as kubelet's `configMapManager`) plugs in later.
+//! * [`crate::apiserver::ApiObjectSource`]: from the API server, with a short-lived cache.
 //!
 //! Contract for every implementation: `Ok(None)` means "does not exist" (kubelet's NotFound,
 //! which `optional: true` references tolerate); an `Err` means "could not tell" and must fail

@@ -3,8 +3,12 @@
 //! * [`ControlPlane`]: a real kube-apiserver, scheduler, controller manager and etcd on
 //!   127.0.0.1, started by `scripts/controlplane up` (which builds them from Go modules on a
 //!   fresh machine) and stopped, state directory removed, when dropped.
+//! * [`ClusterAgent`]: a real `ironlet run --kubeconfig` joined to it.
 //! * [`eventually`]: poll until a condition holds, failing with what was awaited.
 
+mod agent;
 mod controlplane;
+
+pub use agent::{images_out, ironlet_binary, ClusterAgent};
 
 pub use controlplane::{client_from_kubeconfig, eventually, ControlPlane};

@@ -29,6 +29,10 @@ pub struct RunArgs {
     /// URL of a pod manifest (or list) polled for static pods.
     #[arg(long = "manifest-url")]
     pub manifest_url: Option<String>,
+    /// Kubeconfig of the cluster to join (node credentials). Without it, ironlet runs
+    /// static pods only.
+    #[arg(long = "kubeconfig")]
+    pub kubeconfig: Option<PathBuf>,
     /// The node's name; default: the host name.
     #[arg(long = "node-name", visible_alias = "hostname-override")]
     pub node_name: Option<String>,
@@ -153,8 +157,9 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 pub fn run(root_flag: Option<PathBuf>, args: RunArgs) -> anyhow::Result<ExitCode> {
     let rootless = super::running_rootless();
     let root_dir = super::root_dir(&root_flag, rootless);
-    if args.pod_manifest_path.is_none() && args.manifest_url.is_none() {
-        bail!("no pod source: give --pod-manifest-path DIR (or --manifest-url URL)");
+    if args.pod_manifest_path.is_none() && args.manifest_url.is_none() && args.kubeconfig.is_none()
+    {
+        bail!("no pod source: give --kubeconfig FILE or --pod-manifest-path DIR (or --manifest-url URL)");
     }
     // Before any thread: either we are the agent a supervisor started, or we become the
     // supervisor (which starts us again as the agent).
@@ -246,9 +251,43 @@ fn run_agent(
         }
         let images = Arc::new(LocalImageService::new(store));
         let socket = config.socket_path();
-        let kubelet = Kubelet::start(config, Arc::new(runtime), images)
+        let client = match &args.kubeconfig {
+            Some(path) => Some(kube_client(path).await?),
+            None => None,
+        };
+        let machine = ironlet::node::MachineConfig {
+            node_name: config.node_name.clone(),
+            root_dir: root_dir.clone(),
+            max_pods: config.max_pods,
+            reserved: ironlet::node::Reserved {
+                cpu_milli: config.reserved_cpu_milli,
+                memory_bytes: config.reserved_memory_bytes,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let node_name = config.node_name.clone();
+        let kubelet = Kubelet::start_with_api(config, Arc::new(runtime), images, client.clone())
             .await
             .context("starting the node agent")?;
+        let (stop_node, node_stopped) = tokio::sync::oneshot::channel::<()>();
+        let node_task = match client {
+            Some(client) => {
+                let provider = ironlet::node::MachineStatus::new(machine)
+                    .context("reading the machine's capacity")?;
+                let health = health_watch(kubelet.view());
+                let controller = ironlet::node::NodeController::new(
+                    client,
+                    ironlet::node::NodeConfig::new(node_name),
+                    provider,
+                )
+                .with_health(health);
+                Some(tokio::spawn(controller.run(async move {
+                    let _ = node_stopped.await;
+                })))
+            }
+            None => None,
+        };
         let server = ironlet::server::Server::bind(&socket).context("starting the local server")?;
         let (stop_server, server_stopped) = tokio::sync::oneshot::channel::<()>();
         let serving = tokio::spawn(server.serve(kubelet.view(), kubelet.metrics(), async move {
@@ -258,8 +297,46 @@ fn run_agent(
         kubelet.run(shutdown_signal()).await;
         let _ = stop_server.send(());
         let _ = serving.await;
+        let _ = stop_node.send(());
+        if let Some(task) = node_task {
+            match task.await {
+                Ok(Ok(())) => {}
+                Ok(Err(err)) => tracing::warn!(%err, "final node status update failed"),
+                Err(err) => tracing::warn!(%err, "node controller task failed"),
+            }
+        }
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// A kube client from a kubeconfig file.
+async fn kube_client(path: &std::path::Path) -> anyhow::Result<kube::Client> {
+    let kubeconfig = kube::config::Kubeconfig::read_from(path)
+        .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+    let config = kube::Config::from_custom_kubeconfig(
+        kubeconfig,
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await
+    .with_context(|| format!("loading kubeconfig {}", path.display()))?;
+    kube::Client::try_from(config).context("building the API client")
+}
+
+/// The agent's health (PLEG and sync loop), polled every 5 s, for the node controller.
+fn health_watch(view: Arc<dyn ironlet::server::PodsView>) -> tokio::sync::watch::Receiver<bool> {
+    let (tx, rx) = tokio::sync::watch::channel(true);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            tick.tick().await;
+            let healthy = view.health().is_ok();
+            tx.send_if_modified(|h| std::mem::replace(h, healthy) != healthy);
+            if tx.is_closed() {
+                return;
+            }
+        }
+    });
+    rx
 }
 
 /// SIGTERM or SIGINT.

@@ -1,6 +1,6 @@
 //! Kubernetes events about pods (`Pulled`, `Created`, `Started`, `Killing`, `BackOff`,
 //! `Unhealthy`, `FailedMount`, …) behind the [`EventRecorder`] seam: logged through
-//! `tracing` without an API server; the API-backed recorder plugs in here.
+//! `tracing` without an API server; with one, [`crate::apiserver::ApiRecorder`] writes them.
 
 use k8s_openapi::api::core::v1::Pod;
 

@@ -13,7 +13,9 @@ use k8s_openapi::api::core::v1::{Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::Kubelet;
-use crate::config::pod_uid;
+use crate::apiserver::ApiCommand;
+use crate::config::{is_static_pod, pod_full_name, pod_uid};
+use crate::pod_manager::is_mirror_pod_of;
 use crate::pod_workers::{KillPodOptions, PodLifecycle, UpdatePodOptions, UpdateType};
 
 /// Grace period for runtime pods whose spec is unknown (kubelet kills them with the
@@ -93,6 +95,48 @@ impl Kubelet {
             if *state == PodLifecycle::Finished && !desired.contains(uid) {
                 self.statuses.remove(uid);
                 self.remove_pod_dir(uid);
+            }
+        }
+        self.api_housekeeping();
+    }
+
+    /// With an API server: finalize deleted API pods whose containers stopped, create the
+    /// mirror pods static pods lack (or whose hash is outdated), delete orphaned mirrors.
+    fn api_housekeeping(&self) {
+        let Some(commands) = &self.api_commands else {
+            return;
+        };
+        let (pods, mirrors) = self.lock_manager().pods_and_mirror_pods();
+        let orphans: HashSet<String> = self
+            .lock_manager()
+            .orphaned_mirror_pod_names()
+            .into_iter()
+            .collect();
+        for pod in pods {
+            let uid = pod_uid(&pod);
+            if is_static_pod(&pod) {
+                if self.workers.is_pod_termination_requested(uid) {
+                    continue;
+                }
+                let mirror = self.lock_manager().mirror_pod_by_pod(&pod);
+                let current = mirror.as_ref().is_some_and(|m| {
+                    is_mirror_pod_of(m, &pod) && m.metadata.deletion_timestamp.is_none()
+                });
+                if !current {
+                    let _ = commands.send(ApiCommand::EnsureMirror {
+                        static_pod: pod.clone(),
+                        outdated: mirror,
+                    });
+                }
+            } else if pod.metadata.deletion_timestamp.is_some()
+                && (self.workers.is_pod_terminated(uid) || self.rejected.contains_key(uid))
+            {
+                let _ = commands.send(ApiCommand::Finalize(pod.clone()));
+            }
+        }
+        for mirror in mirrors {
+            if orphans.contains(&pod_full_name(&mirror)) {
+                let _ = commands.send(ApiCommand::DeleteMirror(mirror));
             }
         }
     }

@@ -2,14 +2,15 @@
 //! PLEG and probes together and runs kubelet's sync loop.
 //!
 //! ```text
-//!  PodConfig ──ADD/UPDATE/REMOVE──┐
+//!  PodConfig ──ADD/UPDATE/REMOVE──┐   (file, URL and — with a client — API pods)
 //!  PLEG events ───────────────────┤   sync loop (select!)  ──► PodWorkers ──► NodeSyncer
 //!  probe results ─────────────────┤   admission on ADD         (one task per UID)
 //!  housekeeping tick (2 s) ───────┘   orphans, GC, known pods
 //! ```
 //!
 //! Where to start: [`Kubelet::start`] builds everything from a [`KubeletConfig`] and a
-//! runtime; [`Kubelet::run`] is the loop and returns when the shutdown future completes.
+//! runtime ([`Kubelet::start_with_api`] also joins a cluster: see [`crate::apiserver`]);
+//! [`Kubelet::run`] is the loop and returns when the shutdown future completes.
 
 pub mod config;
 pub mod container_config;
@@ -31,8 +32,8 @@ use tokio::sync::mpsc;
 
 use crate::admission::{NodeAllocatable, NodeInfo};
 use crate::config::{
-    pod_full_name, pod_uid, FileSource, FileSourceConfig, HttpSource, HttpSourceConfig, PodConfig,
-    PodConfigOptions, PodOp, PodUpdate,
+    is_mirror_pod, pod_full_name, pod_uid, FileSource, FileSourceConfig, HttpSource,
+    HttpSourceConfig, PodConfig, PodConfigOptions, PodOp, PodUpdate,
 };
 use crate::pleg::{PlegConfig, PlegHealth, PodLifecycleEvent};
 use crate::pod_cache::PodCache;
@@ -87,6 +88,8 @@ pub struct Kubelet {
     probe_updates: mpsc::UnboundedReceiver<crate::probes::ProbeUpdate>,
     /// Pods admission rejected, by UID (kept out of the workers).
     rejected: HashMap<String, Arc<Pod>>,
+    /// Requests to the API status manager; `None` without an API server.
+    api_commands: Option<mpsc::UnboundedSender<crate::apiserver::ApiCommand>>,
 }
 
 impl Kubelet {
@@ -95,6 +98,17 @@ impl Kubelet {
         config: KubeletConfig,
         runtime: Arc<dyn Runtime>,
         images: Arc<dyn ImageService>,
+    ) -> Result<Self, StartError> {
+        Self::start_with_api(config, runtime, images, None).await
+    }
+
+    /// [`start`](Self::start), plus — with a client — the API pod source, the status
+    /// manager, mirror pods, API events and ConfigMaps/Secrets from the API.
+    pub async fn start_with_api(
+        config: KubeletConfig,
+        runtime: Arc<dyn Runtime>,
+        images: Arc<dyn ImageService>,
+        api: Option<kube::Client>,
     ) -> Result<Self, StartError> {
         for dir in [config.root_dir.clone(), config.pods_dir()] {
             std::fs::create_dir_all(&dir).map_err(|source| StartError::CreateDir {
@@ -132,14 +146,26 @@ impl Kubelet {
             cgroups.as_ref().map(|c| c.hierarchy().clone()),
         );
 
-        let objects: Arc<dyn crate::objects::ObjectSource> = match &config.manifest_path {
+        let mut objects: Arc<dyn crate::objects::ObjectSource> = match &config.manifest_path {
             Some(dir) => Arc::new(crate::objects::FileObjectSource::new(dir.clone())),
             None => Arc::new(crate::objects::NoObjects),
         };
+        if let Some(client) = &api {
+            objects = Arc::new(crate::apiserver::LayeredObjects(vec![
+                objects,
+                Arc::new(crate::apiserver::ApiObjectSource::new(client.clone())),
+            ]));
+        }
         let (probes, probe_updates) = crate::probes::ProbeManager::new(runtime.clone());
         let statuses = Arc::new(StatusStore::default());
         let metrics = Arc::new(Metrics::new());
-        let events: Arc<dyn EventRecorder> = Arc::new(TracingRecorder);
+        let events: Arc<dyn EventRecorder> = match &api {
+            Some(client) => Arc::new(crate::apiserver::ApiRecorder::start(
+                client.clone(),
+                config.node_name.clone(),
+            )),
+            None => Arc::new(TracingRecorder),
+        };
         let syncer = Arc::new(NodeSyncer {
             volumes: crate::volumes::VolumeManager::new(config.root_dir.clone(), objects.clone()),
             config: config.clone(),
@@ -189,11 +215,32 @@ impl Kubelet {
             .map_err(StartError::HttpSource)?;
             pod_config.spawn(source)?;
         }
+        let pod_manager = Arc::new(Mutex::new(PodManager::new()));
+        let api_commands = match api {
+            Some(client) => {
+                let sender = pod_config.channel(crate::config::ConfigSource::Api)?;
+                tokio::spawn(crate::apiserver::run_pod_source(
+                    client.clone(),
+                    config.node_name.clone(),
+                    sender,
+                ));
+                let (tx, rx) = mpsc::unbounded_channel();
+                let manager = crate::apiserver::StatusManager::new(
+                    client,
+                    config.node_name.clone(),
+                    statuses.clone(),
+                    pod_manager.clone(),
+                );
+                tokio::spawn(manager.run(rx));
+                Some(tx)
+            }
+            None => None,
+        };
 
         Ok(Self {
             config,
             runtime,
-            pod_manager: Arc::new(Mutex::new(PodManager::new())),
+            pod_manager,
             workers,
             syncer,
             statuses,
@@ -207,6 +254,7 @@ impl Kubelet {
             started: std::time::Instant::now(),
             probe_updates,
             rejected: HashMap::new(),
+            api_commands,
         })
     }
 
@@ -284,11 +332,20 @@ impl Kubelet {
                         .cmp(&b.metadata.creation_timestamp)
                 });
                 for pod in pods {
+                    if is_mirror_pod(&pod) {
+                        // kubelet's handleMirrorPod: only the pod manager tracks it.
+                        self.lock_manager().add_pod(pod);
+                        continue;
+                    }
                     self.handle_add(Arc::new(pod));
                 }
             }
             PodOp::Update | PodOp::Delete => {
                 for pod in update.pods {
+                    if is_mirror_pod(&pod) {
+                        self.lock_manager().update_pod(pod);
+                        continue;
+                    }
                     let pod = Arc::new(pod);
                     if self.rejected.contains_key(pod_uid(&pod)) {
                         continue;
@@ -302,6 +359,9 @@ impl Kubelet {
                 for pod in update.pods {
                     let uid = pod_uid(&pod).to_owned();
                     self.lock_manager().remove_pod(&pod);
+                    if is_mirror_pod(&pod) {
+                        continue;
+                    }
                     if self.rejected.remove(&uid).is_some() {
                         self.statuses.remove(&uid);
                         continue;

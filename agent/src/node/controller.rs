@@ -95,6 +95,7 @@ impl NodeController {
         let mut next_status = Instant::now();
         let mut health_open = true;
         let mut was_healthy = true;
+        let mut lost_contact = false;
         loop {
             let healthy = *self.health.borrow_and_update();
             if healthy != was_healthy {
@@ -107,7 +108,19 @@ impl NodeController {
                     let renewal = lease.renew(Timestamp::now(), config.heartbeat_timeout);
                     tokio::select! {
                         () = &mut shutdown => break,
-                        delay = renewal => next_lease = Instant::now() + delay,
+                        delay = renewal => {
+                            if delay != config.lease_renew_interval {
+                                // Contact lost: meanwhile others (the node lifecycle
+                                // controller) may have rewritten our conditions, so the
+                                // full status goes out again as soon as a renewal succeeds.
+                                reporter.failed();
+                                lost_contact = true;
+                            } else if lost_contact {
+                                lost_contact = false;
+                                next_status = Instant::now();
+                            }
+                            next_lease = Instant::now() + delay;
+                        }
                     }
                 }
                 () = sleep_until(next_status) => {

@@ -1,0 +1,23 @@
+//! The agent's link to the API server (issue 4): the pod watch feeding the pod config
+//! merger, the status manager (statuses, mirror pods, deletion finalization), pod events and
+//! ConfigMaps/Secrets for API pods.
+//!
+//! ```text
+//!  watch pods spec.nodeName=<node> ──► PodConfig (ConfigSource::Api) ──► sync loop
+//!  StatusStore ──subscribe──► StatusManager ──► PATCH pods/<p>/status (mirror pod for static)
+//!  housekeeping ──ApiCommand──► StatusManager ──► create/delete mirror pods, final DELETE
+//!  EventRecorder ──► ApiRecorder ──► POST events (rate-limited)
+//! ```
+//!
+//! Where to start: [`Kubelet::start_with_api`](crate::kubelet::Kubelet::start_with_api), which
+//! wires these together from one node client; [`StatusManager`] for what is written back.
+
+mod events;
+mod objects;
+mod pod_source;
+mod status_manager;
+
+pub use events::{pod_event, ApiRecorder};
+pub use objects::{ApiObjectSource, LayeredObjects, CACHE_TTL};
+pub use pod_source::run_pod_source;
+pub use status_manager::{mirror_pod, ApiCommand, StatusManager, MIRROR_DEBOUNCE, RETRY_PERIOD};

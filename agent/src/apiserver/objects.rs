@@ -1,0 +1,155 @@
+//! [`ApiObjectSource`]: ConfigMaps and Secrets read from the API with a short-lived cache,
+//! and [`LayeredObjects`], which consults the static pods' files first and the API second.
+//!
+//! Guarantees: a cached answer (including "not found") is at most [`CACHE_TTL`] old, so a
+//! ConfigMap created for a waiting pod is seen on its next sync after that; a failed read is
+//! an error (never "not found"). Secrets come back with `stringData` merged into `data`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::ByteString;
+use kube::{Api, Client};
+
+use crate::objects::{ObjectError, ObjectSource};
+
+/// How long a read is reused.
+pub const CACHE_TTL: Duration = Duration::from_secs(1);
+
+type Cache<T> = Mutex<HashMap<(String, String), (Instant, Option<T>)>>;
+
+/// Reads objects from the API.
+pub struct ApiObjectSource {
+    client: Client,
+    config_maps: Cache<ConfigMap>,
+    secrets: Cache<Secret>,
+}
+
+impl ApiObjectSource {
+    pub fn new(client: Client) -> Self {
+        Self {
+            client,
+            config_maps: Mutex::new(HashMap::new()),
+            secrets: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+fn cached<T: Clone>(cache: &Cache<T>, key: &(String, String)) -> Option<Option<T>> {
+    let cache = cache.lock().unwrap_or_else(|p| p.into_inner());
+    cache
+        .get(key)
+        .filter(|(at, _)| at.elapsed() < CACHE_TTL)
+        .map(|(_, v)| v.clone())
+}
+
+fn remember<T>(cache: &Cache<T>, key: (String, String), value: Option<T>) {
+    let mut cache = cache.lock().unwrap_or_else(|p| p.into_inner());
+    cache.retain(|_, (at, _)| at.elapsed() < CACHE_TTL);
+    cache.insert(key, (Instant::now(), value));
+}
+
+async fn read<T>(
+    client: &Client,
+    cache: &Cache<T>,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<T>, ObjectError>
+where
+    T: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+    T::DynamicType: Default,
+{
+    let key = (namespace.to_owned(), name.to_owned());
+    if let Some(hit) = cached(cache, &key) {
+        return Ok(hit);
+    }
+    let api: Api<T> = Api::namespaced(client.clone(), namespace);
+    let value = api.get_opt(name).await.map_err(|err| ObjectError::Task {
+        reason: format!("reading {namespace}/{name} from the API: {err}"),
+    })?;
+    remember(cache, key, value.clone());
+    Ok(value)
+}
+
+#[async_trait]
+impl ObjectSource for ApiObjectSource {
+    async fn config_map(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<ConfigMap>, ObjectError> {
+        read(&self.client, &self.config_maps, namespace, name).await
+    }
+
+    async fn secret(&self, namespace: &str, name: &str) -> Result<Option<Secret>, ObjectError> {
+        let secret = read(&self.client, &self.secrets, namespace, name).await?;
+        Ok(secret.map(merge_string_data))
+    }
+}
+
+fn merge_string_data(mut secret: Secret) -> Secret {
+    if let Some(strings) = secret.string_data.take() {
+        let data = secret.data.get_or_insert_with(Default::default);
+        for (k, v) in strings {
+            data.insert(k, ByteString(v.into_bytes()));
+        }
+    }
+    secret
+}
+
+/// The first source that knows an object answers.
+pub struct LayeredObjects(pub Vec<Arc<dyn ObjectSource>>);
+
+#[async_trait]
+impl ObjectSource for LayeredObjects {
+    async fn config_map(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<ConfigMap>, ObjectError> {
+        for source in &self.0 {
+            if let Some(found) = source.config_map(namespace, name).await? {
+                return Ok(Some(found));
+            }
+        }
+        Ok(None)
+    }
+
+    async fn secret(&self, namespace: &str, name: &str) -> Result<Option<Secret>, ObjectError> {
+        for source in &self.0 {
+            if let Some(found) = source.secret(namespace, name).await? {
+                return Ok(Some(found));
+            }
+        }
+        Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::objects::NoObjects;
+
+    #[test]
+    fn string_data_is_merged_over_data() {
+        let secret = Secret {
+            data: Some([("a".to_owned(), ByteString(b"old".to_vec()))].into()),
+            string_data: Some([("a".to_owned(), "new".to_owned())].into()),
+            ..Secret::default()
+        };
+        let merged = merge_string_data(secret);
+        assert_eq!(merged.data.unwrap_or_default()["a"].0, b"new");
+    }
+
+    #[tokio::test]
+    async fn layered_sources_fall_through_to_not_found() {
+        let layered = LayeredObjects(vec![Arc::new(NoObjects), Arc::new(NoObjects)]);
+        assert!(matches!(layered.config_map("ns", "x").await, Ok(None)));
+    }
+}

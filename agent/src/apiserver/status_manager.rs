@@ -1,0 +1,358 @@
+//! The status manager (kubelet's `status_manager`), mirror pods (the seed's `MirrorClient`)
+//! and deletion finalization: one task that writes what the agent knows back to the API.
+//!
+//! Guarantees:
+//! * Statuses from the [`StatusStore`] are patched (`pods/<name>/status`, a merge patch
+//!   carrying `metadata.uid` as precondition) only when they differ from the last status
+//!   this manager wrote for that pod object; a failed patch is retried every
+//!   [`RETRY_PERIOD`]. Changes that arrive together go out together (one pass per wake-up).
+//! * A static pod's status goes to its mirror pod; until the mirror exists it waits.
+//! * [`ApiCommand::Finalize`]: the pod's final status is flushed, then the pod is deleted
+//!   with grace 0 and a UID precondition (a re-created pod of the same name is untouched).
+//! * [`ApiCommand::EnsureMirror`] creates the mirror pod (annotation `config.mirror` = the
+//!   static pod's `config.hash`, owner reference to the Node as controller), deleting an
+//!   outdated one — or one being deleted — first, with grace 0 (kubelet's `DeleteMirrorPod`); [`ApiCommand::DeleteMirror`] deletes an orphan. Repeated requests for the same
+//!   mirror within [`MIRROR_DEBOUNCE`] are ignored (the watch has not caught up yet).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Node, Pod, PodStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::{Api, Client};
+use tokio::sync::mpsc;
+
+use crate::config::{
+    annotation, is_static_pod, pod_full_name, pod_source, pod_uid, ConfigSource, CONFIG_HASH,
+    CONFIG_MIRROR,
+};
+use crate::kubelet::status_store::StatusStore;
+use crate::pod_manager::PodManager;
+
+/// How often failed or waiting status patches are retried.
+pub const RETRY_PERIOD: Duration = Duration::from_secs(2);
+/// How long a mirror pod request is not repeated.
+pub const MIRROR_DEBOUNCE: Duration = Duration::from_secs(5);
+
+/// What the sync loop asks of the API side.
+#[derive(Debug, Clone)]
+pub enum ApiCommand {
+    /// This API pod has a deletionTimestamp and its containers are all stopped.
+    Finalize(Arc<Pod>),
+    /// Create the mirror of this static pod, replacing `outdated` (a mirror of another
+    /// version, or one with a deletionTimestamp), if any.
+    EnsureMirror {
+        static_pod: Arc<Pod>,
+        outdated: Option<Arc<Pod>>,
+    },
+    /// Delete this mirror pod: its static pod is gone.
+    DeleteMirror(Arc<Pod>),
+}
+
+/// The object a status is written to: namespace, name, UID.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Target {
+    namespace: String,
+    name: String,
+    uid: String,
+}
+
+impl Target {
+    fn of(pod: &Pod) -> Self {
+        Self {
+            namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+            name: pod.metadata.name.clone().unwrap_or_default(),
+            uid: pod_uid(pod).to_owned(),
+        }
+    }
+}
+
+/// The task's state.
+pub struct StatusManager {
+    client: Client,
+    node_name: String,
+    statuses: Arc<StatusStore>,
+    pod_manager: Arc<Mutex<PodManager>>,
+    /// Last status written per target, with the number of writes (the version).
+    sent: HashMap<Target, (PodStatus, u64)>,
+    mirror_requests: HashMap<String, Instant>,
+    finalized: HashSet<String>,
+    node_uid: Option<String>,
+}
+
+impl StatusManager {
+    pub fn new(
+        client: Client,
+        node_name: String,
+        statuses: Arc<StatusStore>,
+        pod_manager: Arc<Mutex<PodManager>>,
+    ) -> Self {
+        Self {
+            client,
+            node_name,
+            statuses,
+            pod_manager,
+            sent: HashMap::new(),
+            mirror_requests: HashMap::new(),
+            finalized: HashSet::new(),
+            node_uid: None,
+        }
+    }
+
+    /// Runs until the command channel closes (the agent stopped).
+    pub async fn run(mut self, mut commands: mpsc::UnboundedReceiver<ApiCommand>) {
+        let mut changes = self.statuses.subscribe();
+        let mut retry = tokio::time::interval(RETRY_PERIOD);
+        retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                changed = changes.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    changes.borrow_and_update();
+                    self.sync_all().await;
+                }
+                command = commands.recv() => match command {
+                    Some(command) => self.handle(command).await,
+                    None => return,
+                },
+                _ = retry.tick() => self.sync_all().await,
+            }
+        }
+    }
+
+    fn manager(&self) -> std::sync::MutexGuard<'_, PodManager> {
+        self.pod_manager.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Where `pod`'s status belongs: itself for API pods, its mirror for static pods.
+    fn target_of(&self, pod: &Pod) -> Option<Target> {
+        if is_static_pod(pod) {
+            let mirror = self.manager().mirror_pod_by_pod(pod)?;
+            return Some(Target::of(&mirror));
+        }
+        (pod_source(pod) == Some(ConfigSource::Api)).then(|| Target::of(pod))
+    }
+
+    /// Patches every status that differs from what was last written.
+    async fn sync_all(&mut self) {
+        let pods = self.statuses.pods();
+        let mut live = HashSet::new();
+        for pod in pods {
+            let Some(target) = self.target_of(&pod) else {
+                continue;
+            };
+            live.insert(target.clone());
+            if let Some(status) = pod.status {
+                self.sync_one(target, status).await;
+            }
+        }
+        self.sent.retain(|t, _| live.contains(t));
+    }
+
+    async fn sync_one(&mut self, target: Target, status: PodStatus) {
+        if self.sent.get(&target).is_some_and(|(s, _)| *s == status) {
+            return;
+        }
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &target.namespace);
+        let patch = serde_json::json!({
+            "metadata": { "uid": target.uid },
+            "status": status,
+        });
+        match api
+            .patch_status(&target.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {
+                let version = self.sent.get(&target).map_or(0, |(_, v)| v + 1);
+                tracing::debug!(pod = %target.name, namespace = %target.namespace, version, "pod status patched");
+                self.sent.insert(target, (status, version));
+            }
+            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {
+                tracing::debug!(pod = %target.name, code = e.code, "status target gone or replaced");
+                self.sent.insert(target, (status, 0));
+            }
+            Err(err) => {
+                tracing::warn!(pod = %target.name, namespace = %target.namespace, %err, "patching pod status failed; will retry");
+            }
+        }
+    }
+
+    async fn handle(&mut self, command: ApiCommand) {
+        match command {
+            ApiCommand::Finalize(pod) => self.finalize(&pod).await,
+            ApiCommand::EnsureMirror {
+                static_pod,
+                outdated,
+            } => self.ensure_mirror(&static_pod, outdated.as_deref()).await,
+            ApiCommand::DeleteMirror(mirror) => {
+                let key = format!("delete/{}", pod_uid(&mirror));
+                if self.debounced(&key) {
+                    return;
+                }
+                tracing::info!(pod = %pod_full_name(&mirror), "deleting orphaned mirror pod");
+                self.delete(&mirror, Some(0)).await;
+            }
+        }
+    }
+
+    fn debounced(&mut self, key: &str) -> bool {
+        let now = Instant::now();
+        self.mirror_requests
+            .retain(|_, at| now.duration_since(*at) < MIRROR_DEBOUNCE);
+        if self.mirror_requests.contains_key(key) {
+            return true;
+        }
+        self.mirror_requests.insert(key.to_owned(), now);
+        false
+    }
+
+    async fn finalize(&mut self, pod: &Pod) {
+        let uid = pod_uid(pod).to_owned();
+        if self.finalized.contains(&uid) {
+            return;
+        }
+        if let Some(status) = self.statuses.status(&uid) {
+            self.sync_one(Target::of(pod), status).await;
+        }
+        tracing::info!(pod = %pod_full_name(pod), "pod terminated; deleting it from the API");
+        if self.delete(pod, Some(0)).await {
+            self.finalized.insert(uid);
+        }
+    }
+
+    /// Deletes `pod` with a UID precondition; true when it is gone.
+    async fn delete(&self, pod: &Pod, grace: Option<u32>) -> bool {
+        let target = Target::of(pod);
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &target.namespace);
+        let params = DeleteParams {
+            grace_period_seconds: grace,
+            preconditions: Some(Preconditions {
+                uid: Some(target.uid.clone()),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match api.delete(&target.name, &params).await {
+            Ok(_) => true,
+            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => true,
+            Err(err) => {
+                tracing::warn!(pod = %target.name, namespace = %target.namespace, %err, "deleting pod failed");
+                false
+            }
+        }
+    }
+
+    async fn ensure_mirror(&mut self, static_pod: &Pod, outdated: Option<&Pod>) {
+        let Some(hash) = annotation(static_pod, CONFIG_HASH).map(str::to_owned) else {
+            return;
+        };
+        let key = format!(
+            "create/{}/{hash}/{}",
+            pod_full_name(static_pod),
+            outdated.map(pod_uid).unwrap_or_default()
+        );
+        if self.debounced(&key) {
+            return;
+        }
+        if let Some(old) = outdated {
+            // Outdated or being deleted (kubelet's syncPod): remove it at once, then recreate.
+            tracing::info!(pod = %pod_full_name(old), "deleting outdated mirror pod");
+            if !self.delete(old, Some(0)).await {
+                self.mirror_requests.remove(&key);
+                return;
+            }
+        }
+        let Some(node_uid) = self.node_uid().await else {
+            self.mirror_requests.remove(&key);
+            return;
+        };
+        let mirror = mirror_pod(static_pod, &hash, &self.node_name, &node_uid);
+        let namespace = mirror.metadata.namespace.clone().unwrap_or_default();
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
+        match api.create(&PostParams::default(), &mirror).await {
+            Ok(_) => tracing::info!(pod = %pod_full_name(static_pod), "mirror pod created"),
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(err) => {
+                tracing::warn!(pod = %pod_full_name(static_pod), %err, "creating mirror pod failed");
+                self.mirror_requests.remove(&key);
+            }
+        }
+    }
+
+    async fn node_uid(&mut self) -> Option<String> {
+        if self.node_uid.is_none() {
+            let nodes: Api<Node> = Api::all(self.client.clone());
+            match nodes.get(&self.node_name).await {
+                Ok(node) => self.node_uid = node.metadata.uid,
+                Err(err) => tracing::debug!(%err, "node not readable yet; mirror pods wait"),
+            }
+        }
+        self.node_uid.clone()
+    }
+}
+
+/// kubelet's mirror pod of `static_pod`: same name, namespace, labels, annotations and spec;
+/// `config.mirror` = the static pod's hash; owned by the Node.
+pub fn mirror_pod(static_pod: &Pod, hash: &str, node_name: &str, node_uid: &str) -> Pod {
+    let mut annotations: BTreeMap<String, String> =
+        static_pod.metadata.annotations.clone().unwrap_or_default();
+    annotations.insert(CONFIG_MIRROR.to_owned(), hash.to_owned());
+    let mut spec = static_pod.spec.clone();
+    if let Some(spec) = spec.as_mut() {
+        spec.node_name = Some(node_name.to_owned());
+    }
+    Pod {
+        metadata: ObjectMeta {
+            name: static_pod.metadata.name.clone(),
+            namespace: static_pod.metadata.namespace.clone(),
+            labels: static_pod.metadata.labels.clone(),
+            annotations: Some(annotations),
+            owner_references: Some(vec![OwnerReference {
+                api_version: "v1".into(),
+                kind: "Node".into(),
+                name: node_name.to_owned(),
+                uid: node_uid.to_owned(),
+                // NodeRestriction admits a mirror pod only with its Node as controller.
+                controller: Some(true),
+                ..OwnerReference::default()
+            }]),
+            ..ObjectMeta::default()
+        },
+        spec,
+        status: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_mirror_pod_carries_the_hash_and_is_owned_by_the_node() {
+        let static_pod = Pod {
+            metadata: ObjectMeta {
+                name: Some("web-n1".into()),
+                namespace: Some("default".into()),
+                uid: Some("static-uid".into()),
+                annotations: Some([(CONFIG_HASH.to_owned(), "abc".to_owned())].into()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(Default::default()),
+            status: None,
+        };
+        let mirror = mirror_pod(&static_pod, "abc", "n1", "node-uid");
+        assert_eq!(annotation(&mirror, CONFIG_MIRROR), Some("abc"));
+        assert_eq!(mirror.metadata.uid, None);
+        assert_eq!(mirror.metadata.name.as_deref(), Some("web-n1"));
+        let owner = &mirror.metadata.owner_references.unwrap_or_default()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str()),
+            ("Node", "node-uid")
+        );
+        assert_eq!(mirror.spec.and_then(|s| s.node_name).as_deref(), Some("n1"));
+    }
+}

@@ -1,0 +1,555 @@
+//! A real `ironlet run --kubeconfig` joined to a real control plane (`scripts/controlplane`):
+//! the node turns Ready; pods created through the API (bound by `spec.nodeName` or by the
+//! real kube-scheduler) run with correct statuses, stop on a
+//! graceful or forced delete and disappear; a failing container under `restartPolicy: Never`
+//! ends Failed with its exit code; static pods get mirror pods (recreated when deleted,
+//! deleted with the manifest); a pod waiting for a missing ConfigMap gets an event and starts
+//! once it exists; pods keep running through a 60 s apiserver outage (SIGSTOP) and status
+//! converges within 10 s after it.
+//!
+//! One control plane and one agent (node `e2e-cluster-<pid>`) serve every test of this
+//! binary; the tests use distinct pod names. Needs root (containers, cgroups, CNI).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use ironlet_e2e::{eventually, ClusterAgent, ControlPlane};
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Node, Pod};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::Client;
+use libtest_mimic::{Arguments, Failed, Trial};
+use serde_json::json;
+
+struct Env {
+    plane: ControlPlane,
+    agent: ClusterAgent,
+    /// The outage test holds it exclusively: the others' timeouts assume a live apiserver.
+    api_up: std::sync::RwLock<()>,
+}
+
+type TestFn = fn(&Env) -> Result<()>;
+
+const TESTS: &[(&str, TestFn)] = &[
+    ("the_node_turns_ready", node_turns_ready),
+    (
+        "a_pod_runs_with_correct_statuses_and_a_graceful_delete_removes_it",
+        pod_runs_then_graceful_delete,
+    ),
+    (
+        "a_force_deleted_pod_is_gone_and_its_container_stops",
+        force_delete,
+    ),
+    (
+        "a_container_exiting_non_zero_under_restart_never_ends_failed_with_its_exit_code",
+        failed_pod_reports_exit_code,
+    ),
+    (
+        "a_static_pod_gets_a_mirror_pod_that_is_recreated_and_removed_with_the_manifest",
+        static_pod_mirror,
+    ),
+    (
+        "a_pod_waiting_for_a_missing_config_map_gets_an_event_and_starts_once_it_exists",
+        missing_config_map,
+    ),
+    (
+        "a_pod_scheduled_by_the_kube_scheduler_runs_on_the_node",
+        scheduled_pod_runs,
+    ),
+    (OUTAGE_TEST, apiserver_outage),
+];
+
+const OUTAGE_TEST: &str =
+    "pods_keep_running_through_a_60_s_apiserver_outage_and_status_converges_within_10_s_after";
+
+const RUNNING_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn main() {
+    let args = Arguments::from_args();
+    let selected = TESTS.iter().any(|(name, _)| is_selected(&args, name));
+    if args.list || !selected || !nix::unistd::geteuid().is_root() {
+        let trials = TESTS
+            .iter()
+            .map(|(name, _)| Trial::test(*name, || Ok(())).with_ignored_flag(!args.list))
+            .collect();
+        libtest_mimic::run(&args, trials).exit();
+    }
+    let env = match start() {
+        Ok(env) => Arc::new(env),
+        Err(err) => {
+            eprintln!("cluster_pods: cannot start: {err:#}");
+            std::process::exit(1);
+        }
+    };
+    let trials = TESTS
+        .iter()
+        .map(|&(name, test)| {
+            let env = Arc::clone(&env);
+            Trial::test(name, move || {
+                let outage = name == OUTAGE_TEST;
+                let _shared = (!outage).then(|| env.api_up.read());
+                let _exclusive = outage.then(|| env.api_up.write());
+                test(&env).map_err(|e| Failed::from(format!("{e:#}")))
+            })
+        })
+        .collect();
+    let conclusion = libtest_mimic::run(&args, trials);
+    if conclusion.has_failed() {
+        eprintln!("agent log tail:\n{}", env.agent.log_tail(60));
+        eprintln!("control plane logs:\n{}", env.plane.log_tails(20));
+    }
+    drop(env);
+    conclusion.exit();
+}
+
+fn start() -> Result<Env> {
+    let plane = ControlPlane::up()?;
+    let node = format!("e2e-cluster-{}", std::process::id());
+    let kubeconfig = plane.node_kubeconfig(&node)?;
+    let agent = ClusterAgent::start(&kubeconfig, &node, std::process::id() % 250)?;
+    Ok(Env {
+        plane,
+        agent,
+        api_up: std::sync::RwLock::new(()),
+    })
+}
+
+fn is_selected(args: &Arguments, name: &str) -> bool {
+    let matches = |pattern: &str| {
+        if args.exact {
+            name == pattern
+        } else {
+            name.contains(pattern)
+        }
+    };
+    args.filter.as_deref().is_none_or(matches) && !args.skip.iter().any(|s| matches(s))
+}
+
+fn block_on<F: std::future::Future<Output = Result<()>>>(f: F) -> Result<()> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("building the tokio runtime")?
+        .block_on(f)
+}
+
+async fn admin(env: &Env) -> Result<Client> {
+    env.plane.admin_client().await
+}
+
+fn busybox_pod(name: &str, node: &str, command: &[&str], restart: &str) -> Result<Pod> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": { "name": name, "namespace": "default" },
+        "spec": {
+            "nodeName": node,
+            "restartPolicy": restart,
+            "terminationGracePeriodSeconds": 30,
+            "containers": [{
+                "name": "main",
+                "image": "busybox",
+                "imagePullPolicy": "Never",
+                "command": command,
+            }],
+        },
+    }))?)
+}
+
+/// Creates `pod`, retrying while the namespace's default ServiceAccount does not exist yet
+/// (the ServiceAccount admission plugin rejects pods until the controller manager made it).
+async fn create(pods: &Api<Pod>, pod: &Pod) -> Result<()> {
+    eventually("the pod is created", Duration::from_secs(30), || async {
+        pods.create(&PostParams::default(), pod).await?;
+        Ok(Some(()))
+    })
+    .await
+}
+
+fn phase(pod: &Pod) -> &str {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("")
+}
+
+async fn wait_phase(pods: &Api<Pod>, name: &str, want: &str) -> Result<Pod> {
+    eventually(
+        &format!("pod {name} phase {want}"),
+        RUNNING_TIMEOUT,
+        || async {
+            let pod = pods.get(name).await?;
+            Ok((phase(&pod) == want).then_some(pod))
+        },
+    )
+    .await
+}
+
+async fn wait_gone(pods: &Api<Pod>, name: &str, timeout: Duration) -> Result<()> {
+    eventually(&format!("pod {name} gone"), timeout, || async {
+        Ok(pods.get_opt(name).await?.is_none().then_some(()))
+    })
+    .await
+}
+
+/// Whether a process whose command line contains `needle` exists.
+fn process_running(needle: &str) -> bool {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    entries.flatten().any(|e| {
+        std::fs::read(e.path().join("cmdline"))
+            .map(|c| {
+                String::from_utf8_lossy(&c)
+                    .replace('\0', " ")
+                    .contains(needle)
+            })
+            .unwrap_or(false)
+    })
+}
+
+fn node_turns_ready(env: &Env) -> Result<()> {
+    block_on(async {
+        let nodes: Api<Node> = Api::all(admin(env).await?);
+        eventually("node Ready", Duration::from_secs(30), || async {
+            let Some(node) = nodes.get_opt(&env.agent.node_name).await? else {
+                return Ok(None);
+            };
+            let ready = node
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+                .is_some_and(|c| c.status == "True");
+            Ok(ready.then_some(()))
+        })
+        .await
+    })
+}
+
+fn pod_runs_then_graceful_delete(env: &Env) -> Result<()> {
+    block_on(async {
+        let pods: Api<Pod> = Api::namespaced(admin(env).await?, "default");
+        let pod = busybox_pod(
+            "graceful",
+            &env.agent.node_name,
+            &["sleep", "3602"],
+            "Always",
+        )?;
+        create(&pods, &pod).await?;
+        let running = eventually("graceful Running and ready", RUNNING_TIMEOUT, || async {
+            let pod = pods.get("graceful").await?;
+            let ready = pod
+                .status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref())
+                .and_then(|c| c.first())
+                .is_some_and(|c| c.ready && c.state.as_ref().is_some_and(|s| s.running.is_some()));
+            Ok((phase(&pod) == "Running" && ready).then_some(pod))
+        })
+        .await?;
+        let status = running.status.unwrap_or_default();
+        let container = &status.container_statuses.unwrap_or_default()[0];
+        anyhow::ensure!(
+            container.name == "main",
+            "container name {}",
+            container.name
+        );
+        anyhow::ensure!(
+            container.restart_count == 0,
+            "restarts {}",
+            container.restart_count
+        );
+        anyhow::ensure!(container.container_id.is_some(), "no containerID");
+        anyhow::ensure!(status.pod_ip.is_some(), "no podIP");
+        anyhow::ensure!(status.host_ip.is_some(), "no hostIP");
+        anyhow::ensure!(status.start_time.is_some(), "no startTime");
+        anyhow::ensure!(
+            status.qos_class.as_deref() == Some("BestEffort"),
+            "qosClass {:?}",
+            status.qos_class
+        );
+        anyhow::ensure!(process_running("sleep 3602"), "container process not found");
+
+        let params = DeleteParams {
+            grace_period_seconds: Some(3),
+            ..DeleteParams::default()
+        };
+        pods.delete("graceful", &params).await?;
+        // sleep as PID 1 ignores SIGTERM: the 3 s grace runs out, then SIGKILL.
+        wait_gone(&pods, "graceful", Duration::from_secs(30)).await?;
+        anyhow::ensure!(
+            !process_running("sleep 3602"),
+            "container still running after delete"
+        );
+        Ok(())
+    })
+}
+
+fn force_delete(env: &Env) -> Result<()> {
+    block_on(async {
+        let pods: Api<Pod> = Api::namespaced(admin(env).await?, "default");
+        let pod = busybox_pod("forced", &env.agent.node_name, &["sleep", "3603"], "Always")?;
+        create(&pods, &pod).await?;
+        wait_phase(&pods, "forced", "Running").await?;
+        pods.delete("forced", &DeleteParams::default().grace_period(0))
+            .await?;
+        wait_gone(&pods, "forced", Duration::from_secs(5)).await?;
+        eventually(
+            "the forced pod's container stops",
+            Duration::from_secs(40),
+            || async { Ok((!process_running("sleep 3603")).then_some(())) },
+        )
+        .await
+    })
+}
+
+fn failed_pod_reports_exit_code(env: &Env) -> Result<()> {
+    block_on(async {
+        let pods: Api<Pod> = Api::namespaced(admin(env).await?, "default");
+        let pod = busybox_pod(
+            "fails",
+            &env.agent.node_name,
+            &["sh", "-c", "exit 3"],
+            "Never",
+        )?;
+        create(&pods, &pod).await?;
+        let failed = wait_phase(&pods, "fails", "Failed").await?;
+        let code = failed
+            .status
+            .and_then(|s| s.container_statuses)
+            .and_then(|c| c.into_iter().next())
+            .and_then(|c| c.state)
+            .and_then(|s| s.terminated)
+            .map(|t| t.exit_code);
+        anyhow::ensure!(code == Some(3), "exit code {code:?}");
+        pods.delete("fails", &DeleteParams::default()).await?;
+        wait_gone(&pods, "fails", Duration::from_secs(30)).await
+    })
+}
+
+fn static_pod_mirror(env: &Env) -> Result<()> {
+    block_on(async {
+        let pods: Api<Pod> = Api::namespaced(admin(env).await?, "default");
+        env.agent.write_manifest(
+            "web.yaml",
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\n  namespace: default\nspec:\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: web\n    image: busybox\n    imagePullPolicy: Never\n    command: [sleep, \"3604\"]\n",
+        )?;
+        let name = format!("web-{}", env.agent.node_name);
+        let mirror = eventually("the mirror pod runs", RUNNING_TIMEOUT, || async {
+            let Some(pod) = pods.get_opt(&name).await? else {
+                return Ok(None);
+            };
+            let annotated = pod
+                .metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"));
+            Ok((annotated && phase(&pod) == "Running").then_some(pod))
+        })
+        .await?;
+        let owner = mirror.metadata.owner_references.clone().unwrap_or_default();
+        anyhow::ensure!(
+            owner
+                .iter()
+                .any(|o| o.kind == "Node" && o.name == env.agent.node_name),
+            "owner references {owner:?}"
+        );
+        let first_uid = mirror.metadata.uid.clone();
+        pods.delete(&name, &DeleteParams::default()).await?;
+        eventually(
+            "the mirror pod is recreated",
+            Duration::from_secs(30),
+            || async {
+                let pod = pods.get_opt(&name).await?;
+                Ok(pod
+                    .filter(|p| {
+                        p.metadata.uid != first_uid && p.metadata.deletion_timestamp.is_none()
+                    })
+                    .map(|_| ()))
+            },
+        )
+        .await?;
+        anyhow::ensure!(process_running("sleep 3604"), "the static pod stopped");
+        env.agent.remove_manifest("web.yaml")?;
+        wait_gone(&pods, &name, Duration::from_secs(40)).await?;
+        eventually("the static pod stops", Duration::from_secs(40), || async {
+            Ok((!process_running("sleep 3604")).then_some(()))
+        })
+        .await
+    })
+}
+
+fn missing_config_map(env: &Env) -> Result<()> {
+    block_on(async {
+        let client = admin(env).await?;
+        let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+        let events: Api<Event> = Api::namespaced(client.clone(), "default");
+        let maps: Api<ConfigMap> = Api::namespaced(client, "default");
+        let pod: Pod = serde_json::from_value(json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": { "name": "needs-config", "namespace": "default" },
+            "spec": {
+                "nodeName": env.agent.node_name,
+                "containers": [{
+                    "name": "main",
+                    "image": "busybox",
+                    "imagePullPolicy": "Never",
+                    "command": ["sleep", "3605"],
+                    "env": [{ "name": "GREETING", "valueFrom": {
+                        "configMapKeyRef": { "name": "greeting", "key": "text" } } }],
+                }],
+            },
+        }))?;
+        create(&pods, &pod).await?;
+        eventually(
+            "a warning event about the pod",
+            Duration::from_secs(30),
+            || async {
+                let list = events
+                    .list(&ListParams::default().fields("involvedObject.name=needs-config"))
+                    .await?;
+                Ok(list
+                    .items
+                    .into_iter()
+                    .find(|e| e.type_.as_deref() == Some("Warning"))
+                    .map(|_| ()))
+            },
+        )
+        .await?;
+        let waiting = pods.get("needs-config").await?;
+        anyhow::ensure!(phase(&waiting) == "Pending", "phase {}", phase(&waiting));
+        anyhow::ensure!(
+            !process_running("sleep 3605"),
+            "started without its ConfigMap"
+        );
+        let map: ConfigMap = serde_json::from_value(json!({
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": { "name": "greeting", "namespace": "default" },
+            "data": { "text": "hello" },
+        }))?;
+        maps.create(&PostParams::default(), &map).await?;
+        wait_phase(&pods, "needs-config", "Running").await?;
+        pods.delete("needs-config", &DeleteParams::default().grace_period(1))
+            .await?;
+        wait_gone(&pods, "needs-config", Duration::from_secs(30)).await
+    })
+}
+
+/// Sends `signal` to the apiserver's process group (its pid is in the state directory).
+fn signal_apiserver(env: &Env, signal: nix::sys::signal::Signal) -> Result<()> {
+    let pid: i32 = std::fs::read_to_string(env.plane.dir().join("kube-apiserver.pid"))
+        .context("reading the apiserver pid")?
+        .trim()
+        .parse()
+        .context("parsing the apiserver pid")?;
+    nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), signal)
+        .or_else(|_| nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal))
+        .context("signalling the apiserver")
+}
+
+fn apiserver_outage(env: &Env) -> Result<()> {
+    block_on(async {
+        let client = admin(env).await?;
+        let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+        let nodes: Api<Node> = Api::all(client);
+        let steady = busybox_pod("steady", &env.agent.node_name, &["sleep", "3606"], "Always")?;
+        let finishing = busybox_pod(
+            "finishing",
+            &env.agent.node_name,
+            &["sh", "-c", "sleep 20; exit 0"],
+            "Never",
+        )?;
+        create(&pods, &steady).await?;
+        create(&pods, &finishing).await?;
+        wait_phase(&pods, "steady", "Running").await?;
+        wait_phase(&pods, "finishing", "Running").await?;
+
+        // The apiserver freezes: requests hang, as when it is unreachable.
+        signal_apiserver(env, nix::sys::signal::Signal::SIGSTOP)?;
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        let still_running = process_running("sleep 3606");
+        signal_apiserver(env, nix::sys::signal::Signal::SIGCONT)?;
+        anyhow::ensure!(still_running, "the steady pod stopped during the outage");
+
+        let resumed = k8s_openapi::jiff::Timestamp::now();
+        eventually(
+            "the finished pod's status converges",
+            Duration::from_secs(10),
+            || async {
+                let pod = pods.get("finishing").await?;
+                Ok((phase(&pod) == "Succeeded").then_some(()))
+            },
+        )
+        .await?;
+        let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+            Api::namespaced(admin(env).await?, "kube-node-lease");
+        eventually(
+            "the node's lease is renewed again",
+            Duration::from_secs(10),
+            || async {
+                let lease = leases.get(&env.agent.node_name).await?;
+                Ok(lease
+                    .spec
+                    .and_then(|s| s.renew_time)
+                    .filter(|t| t.0 >= resumed)
+                    .map(|_| ()))
+            },
+        )
+        .await?;
+        eventually("the node is Ready", Duration::from_secs(10), || async {
+            let node = nodes.get(&env.agent.node_name).await?;
+            let ready = node
+                .status
+                .and_then(|s| s.conditions)
+                .and_then(|c| c.into_iter().find(|c| c.type_ == "Ready"));
+            Ok(ready.filter(|c| c.status == "True").map(|_| ()))
+        })
+        .await?;
+        let steady = pods.get("steady").await?;
+        anyhow::ensure!(phase(&steady) == "Running", "steady is {}", phase(&steady));
+        for name in ["steady", "finishing"] {
+            pods.delete(name, &DeleteParams::default().grace_period(1))
+                .await?;
+        }
+        for name in ["steady", "finishing"] {
+            wait_gone(&pods, name, Duration::from_secs(30)).await?;
+        }
+        Ok(())
+    })
+}
+
+fn scheduled_pod_runs(env: &Env) -> Result<()> {
+    block_on(async {
+        let pods: Api<Pod> = Api::namespaced(admin(env).await?, "default");
+        let pod: Pod = serde_json::from_value(json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": { "name": "scheduled", "namespace": "default" },
+            "spec": {
+                "nodeSelector": { "kubernetes.io/hostname": env.agent.node_name },
+                "terminationGracePeriodSeconds": 1,
+                "containers": [{
+                    "name": "main",
+                    "image": "busybox",
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": ["sleep", "3607"],
+                    "resources": { "requests": { "cpu": "10m", "memory": "16Mi" } },
+                }],
+            },
+        }))?;
+        create(&pods, &pod).await?;
+        let running = wait_phase(&pods, "scheduled", "Running").await?;
+        let node = running.spec.and_then(|s| s.node_name);
+        anyhow::ensure!(
+            node.as_deref() == Some(env.agent.node_name.as_str()),
+            "scheduled to {node:?}"
+        );
+        let qos = running.status.and_then(|s| s.qos_class);
+        anyhow::ensure!(qos.as_deref() == Some("Burstable"), "qosClass {qos:?}");
+        pods.delete("scheduled", &DeleteParams::default()).await?;
+        wait_gone(&pods, "scheduled", Duration::from_secs(30)).await
+    })
+}
