@@ -271,7 +271,8 @@ fn with_binary(n: usize, images: &Path) -> Result<()> {
             ironlet::server::client::get(&socket, "/healthz").is_ok()
         })?;
         std::thread::sleep(Duration::from_secs(2));
-        let (idle_agent, idle_zygote) = (rss_kib(pid), zygote_rss_kib(pid));
+        // `ironlet run` is the supervisor (which is also the zygote); the agent is its child.
+        let (idle_agent, idle_zygote) = (agent_rss_kib(pid), rss_kib(pid));
         let start = Instant::now();
         for i in 0..n {
             let tmp = root.path().join(format!(".b{i}"));
@@ -281,13 +282,13 @@ fn with_binary(n: usize, images: &Path) -> Result<()> {
         wait(Duration::from_secs(120), || running_count(&socket) >= n)?;
         let burst = start.elapsed();
         std::thread::sleep(Duration::from_secs(2));
-        let (busy_agent, busy_zygote) = (rss_kib(pid), zygote_rss_kib(pid));
+        let (busy_agent, busy_zygote) = (agent_rss_kib(pid), rss_kib(pid));
         println!(
             "(b) {n} manifests into an empty directory → all Running: {:.2} s",
             burst.as_secs_f64()
         );
         println!(
-            "(d) RSS idle: agent {:.1} MiB (zygote {:.1} MiB); with {n} pods: agent {:.1} MiB (zygote {:.1} MiB)",
+            "(d) RSS idle: agent {:.1} MiB (supervisor+zygote {:.1} MiB); with {n} pods: agent {:.1} MiB (supervisor+zygote {:.1} MiB)",
             idle_agent as f64 / 1024.0,
             idle_zygote as f64 / 1024.0,
             busy_agent as f64 / 1024.0,
@@ -352,8 +353,8 @@ fn rss_kib(pid: i32) -> u64 {
         .unwrap_or(0)
 }
 
-/// The agent's zygote: its child whose command line is the same binary.
-fn zygote_rss_kib(agent: i32) -> u64 {
+/// The agent: the supervisor's largest child (`ironlet run` is the supervisor and zygote).
+fn agent_rss_kib(agent: i32) -> u64 {
     let children =
         std::fs::read_to_string(format!("/proc/{agent}/task/{agent}/children")).unwrap_or_default();
     children
