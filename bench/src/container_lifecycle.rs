@@ -29,6 +29,11 @@ fn main() -> Result<()> {
         .transpose()
         .context("ITERATIONS must be a number")?
         .unwrap_or(100);
+    // As `ironlet run` does at start (--cgroup-favor-dynmods, on by default). The switch is
+    // kernel-wide, so crun and runc below run with it too.
+    let dynmods =
+        ironlet_cgroups::favor_dynamic_modifications().context("enabling cgroup favordynmods")?;
+    println!("cgroup favordynmods: {dynmods:?}");
     private_cgroup_layout()?;
     let zygote = ironlet_runtime::zygote::spawn()?;
     let rt = tokio::runtime::Builder::new_multi_thread()

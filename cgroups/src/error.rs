@@ -53,6 +53,27 @@ pub enum Error {
         path: CgroupPath,
     },
 
+    /// Remounting the cgroup2 file system (to add `favordynmods`) failed.
+    #[error("remounting {path} with options {options:?}")]
+    Remount {
+        /// The mount point.
+        path: PathBuf,
+        /// The option string passed.
+        options: String,
+        /// The error from mount(2).
+        source: io::Error,
+    },
+    /// A remount went through but changed other options of the mount; they were restored.
+    #[error("remounting {path} changed its options from {before} to {after}; restored")]
+    RemountChangedOptions {
+        /// The mount point.
+        path: PathBuf,
+        /// Per-mount / super-block options before.
+        before: String,
+        /// The same, after.
+        after: String,
+    },
+
     // ---- steps on cgroup files -------------------------------------------------------------
     /// Reading a file (cgroup interface file or `/proc`) failed.
     #[error("reading {path}")]

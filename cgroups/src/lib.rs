@@ -44,6 +44,7 @@
 //! | `create`, `apply`, `remove`, `usage` | the verbs on a [`Hierarchy`] |
 //! | `watch` | [`OomWatcher`], [`EmptyWatcher`] (tokio) |
 //! | `capacity`, `delegation` | [`NodeCapacity`], [`Delegation`] |
+//! | `dynmods` | [`favor_dynamic_modifications`]: cheap task migration (`favordynmods`) |
 //!
 //! ## Choices
 //!
@@ -63,6 +64,7 @@ mod apply;
 mod capacity;
 mod create;
 mod delegation;
+mod dynmods;
 mod error;
 mod fs;
 mod hierarchy;
@@ -79,6 +81,7 @@ mod watch;
 pub use capacity::NodeCapacity;
 pub use create::{CgroupKind, V2_CONTROLLERS};
 pub use delegation::Delegation;
+pub use dynmods::{favor_dynamic_modifications, Dynmods};
 pub use error::{Error, Result};
 pub use hierarchy::Hierarchy;
 pub use node::NodeCgroups;

@@ -14,6 +14,8 @@ pub(crate) struct CgroupMount {
     pub(crate) unified: bool,
     /// Where it is mounted (octal escapes decoded).
     pub(crate) mount_point: PathBuf,
+    /// The per-mount options (`rw`, `nosuid`, `relatime`, …), which a remount must restate.
+    pub(crate) mount_options: Vec<String>,
     /// The super-block options: for v1 the controllers (`cpu`, `cpuacct`) and `name=…`.
     pub(crate) super_options: Vec<String>,
 }
@@ -26,7 +28,14 @@ pub(crate) fn cgroup_mounts(mountinfo: &str) -> Vec<CgroupMount> {
 fn parse_line(line: &str) -> Option<CgroupMount> {
     // id parent major:minor root mount-point options [optional…] - fstype source super-options
     let (head, tail) = line.split_once(" - ")?;
-    let mount_point = head.split(' ').nth(4)?;
+    let mut head = head.split(' ').skip(4);
+    let mount_point = head.next()?;
+    let mount_options = head
+        .next()
+        .unwrap_or("")
+        .split(',')
+        .map(str::to_owned)
+        .collect();
     let mut tail = tail.split(' ');
     let fstype = tail.next()?;
     let unified = match fstype {
@@ -44,6 +53,7 @@ fn parse_line(line: &str) -> Option<CgroupMount> {
     Some(CgroupMount {
         unified,
         mount_point: PathBuf::from(unescape(mount_point)),
+        mount_options,
         super_options,
     })
 }

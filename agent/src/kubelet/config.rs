@@ -37,6 +37,8 @@ pub struct KubeletConfig {
     pub cgroup_root: String,
     /// CFS quota, period and pod pids limit (kubelet `cpuCFSQuota`, `podPidsLimit`).
     pub cgroup_options: CgroupOptions,
+    /// `--cgroup-favor-dynmods`: remount cgroup2 with `favordynmods` at start (root only).
+    pub cgroup_favor_dynmods: bool,
     /// `--seccomp-default`: RuntimeDefault for containers that name no profile
     /// (kubelet default false: Unconfined).
     pub seccomp_default: bool,
@@ -71,6 +73,7 @@ impl KubeletConfig {
             cgroup_root: "kubepods".into(),
             cgroup_options: CgroupOptions::default(),
             seccomp_default: false,
+            cgroup_favor_dynmods: true,
             max_dead_per_container: 1,
             max_container_restart_period: Duration::from_secs(300),
             housekeeping_period: Duration::from_secs(2),

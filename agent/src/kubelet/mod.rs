@@ -468,6 +468,9 @@ fn node_cgroups(config: &KubeletConfig) -> Result<(Option<NodeCgroups>, NodeCapa
         tracing::warn!("rootless: no pod cgroups; resource limits are not enforced");
         return Ok((None, capacity));
     }
+    if config.cgroup_favor_dynmods {
+        favor_dynamic_cgroup_mods();
+    }
     let node = NodeCgroups::ensure(hierarchy, &config.cgroup_root).map_err(|source| {
         StartError::Cgroups {
             root: config.cgroup_root.clone(),
@@ -475,6 +478,24 @@ fn node_cgroups(config: &KubeletConfig) -> Result<(Option<NodeCgroups>, NodeCapa
         }
     })?;
     Ok((Some(node), capacity))
+}
+
+/// `--cgroup-favor-dynmods`: a failure costs start latency only, so it is logged, not fatal.
+fn favor_dynamic_cgroup_mods() {
+    match ironlet_cgroups::favor_dynamic_modifications() {
+        Ok(ironlet_cgroups::Dynmods::Enabled(mount)) => tracing::info!(
+            mount = %mount.display(),
+            "remounted cgroup2 with favordynmods: container starts skip an RCU grace period \
+             (--cgroup-favor-dynmods=false to leave it)"
+        ),
+        Ok(ironlet_cgroups::Dynmods::AlreadyOn(mount)) => {
+            tracing::debug!(mount = %mount.display(), "cgroup2 already has favordynmods");
+        }
+        Ok(ironlet_cgroups::Dynmods::Unavailable(reason)) => {
+            tracing::info!(%reason, "cgroup favordynmods unavailable");
+        }
+        Err(err) => tracing::warn!(%err, "enabling cgroup favordynmods failed"),
+    }
 }
 
 fn fallback_capacity() -> NodeCapacity {
