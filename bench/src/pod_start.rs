@@ -246,6 +246,12 @@ fn with_binary(n: usize, images: &Path) -> Result<()> {
         "import: {}",
         String::from_utf8_lossy(&import.stderr)
     );
+    let network = ironlet_runtime::network::DefaultNetwork::default();
+    let chain = ironlet_runtime::network::Masquerade::new(&network.name, &network.subnet);
+    let masquerade_before = Command::new("iptables")
+        .args(["-w", "5", "-t", "nat", "-S", chain.chain()])
+        .output()
+        .is_ok_and(|o| o.status.success());
     let mut agent = Command::new(&bin)
         .arg("--root-dir")
         .arg(root.path())
@@ -260,6 +266,10 @@ fn with_binary(n: usize, images: &Path) -> Result<()> {
         .arg(&manifests)
         .arg("--pod-logs-dir")
         .arg(root.path().join("logs"))
+        // A fresh node's default network, not whatever /etc/cni/net.d holds (and nothing
+        // left there pointing into this temporary root).
+        .arg("--cni-conf-dir")
+        .arg(root.path().join("net.d"))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -305,6 +315,13 @@ fn with_binary(n: usize, images: &Path) -> Result<()> {
         nix::sys::signal::Signal::SIGTERM,
     );
     let _ = agent.wait();
+    if !masquerade_before {
+        // The agent's node-wide masquerade rule outlives it by design; this run added it.
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+            .block_on(ironlet_runtime::network::remove_masquerade(&network))?;
+    }
     result
 }
 

@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context, Result};
 use ironlet_runtime::image::{ImageStore, ImageStoreConfig, LocalImageService};
 use ironlet_runtime::local::record::SandboxRecord;
-use ironlet_runtime::network::{CniConfig, DefaultNetwork, Network, NetworkError, PodRef};
+use ironlet_runtime::network::{
+    CniConfig, DefaultNetwork, Masquerade, Network, NetworkError, PodRef,
+};
 use ironlet_runtime::types::{ContainerConfig, ContainerId, PodSandboxConfig, SandboxId};
 use ironlet_runtime::zygote::ZygoteHandle;
 use ironlet_runtime::{ImageService, LocalRuntime, LocalRuntimeConfig, Runtime, RuntimeError};
@@ -243,6 +245,10 @@ fn teardown(env: &Env, ip_forward: Option<&str>) -> Result<()> {
     if let Some(value) = ip_forward {
         std::fs::write("/proc/sys/net/ipv4/ip_forward", value)?;
     }
+    env.rt
+        .block_on(ironlet_runtime::network::remove_masquerade(
+            &env.cni.default_network,
+        ))?;
     let nat = nat_rules()?;
     ensure!(
         !nat.contains(&env.cni.default_network.name),
@@ -475,9 +481,23 @@ fn removal_releases_everything(env: &Env) -> Result<()> {
             bridge_ports.join(&veth).exists(),
             "{veth} is not on the bridge"
         );
+        // Masquerade is one node-wide rule for the subnet, not a chain per pod.
+        let masq = Masquerade::new(
+            &env.cni.default_network.name,
+            &env.cni.default_network.subnet,
+        );
+        let nat = nat_rules()?;
         ensure!(
-            nat_rules()?.contains(sandbox.as_str()),
-            "no masquerade rule for the sandbox"
+            nat.contains(&format!("-A {} -j MASQUERADE", masq.chain()))
+                && nat.contains(&format!(
+                    "-A POSTROUTING -s {} ",
+                    env.cni.default_network.subnet
+                )),
+            "no masquerade rule for the pod subnet:\n{nat}"
+        );
+        ensure!(
+            !nat.contains(sandbox.as_str()),
+            "the bridge plugin made a per-pod NAT chain:\n{nat}"
         );
 
         rt.stop_pod_sandbox(&sandbox).await?;

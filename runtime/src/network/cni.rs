@@ -330,6 +330,7 @@ mod tests {
             name: "testnet".into(),
             cni_version: "1.0.0".into(),
             disable_check: false,
+            masquerade: None,
             plugins: serde_json::from_value(plugins).unwrap(),
         }
     }

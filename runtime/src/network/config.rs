@@ -7,7 +7,8 @@
 //! file is named `99-ironlet.conflist` so that any cluster CNI installed later (calico,
 //! flannel, cilium write `05-`/`10-` files) takes precedence for new pods.
 //!
-//! The default network (`ironlet`): a `bridge` (`ironlet0`, gateway, masquerade, hairpin)
+//! The default network (`ironlet`): a `bridge` (`ironlet0`, gateway, hairpin; masquerade by
+//! one node-wide rule, see `masquerade.rs`)
 //! with `host-local` addresses from `10.85.0.0/16` (not used by Docker's 172.17/16,
 //! podman's and containerd's 10.88/16, flannel's 10.244/16 or calico's 192.168/16), a default
 //! route, then `portmap` for hostPort mappings. host-local's allocations live under the
@@ -65,7 +66,8 @@ pub struct DefaultNetwork {
     pub bridge: String,
     /// Pod addresses, in CIDR notation.
     pub subnet: String,
-    /// Masquerade traffic leaving the subnet (adds iptables NAT rules per pod).
+    /// Masquerade traffic leaving the subnet: one node-wide iptables rule that ironlet keeps
+    /// (`ironletMasquerade` in the conflist), not the bridge plugin's per-pod `ipMasq`.
     pub ip_masq: bool,
 }
 
@@ -83,7 +85,7 @@ impl Default for DefaultNetwork {
 impl DefaultNetwork {
     /// The conflist JSON of this network, with host-local keeping state in `data_dir`.
     pub fn conflist(&self, data_dir: &Path) -> Value {
-        json!({
+        let mut list = json!({
             "cniVersion": "1.0.0",
             "name": self.name,
             "plugins": [
@@ -91,7 +93,7 @@ impl DefaultNetwork {
                     "type": "bridge",
                     "bridge": self.bridge,
                     "isGateway": true,
-                    "ipMasq": self.ip_masq,
+                    "ipMasq": false,
                     "hairpinMode": true,
                     "ipam": {
                         "type": "host-local",
@@ -102,7 +104,11 @@ impl DefaultNetwork {
                 },
                 { "type": "portmap", "capabilities": { "portMappings": true } }
             ]
-        })
+        });
+        if self.ip_masq {
+            list["ironletMasquerade"] = json!(self.subnet);
+        }
+        list
     }
 }
 
@@ -114,6 +120,14 @@ pub struct NetworkList {
     pub cni_version: String,
     #[serde(default)]
     pub disable_check: bool,
+    /// ironlet's own key (CNI ignores unknown top-level keys): the subnet whose node-wide
+    /// masquerade rule ironlet keeps (see `masquerade.rs`), set in the default network.
+    #[serde(
+        default,
+        rename = "ironletMasquerade",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub masquerade: Option<String>,
     /// Each plugin's configuration object as written (`type`, its own keys).
     pub plugins: Vec<Map<String, Value>>,
 }
@@ -148,6 +162,7 @@ impl NetworkList {
                 name,
                 cni_version,
                 disable_check: false,
+                masquerade: None,
                 plugins: vec![obj],
             }
         };
@@ -282,6 +297,20 @@ mod tests {
         assert_eq!(bridge["bridge"], "ironlet0");
         assert_eq!(bridge["ipam"]["dataDir"], "/root-x/cni/networks");
         assert_eq!(bridge["ipam"]["ranges"][0][0]["subnet"], "10.85.0.0/16");
+        // Masquerade by ironlet's node-wide rule, not per pod by the bridge plugin.
+        assert_eq!(bridge["ipMasq"], false);
+        assert_eq!(list.masquerade.as_deref(), Some("10.85.0.0/16"));
+    }
+
+    #[test]
+    fn a_default_network_without_masquerade_names_no_subnet_to_masquerade() {
+        let network = DefaultNetwork {
+            ip_masq: false,
+            ..DefaultNetwork::default()
+        };
+        let list = network.conflist(Path::new("/d"));
+        assert!(list.get("ironletMasquerade").is_none());
+        assert_eq!(list["plugins"][0]["ipMasq"], false);
     }
 
     #[test]
@@ -326,6 +355,7 @@ mod tests {
             name: "n".into(),
             cni_version: "0.4.0".into(),
             disable_check: false,
+            masquerade: None,
             plugins: vec![],
         };
         assert!(list.supports_check());

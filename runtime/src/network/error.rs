@@ -32,6 +32,8 @@ pub enum NetworkError {
         #[source]
         source: std::io::Error,
     },
+    #[error("pod network masquerade: {command}: {reason}")]
+    Masquerade { command: String, reason: String },
     #[error("CNI plugin {plugin:?} not found in {dirs:?}")]
     PluginNotFound { plugin: String, dirs: Vec<PathBuf> },
 

@@ -18,12 +18,16 @@
 //!   missing), `attach` returns `Ok(None)`: the pod keeps a loopback-only namespace (the
 //!   zygote brings `lo` up when it creates the namespace), and one warning says why.
 //!
+//! - The default network masquerades through one node-wide rule installed before the first
+//!   ADD (`masquerade.rs`), not per pod.
+//!
 //! Files: `config.rs` (where configs and plugins are, the default network), `cni.rs`
-//! (running plugins), `result.rs` (reading results), `error.rs`.
+//! (running plugins), `masquerade.rs`, `result.rs` (reading results), `error.rs`.
 
 mod cni;
 mod config;
 mod error;
+mod masquerade;
 mod result;
 
 use std::net::IpAddr;
@@ -38,6 +42,7 @@ use serde_json::{Map, Value};
 pub use cni::{Attachment, Command, Invoker};
 pub use config::{CniConfig, DefaultNetwork, NetworkList, DEFAULT_CONFLIST};
 pub use error::NetworkError;
+pub use masquerade::Masquerade;
 pub use result::CniResult;
 
 /// The interface name inside the pod, as kubelet and containerd use.
@@ -88,6 +93,8 @@ pub struct Network {
     warned: AtomicBool,
     /// Serializes reading (and maybe writing) the conf dir between concurrent sandboxes.
     resolving: Mutex<()>,
+    /// The masquerade rule set last installed (`ironletMasquerade` of the list in use).
+    masquerading: tokio::sync::Mutex<Option<Masquerade>>,
 }
 
 impl Network {
@@ -103,6 +110,7 @@ impl Network {
             invoker,
             warned: AtomicBool::new(false),
             resolving: Mutex::new(()),
+            masquerading: tokio::sync::Mutex::new(None),
         }
     }
 
@@ -148,6 +156,7 @@ impl Network {
         let Some(list) = self.resolve() else {
             return Ok(None);
         };
+        self.ensure_masquerade(&list).await?;
         let args = pod.cni_args();
         let capabilities = Map::new();
         let at = Attachment {
@@ -237,6 +246,21 @@ impl Network {
 }
 
 impl Network {
+    /// Installs the list's node-wide masquerade rule once per agent (and again if the list
+    /// names another subnet); every later ADD finds it done.
+    async fn ensure_masquerade(&self, list: &NetworkList) -> Result<(), NetworkError> {
+        let Some(subnet) = &list.masquerade else {
+            return Ok(());
+        };
+        let wanted = Masquerade::new(&list.name, subnet);
+        let mut installed = self.masquerading.lock().await;
+        if installed.as_ref() != Some(&wanted) {
+            masquerade::ensure(&wanted).await?;
+            *installed = Some(wanted);
+        }
+        Ok(())
+    }
+
     /// DEL for a sandbox whose ADD result was never recorded (the agent died between ADD
     /// and the sandbox record): with the current network list and no `prevResult`, so the
     /// plugins release the address and rules they keep by container id. Idempotent; a
@@ -260,6 +284,12 @@ impl Network {
         };
         self.invoker.del(&list, &at, None).await
     }
+}
+
+/// Removes the node-wide masquerade rule of a default network (uninstall, tests).
+/// Succeeds when it is already gone.
+pub async fn remove_masquerade(network: &DefaultNetwork) -> Result<(), NetworkError> {
+    masquerade::remove(&Masquerade::new(&network.name, &network.subnet)).await
 }
 
 /// Whether `path` is a mounted network namespace (nsfs), not a leftover plain file.
