@@ -177,9 +177,9 @@ fn table(pods: &[Pod], with_namespace: bool, wide: bool, now: i64) -> String {
         if with_namespace {
             row.push(namespace_of(pod).to_owned());
         }
-        let age = pod.metadata.creation_timestamp.as_ref().map_or_else(
+        let age = created_at(pod).map_or_else(
             || "<unknown>".into(),
-            |t| human_duration(now - t.0.as_second()),
+            |created| human_duration(now - created),
         );
         row.extend([
             pod.metadata.name.clone().unwrap_or_default(),
@@ -370,6 +370,22 @@ fn non_empty(s: Option<&str>) -> Option<&str> {
 }
 
 /// kubectl's `duration.HumanDuration` of a number of seconds: `45s`, `3m4s`, `2d`, `3y`.
+/// Seconds since the epoch of the pod's creation: `creationTimestamp` (API pods), else when
+/// the agent first saw it (`kubernetes.io/config.seen`, static pods have no API timestamp).
+fn created_at(pod: &Pod) -> Option<i64> {
+    if let Some(t) = &pod.metadata.creation_timestamp {
+        return Some(t.0.as_second());
+    }
+    let seen = pod
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(ironlet::config::CONFIG_SEEN)?;
+    seen.parse::<k8s_openapi::jiff::Timestamp>()
+        .ok()
+        .map(|t| t.as_second())
+}
+
 fn human_duration(seconds: i64) -> String {
     if seconds < -1 {
         return "<invalid>".into();
@@ -567,5 +583,18 @@ mod tests {
             wide.starts_with("NAME        READY   STATUS    RESTARTS   AGE    IP         NODE\n")
         );
         assert!(wide.ends_with("10.0.0.5   <none>\n"), "{wide}");
+    }
+
+    #[test]
+    fn a_static_pod_without_creation_timestamp_ages_from_when_the_agent_first_saw_it() {
+        let now: k8s_openapi::jiff::Timestamp = "2024-01-01T00:10:00Z".parse().unwrap();
+        let now = now.as_second();
+        let pods = [pod(serde_json::json!({
+            "metadata": {"name": "web-node1", "namespace": "default",
+                         "annotations": {"kubernetes.io/config.seen": "2024-01-01T00:08:00Z"}},
+            "spec": spec(&[], &["a"]),
+            "status": {"phase": "Pending"}}))];
+        let table = table(&pods, false, false, now);
+        assert!(table.contains("   2m   "), "{table}");
     }
 }
