@@ -9,15 +9,15 @@
 //! round), pods left running so the nodes fill up. `--burst`: afterwards, per node, N pods
 //! POSTed at once; per-pod latency from its own POST and the time to all Running.
 //!
-//! Usage (root): `api-pod-start [N] [--burst] [--no-peer]` (N defaults to 50), with
+//! Usage (root): `api-pod-start [N] [--burst] [--no-peer | --peer-idle] [--settle-ms=MS]`
+//! (N defaults to 50; `--peer-idle`: the peer node runs but gets no pods; `--settle-ms`: idle
+//! time after each sequential pod, 0 by default), with
 //! `ironlet` built beside this binary (`cargo build --release -p ironlet -p ironlet-bench`)
 //! and, for the peer, `scripts/peer-kubelet build` done once. Teardown (always, also after a
 //! failure): every bench pod deleted and awaited, the peer's `down`, the agent stopped with
 //! its mounts/bridge/cgroups removed, the control plane `down`.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -31,6 +31,9 @@ use kube::runtime::WatchStreamExt;
 use kube::Client;
 use serde_json::json;
 
+mod peer_node;
+use peer_node::PeerNode;
+
 const LABEL: &str = "ironlet-bench=api-pod-start";
 const NAMESPACE: &str = "default";
 const POD_TIMEOUT: Duration = Duration::from_secs(60);
@@ -39,6 +42,10 @@ struct Args {
     n: usize,
     burst: bool,
     peer: bool,
+    /// The peer node runs but gets no pods (its idle cost on ironlet's figures).
+    peer_idle: bool,
+    /// Idle time after each sequential pod, before the next POST.
+    settle: Duration,
 }
 
 fn parse_args() -> Result<Args> {
@@ -46,11 +53,21 @@ fn parse_args() -> Result<Args> {
         n: 50,
         burst: false,
         peer: true,
+        peer_idle: false,
+        settle: Duration::ZERO,
     };
     for arg in std::env::args().skip(1) {
         match arg.as_str() {
             "--burst" => args.burst = true,
             "--no-peer" => args.peer = false,
+            "--peer-idle" => args.peer_idle = true,
+            s if s.starts_with("--settle-ms=") => {
+                let ms = &s["--settle-ms=".len()..];
+                args.settle = Duration::from_millis(
+                    ms.parse()
+                        .with_context(|| format!("--settle-ms must be a number: {ms}"))?,
+                );
+            }
             n => {
                 args.n = n
                     .parse()
@@ -94,7 +111,12 @@ fn main() -> Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let outcome = rt.block_on(run(&plane, &nodes, &args));
+    let measured = if args.peer_idle {
+        &nodes[..1]
+    } else {
+        &nodes[..]
+    };
+    let outcome = rt.block_on(run(&plane, measured, &args));
     let cleanup = rt.block_on(delete_all(&plane));
     if outcome.is_err() || cleanup.is_err() {
         eprintln!("ironlet agent log tail:\n{}", agent.log_tail(40));
@@ -186,13 +208,17 @@ async fn measure(
                 .with_context(|| format!("creating {name}"))?;
             let stamps = wait_stamps(seen, changes, &name).await?;
             sequential[k].push(sample(posted, stamps)?);
+            tokio::time::sleep(args.settle).await;
         }
     }
     println!(
-        "\nSequential: {} pods per node, one at a time, POST → watch event (ms)",
-        args.n
+        "\nSequential: {} pods per node, one at a time ({} ms idle after each), \
+         POST → watch event (ms)",
+        args.n,
+        args.settle.as_millis()
     );
     report(nodes, &sequential);
+    println!("load average after the sequential pods: {}", load_average());
     if args.burst {
         delete_all_in(pods).await?;
         let mut burst = Vec::with_capacity(nodes.len());
@@ -223,6 +249,7 @@ async fn measure(
                 ms(totals[0]) / ms(totals[1])
             );
         }
+        println!("load average after the bursts: {}", load_average());
     }
     Ok(())
 }
@@ -361,6 +388,9 @@ fn pod(name: &str, node: &str) -> Result<Pod> {
             "restartPolicy": "Always",
             // Both nodes use the host's resolv.conf (no cluster DNS here).
             "dnsPolicy": "Default",
+            // No projected token volume: ironlet does not issue service-account tokens
+            // (it skips that projection), kubelet would; like for like, neither gets one.
+            "automountServiceAccountToken": false,
             "terminationGracePeriodSeconds": 1,
             "containers": [{
                 "name": "main",
@@ -495,80 +525,4 @@ async fn delete_all_in(pods: &Api<Pod>) -> Result<()> {
         Ok(pods.list(&list).await?.items.is_empty().then_some(()))
     })
     .await
-}
-
-/// The upstream kubelet + containerd node, `scripts/peer-kubelet up` / `down` on drop.
-struct PeerNode {
-    script: PathBuf,
-    dir: PathBuf,
-    node: String,
-}
-
-impl PeerNode {
-    fn up(plane: &ControlPlane, node: &str) -> Result<Self> {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/peer-kubelet");
-        let build = Command::new(&script)
-            .arg("build")
-            .output()
-            .context("running scripts/peer-kubelet build")?;
-        if !build.status.success() {
-            bail!("scripts/peer-kubelet build failed:\n{}", describe(&build));
-        }
-        let kubeconfig = plane.node_kubeconfig(node)?;
-        let peer = Self {
-            script,
-            dir: std::env::temp_dir().join(format!("ironlet-peer-{}", std::process::id())),
-            node: node.to_owned(),
-        };
-        // `peer` exists before `up` runs: a half-done `up` is torn down by the drop.
-        let output = Command::new(&peer.script)
-            .arg("up")
-            .arg(&peer.dir)
-            .arg(&kubeconfig)
-            .arg(node)
-            .output()
-            .context("running scripts/peer-kubelet up")?;
-        if !output.status.success() {
-            bail!("scripts/peer-kubelet up failed:\n{}", describe(&output));
-        }
-        Ok(peer)
-    }
-
-    fn log_tails(&self, lines: usize) -> String {
-        let mut report = String::new();
-        for name in ["containerd", "kubelet"] {
-            let path = self.dir.join(format!("{name}.log"));
-            let text = std::fs::read_to_string(&path).unwrap_or_default();
-            let all: Vec<&str> = text.lines().collect();
-            report.push_str(&format!("== {} (tail)\n", path.display()));
-            for line in &all[all.len().saturating_sub(lines)..] {
-                report.push_str(line);
-                report.push('\n');
-            }
-        }
-        report
-    }
-}
-
-impl Drop for PeerNode {
-    fn drop(&mut self) {
-        match Command::new(&self.script)
-            .arg("down")
-            .arg(&self.dir)
-            .output()
-        {
-            Ok(output) if output.status.success() => {}
-            Ok(output) => eprintln!("scripts/peer-kubelet down failed:\n{}", describe(&output)),
-            Err(err) => eprintln!("cannot run scripts/peer-kubelet down: {err}"),
-        }
-    }
-}
-
-fn describe(output: &Output) -> String {
-    format!(
-        "{}\n{}{}",
-        output.status,
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
 }
