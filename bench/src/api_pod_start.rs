@@ -1,0 +1,528 @@
+//! API pod start latency (issue 4): a real control plane (`scripts/controlplane`), a real
+//! `ironlet run --kubeconfig` node and, as the peer in the same run, an upstream kubelet +
+//! containerd node (`scripts/peer-kubelet`). For each pod: POST of a pod bound by
+//! `spec.nodeName` (busybox `sleep 3600`, image present, `restartPolicy: Always`) → the first
+//! watch event showing phase Running, and the first showing the Ready condition True. The
+//! watch is opened (and synced) before the first POST; events are stamped when received.
+//!
+//! Sequential mode: one pod at a time, nodes interleaved round by round (the order flips each
+//! round), pods left running so the nodes fill up. `--burst`: afterwards, per node, N pods
+//! POSTed at once; per-pod latency from its own POST and the time to all Running.
+//!
+//! Usage (root): `api-pod-start [N] [--burst] [--no-peer | --peer-idle] [--settle-ms=MS]`
+//! (N defaults to 50; `--peer-idle`: the peer node runs but gets no pods; `--settle-ms`: idle
+//! time after each sequential pod, 0 by default), with
+//! `ironlet` built beside this binary (`cargo build --release -p ironlet -p ironlet-bench`)
+//! and, for the peer, `scripts/peer-kubelet build` done once. Teardown (always, also after a
+//! failure): every bench pod deleted and awaited, the peer's `down`, the agent stopped with
+//! its mounts/bridge/cgroups removed, the control plane `down`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use futures_util::StreamExt;
+use ironlet_e2e::{eventually, ClusterAgent, ControlPlane};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use kube::Client;
+use serde_json::json;
+
+mod peer_node;
+use peer_node::PeerNode;
+
+const LABEL: &str = "ironlet-bench=api-pod-start";
+const NAMESPACE: &str = "default";
+const POD_TIMEOUT: Duration = Duration::from_secs(60);
+
+struct Args {
+    n: usize,
+    burst: bool,
+    peer: bool,
+    /// The peer node runs but gets no pods (its idle cost on ironlet's figures).
+    peer_idle: bool,
+    /// Idle time after each sequential pod, before the next POST.
+    settle: Duration,
+}
+
+fn parse_args() -> Result<Args> {
+    let mut args = Args {
+        n: 50,
+        burst: false,
+        peer: true,
+        peer_idle: false,
+        settle: Duration::ZERO,
+    };
+    for arg in std::env::args().skip(1) {
+        match arg.as_str() {
+            "--burst" => args.burst = true,
+            "--no-peer" => args.peer = false,
+            "--peer-idle" => args.peer_idle = true,
+            s if s.starts_with("--settle-ms=") => {
+                let ms = &s["--settle-ms=".len()..];
+                args.settle = Duration::from_millis(
+                    ms.parse()
+                        .with_context(|| format!("--settle-ms must be a number: {ms}"))?,
+                );
+            }
+            n => {
+                args.n = n
+                    .parse()
+                    .with_context(|| format!("N must be a number: {n}"))?
+            }
+        }
+    }
+    ensure!(args.n > 0, "N must be at least 1");
+    Ok(args)
+}
+
+fn main() -> Result<()> {
+    ensure!(nix::unistd::geteuid().is_root(), "the benchmark needs root");
+    let args = parse_args()?;
+    if std::env::var_os("IRONLET_BIN").is_none() {
+        let exe = std::env::current_exe().context("locating this executable")?;
+        let bin = exe.with_file_name("ironlet");
+        ensure!(
+            bin.exists(),
+            "{} missing: cargo build --release -p ironlet",
+            bin.display()
+        );
+        // Before any thread exists: ClusterAgent reads it.
+        std::env::set_var("IRONLET_BIN", &bin);
+    }
+    println!("load average at start: {}", load_average());
+    // Dropped in reverse order: peer, agent, control plane.
+    let plane = ControlPlane::up()?;
+    let ironlet_node = "bench-ironlet".to_owned();
+    let agent = ClusterAgent::start(&plane.node_kubeconfig(&ironlet_node)?, &ironlet_node, 200)?;
+    let peer = if args.peer {
+        Some(PeerNode::up(&plane, "bench-kubelet")?)
+    } else {
+        None
+    };
+    let mut nodes = vec![ironlet_node];
+    if let Some(peer) = &peer {
+        nodes.push(peer.node.clone());
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let measured = if args.peer_idle {
+        &nodes[..1]
+    } else {
+        &nodes[..]
+    };
+    let outcome = rt.block_on(run(&plane, measured, &args));
+    let cleanup = rt.block_on(delete_all(&plane));
+    if outcome.is_err() || cleanup.is_err() {
+        eprintln!("ironlet agent log tail:\n{}", agent.log_tail(40));
+        if let Some(peer) = &peer {
+            eprintln!("{}", peer.log_tails(30));
+        }
+    }
+    drop(rt);
+    drop(peer);
+    drop(agent);
+    drop(plane);
+    println!("load average at end: {}", load_average());
+    outcome.and(cleanup)
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "?".into())
+}
+
+/// First sightings, in watch events, of each bench pod's phase Running and Ready condition.
+#[derive(Clone, Copy, Default)]
+struct Stamps {
+    running: Option<Instant>,
+    ready: Option<Instant>,
+}
+
+type Seen = Arc<Mutex<HashMap<String, Stamps>>>;
+
+#[derive(Clone, Copy)]
+struct Sample {
+    running: Duration,
+    ready: Duration,
+}
+
+async fn run(plane: &ControlPlane, nodes: &[String], args: &Args) -> Result<()> {
+    let client = plane.admin_client().await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    for node in nodes {
+        wait_node_ready(&client, node).await?;
+        println!("{}", describe_node(&client, node).await?);
+    }
+    let seen: Seen = Arc::default();
+    let (changed, mut changes) = tokio::sync::watch::channel(0u64);
+    let (synced, is_synced) = tokio::sync::oneshot::channel();
+    let watch = tokio::spawn(watch_pods(pods.clone(), seen.clone(), changed, synced));
+    tokio::time::timeout(Duration::from_secs(30), is_synced)
+        .await
+        .context("the pod watch did not sync within 30 s")?
+        .context("the pod watch ended")?;
+    let result = measure(&pods, nodes, args, &seen, &mut changes).await;
+    watch.abort();
+    result
+}
+
+async fn measure(
+    pods: &Api<Pod>,
+    nodes: &[String],
+    args: &Args,
+    seen: &Seen,
+    changes: &mut tokio::sync::watch::Receiver<u64>,
+) -> Result<()> {
+    // Warm-up, not measured: the first pod waits for the default ServiceAccount to exist.
+    for node in nodes {
+        let name = format!("{}-warmup", short(node));
+        eventually("the warm-up pod is created", POD_TIMEOUT, || async {
+            pods.create(&PostParams::default(), &pod(&name, node)?)
+                .await?;
+            Ok(Some(()))
+        })
+        .await?;
+        wait_stamps(seen, changes, &name).await?;
+    }
+    let mut sequential: Vec<Vec<Sample>> = vec![Vec::with_capacity(args.n); nodes.len()];
+    for round in 0..args.n {
+        for k in 0..nodes.len() {
+            let k = if round % 2 == 0 {
+                k
+            } else {
+                nodes.len() - 1 - k
+            };
+            let node = &nodes[k];
+            let name = format!("{}-seq-{round}", short(node));
+            let pod = pod(&name, node)?;
+            let posted = Instant::now();
+            pods.create(&PostParams::default(), &pod)
+                .await
+                .with_context(|| format!("creating {name}"))?;
+            let stamps = wait_stamps(seen, changes, &name).await?;
+            sequential[k].push(sample(posted, stamps)?);
+            tokio::time::sleep(args.settle).await;
+        }
+    }
+    println!(
+        "\nSequential: {} pods per node, one at a time ({} ms idle after each), \
+         POST → watch event (ms)",
+        args.n,
+        args.settle.as_millis()
+    );
+    report(nodes, &sequential);
+    println!("load average after the sequential pods: {}", load_average());
+    if args.burst {
+        delete_all_in(pods).await?;
+        let mut burst = Vec::with_capacity(nodes.len());
+        let mut totals = Vec::with_capacity(nodes.len());
+        for node in nodes {
+            let (samples, total) = run_burst(pods, node, args.n, seen, changes).await?;
+            burst.push(samples);
+            totals.push(total);
+            delete_all_in(pods).await?;
+        }
+        println!(
+            "\nBurst: {} pods POSTed at once per node (nodes one after the other), \
+             each pod's POST → watch event (ms)",
+            args.n
+        );
+        report(nodes, &burst);
+        for (node, total) in nodes.iter().zip(&totals) {
+            println!(
+                "  {:<8} first POST → all {} Running: {:.0} ms",
+                short(node),
+                args.n,
+                ms(*total)
+            );
+        }
+        if totals.len() == 2 {
+            println!(
+                "  ratio ironlet/kubelet (all Running): {:.2}",
+                ms(totals[0]) / ms(totals[1])
+            );
+        }
+        println!("load average after the bursts: {}", load_average());
+    }
+    Ok(())
+}
+
+async fn run_burst(
+    pods: &Api<Pod>,
+    node: &str,
+    n: usize,
+    seen: &Seen,
+    changes: &mut tokio::sync::watch::Receiver<u64>,
+) -> Result<(Vec<Sample>, Duration)> {
+    let names: Vec<String> = (0..n)
+        .map(|i| format!("{}-burst-{i}", short(node)))
+        .collect();
+    let specs = names
+        .iter()
+        .map(|name| pod(name, node))
+        .collect::<Result<Vec<_>>>()?;
+    let first = Instant::now();
+    let posts = specs.iter().map(|pod| async move {
+        pods.create(&PostParams::default(), pod).await?;
+        Ok::<_, kube::Error>(Instant::now())
+    });
+    // All POSTs in flight at once; each pod's start is stamped just before the batch (the
+    // client sends them as fast as it can; the POST round trip is part of the figure).
+    let results = futures_util::future::join_all(posts).await;
+    for (name, result) in names.iter().zip(results) {
+        result.with_context(|| format!("creating {name}"))?;
+    }
+    let mut samples = Vec::with_capacity(n);
+    let mut last = first;
+    for name in &names {
+        let stamps = wait_stamps(seen, changes, name).await?;
+        let sample = sample(first, stamps)?;
+        last = last.max(first + sample.running);
+        samples.push(sample);
+    }
+    Ok((samples, last - first))
+}
+
+fn sample(posted: Instant, stamps: Stamps) -> Result<Sample> {
+    let (Some(running), Some(ready)) = (stamps.running, stamps.ready) else {
+        bail!("incomplete stamps");
+    };
+    Ok(Sample {
+        running: running.saturating_duration_since(posted),
+        ready: ready.saturating_duration_since(posted),
+    })
+}
+
+/// Waits until the watch saw pod `name` Running and Ready.
+async fn wait_stamps(
+    seen: &Seen,
+    changes: &mut tokio::sync::watch::Receiver<u64>,
+    name: &str,
+) -> Result<Stamps> {
+    let deadline = tokio::time::Instant::now() + POD_TIMEOUT;
+    loop {
+        let stamps = lock(seen).get(name).copied().unwrap_or_default();
+        if stamps.running.is_some() && stamps.ready.is_some() {
+            return Ok(stamps);
+        }
+        match tokio::time::timeout_at(deadline, changes.changed()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => bail!("the pod watch ended while waiting for {name}"),
+            Err(_) => bail!("pod {name} not Running and Ready within {POD_TIMEOUT:?}"),
+        }
+    }
+}
+
+fn lock(seen: &Seen) -> std::sync::MutexGuard<'_, HashMap<String, Stamps>> {
+    seen.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Stamps the bench pods' first Running and Ready sightings; `synced` fires after the
+/// initial list.
+async fn watch_pods(
+    pods: Api<Pod>,
+    seen: Seen,
+    changed: tokio::sync::watch::Sender<u64>,
+    synced: tokio::sync::oneshot::Sender<()>,
+) {
+    let stream = watcher::watcher(pods, watcher::Config::default().labels(LABEL)).default_backoff();
+    futures_util::pin_mut!(stream);
+    let mut synced = Some(synced);
+    while let Some(event) = stream.next().await {
+        let now = Instant::now();
+        let pod = match event {
+            Ok(Event::Apply(pod) | Event::InitApply(pod)) => pod,
+            Ok(Event::InitDone) => {
+                if let Some(synced) = synced.take() {
+                    let _ = synced.send(());
+                }
+                continue;
+            }
+            Ok(Event::Init | Event::Delete(_)) => continue,
+            Err(err) => {
+                eprintln!("pod watch error (retrying): {err}");
+                continue;
+            }
+        };
+        let Some(name) = pod.metadata.name.clone() else {
+            continue;
+        };
+        let status = pod.status.as_ref();
+        let running = status.and_then(|s| s.phase.as_deref()) == Some("Running");
+        let ready = status
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        {
+            let mut seen = lock(&seen);
+            let stamps = seen.entry(name).or_default();
+            if running && stamps.running.is_none() {
+                stamps.running = Some(now);
+            }
+            if ready && stamps.ready.is_none() {
+                stamps.ready = Some(now);
+            }
+        }
+        changed.send_modify(|v| *v += 1);
+    }
+}
+
+fn pod(name: &str, node: &str) -> Result<Pod> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": NAMESPACE,
+            "labels": { "ironlet-bench": "api-pod-start" },
+        },
+        "spec": {
+            "nodeName": node,
+            "restartPolicy": "Always",
+            // Both nodes use the host's resolv.conf (no cluster DNS here).
+            "dnsPolicy": "Default",
+            // No projected token volume: ironlet does not issue service-account tokens
+            // (it skips that projection), kubelet would; like for like, neither gets one.
+            "automountServiceAccountToken": false,
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "main",
+                "image": "busybox",
+                "imagePullPolicy": "Never",
+                "command": ["sleep", "3600"],
+            }],
+        },
+    }))?)
+}
+
+/// `ironlet` or `kubelet` from the node name.
+fn short(node: &str) -> &str {
+    node.strip_prefix("bench-").unwrap_or(node)
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+struct Figures {
+    p50: f64,
+    p90: f64,
+    p99: f64,
+    max: f64,
+    mean: f64,
+}
+
+fn figures(mut values: Vec<Duration>) -> Figures {
+    values.sort();
+    let sum: Duration = values.iter().sum();
+    Figures {
+        p50: ms(percentile(&values, 50.0)),
+        p90: ms(percentile(&values, 90.0)),
+        p99: ms(percentile(&values, 99.0)),
+        max: ms(percentile(&values, 100.0)),
+        mean: ms(sum) / values.len().max(1) as f64,
+    }
+}
+
+/// Prints p50/p90/p99/max/mean per node and event, then ironlet/kubelet ratios.
+fn report(nodes: &[String], samples: &[Vec<Sample>]) {
+    println!(
+        "  {:<8} {:<8} {:>8} {:>8} {:>8} {:>8} {:>8}",
+        "node", "event", "p50", "p90", "p99", "max", "mean"
+    );
+    let mut table = Vec::new();
+    for (node, samples) in nodes.iter().zip(samples) {
+        let running = figures(samples.iter().map(|s| s.running).collect());
+        let ready = figures(samples.iter().map(|s| s.ready).collect());
+        for (event, f) in [("Running", &running), ("Ready", &ready)] {
+            println!(
+                "  {:<8} {:<8} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1}",
+                short(node),
+                event,
+                f.p50,
+                f.p90,
+                f.p99,
+                f.max,
+                f.mean
+            );
+        }
+        table.push((running, ready));
+    }
+    if let [(ir, ire), (kr, kre)] = table.as_slice() {
+        println!(
+            "  ratio ironlet/kubelet  Running: p50 {:.2}  p90 {:.2}  p99 {:.2}  |  Ready: p50 {:.2}  p99 {:.2}",
+            ir.p50 / kr.p50,
+            ir.p90 / kr.p90,
+            ir.p99 / kr.p99,
+            ire.p50 / kre.p50,
+            ire.p99 / kre.p99
+        );
+    }
+}
+
+async fn wait_node_ready(client: &Client, node: &str) -> Result<()> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    eventually(
+        &format!("node {node} Ready"),
+        Duration::from_secs(120),
+        || async {
+            let Some(n) = nodes.get_opt(node).await? else {
+                return Ok(None);
+            };
+            let ready = n
+                .status
+                .and_then(|s| s.conditions)
+                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+            Ok(ready.then_some(()))
+        },
+    )
+    .await
+}
+
+async fn describe_node(client: &Client, node: &str) -> Result<String> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let info = nodes
+        .get(node)
+        .await?
+        .status
+        .and_then(|s| s.node_info)
+        .context("node without nodeInfo")?;
+    Ok(format!(
+        "node {node}: kubelet {} runtime {}",
+        info.kubelet_version, info.container_runtime_version
+    ))
+}
+
+/// Deletes every bench pod (1 s grace) and waits until the API has none left, i.e. until
+/// their nodes confirmed the containers stopped.
+async fn delete_all(plane: &ControlPlane) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(plane.admin_client().await?, NAMESPACE);
+    delete_all_in(&pods).await
+}
+
+async fn delete_all_in(pods: &Api<Pod>) -> Result<()> {
+    let params = DeleteParams::default().grace_period(1);
+    let list = ListParams::default().labels(LABEL);
+    pods.delete_collection(&params, &list)
+        .await
+        .context("deleting the bench pods")?;
+    eventually("every bench pod gone", Duration::from_secs(180), || async {
+        Ok(pods.list(&list).await?.items.is_empty().then_some(()))
+    })
+    .await
+}
