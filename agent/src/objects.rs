@@ -10,7 +10,7 @@
 //! which `optional: true` references tolerate); an `Err` means "could not tell" and must fail
 //! the caller — an optional reference is never silently dropped because of a read failure.
 //! Secrets are returned with `stringData` already merged over `data` (as the API server stores
-//! them), so consumers read `data` only.
+//! them), so consumers read `data` only. Service-account tokens come from the API only.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -56,6 +56,33 @@ pub trait ObjectSource: Send + Sync {
     /// The Secret `namespace/name` with `stringData` merged into `data`, `None` when it does
     /// not exist.
     async fn secret(&self, namespace: &str, name: &str) -> Result<Option<Secret>, ObjectError>;
+
+    /// A token of ServiceAccount `request.service_account`, bound to `request`'s pod, for a
+    /// projected `serviceAccountToken` source. `Ok(None)`: this source cannot issue tokens
+    /// (no API server).
+    async fn service_account_token(
+        &self,
+        _request: &TokenRequestFor<'_>,
+    ) -> Result<Option<String>, ObjectError> {
+        Ok(None)
+    }
+}
+
+/// What a projected `serviceAccountToken` source asks for.
+#[derive(Debug, Clone, Copy)]
+pub struct TokenRequestFor<'a> {
+    /// The pod's namespace.
+    pub namespace: &'a str,
+    /// The pod's `serviceAccountName` (`default` when unset).
+    pub service_account: &'a str,
+    /// The pod the token is bound to (deleted pod ⇒ invalid token).
+    pub pod_name: &'a str,
+    /// Its UID.
+    pub pod_uid: &'a str,
+    /// `audience`; `None`: the API server's.
+    pub audience: Option<&'a str>,
+    /// `expirationSeconds` (API default 3600).
+    pub expiration_seconds: i64,
 }
 
 /// A source with no objects: every lookup is "not found". For an agent without a

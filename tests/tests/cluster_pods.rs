@@ -56,6 +56,10 @@ const TESTS: &[(&str, TestFn)] = &[
         "a_pod_scheduled_by_the_kube_scheduler_runs_on_the_node",
         scheduled_pod_runs,
     ),
+    (
+        "a_pod_gets_a_service_account_token_bound_to_it_that_the_api_server_accepts",
+        service_account_token,
+    ),
     (OUTAGE_TEST, apiserver_outage),
 ];
 
@@ -325,6 +329,74 @@ fn failed_pod_reports_exit_code(env: &Env) -> Result<()> {
         anyhow::ensure!(code == Some(3), "exit code {code:?}");
         pods.delete("fails", &DeleteParams::default()).await?;
         wait_gone(&pods, "fails", Duration::from_secs(30)).await
+    })
+}
+
+/// The default `kube-api-access-*` volume the admission plugin adds: the token is issued
+/// through TokenRequest, bound to the pod, and authenticates as the pod's service account.
+fn service_account_token(env: &Env) -> Result<()> {
+    use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
+    block_on(async {
+        let client = admin(env).await?;
+        let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+        let script = "d=/var/run/secrets/kubernetes.io/serviceaccount; \
+            test \"$(cat $d/namespace)\" = default || exit 8; \
+            test -s $d/ca.crt || exit 9; \
+            cat $d/token > /dev/termination-log";
+        let pod = busybox_pod(
+            "sa-token",
+            &env.agent.node_name,
+            &["sh", "-c", script],
+            "Never",
+        )?;
+        create(&pods, &pod).await?;
+        let done = eventually("pod sa-token finishes", RUNNING_TIMEOUT, || async {
+            let pod = pods.get("sa-token").await?;
+            Ok(matches!(phase(&pod), "Succeeded" | "Failed").then_some(pod))
+        })
+        .await?;
+        let terminated = done
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|c| c.first())
+            .and_then(|c| c.state.as_ref())
+            .and_then(|s| s.terminated.clone());
+        anyhow::ensure!(
+            phase(&done) == "Succeeded",
+            "the container found no usable service-account volume: {terminated:?}"
+        );
+        let token = terminated.and_then(|t| t.message).unwrap_or_default();
+        anyhow::ensure!(token.split('.').count() == 3, "not a JWT: {token:?}");
+        let review = TokenReview {
+            spec: TokenReviewSpec {
+                token,
+                ..TokenReviewSpec::default()
+            },
+            ..TokenReview::default()
+        };
+        let reviews: Api<TokenReview> = Api::all(client);
+        let status = reviews
+            .create(&PostParams::default(), &review)
+            .await?
+            .status
+            .unwrap_or_default();
+        let user = status.user.unwrap_or_default();
+        anyhow::ensure!(
+            status.authenticated == Some(true)
+                && user.username.as_deref() == Some("system:serviceaccount:default:default"),
+            "the API server rejects the token: error {:?}, user {:?}",
+            status.error,
+            user.username
+        );
+        let bound_pod = user
+            .extra
+            .unwrap_or_default()
+            .remove("authentication.kubernetes.io/pod-name")
+            .unwrap_or_default();
+        anyhow::ensure!(bound_pod == ["sa-token"], "token bound to {bound_pod:?}");
+        pods.delete("sa-token", &DeleteParams::default()).await?;
+        wait_gone(&pods, "sa-token", Duration::from_secs(30)).await
     })
 }
 

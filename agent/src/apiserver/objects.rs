@@ -1,5 +1,7 @@
 //! [`ApiObjectSource`]: ConfigMaps and Secrets read from the API with a short-lived cache,
-//! and [`LayeredObjects`], which consults the static pods' files first and the API second.
+//! service-account tokens requested through TokenRequest (bound to the pod, reused until 80 %
+//! of their lifetime as kubelet's token manager does, at most 24 h), and [`LayeredObjects`],
+//! which consults the static pods' files first and the API second.
 //!
 //! Guarantees: a cached answer (including "not found") is at most [`CACHE_TTL`] old, so a
 //! ConfigMap created for a waiting pod is seen on its next sync after that; a failed read is
@@ -14,18 +16,28 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::ByteString;
 use kube::{Api, Client};
 
-use crate::objects::{ObjectError, ObjectSource};
+use crate::objects::{ObjectError, ObjectSource, TokenRequestFor};
 
 /// How long a read is reused.
 pub const CACHE_TTL: Duration = Duration::from_secs(1);
 
 type Cache<T> = Mutex<HashMap<(String, String), (Instant, Option<T>)>>;
 
+/// (namespace, service account, pod uid, audience, expiration) → (refresh after, token).
+type TokenCache = Mutex<HashMap<(String, String, String, String, i64), (Instant, String)>>;
+
+/// kubelet refreshes a token after 80 % of its lifetime or 24 h, whichever comes first.
+fn token_reuse_period(expiration_seconds: i64) -> Duration {
+    let lifetime = Duration::from_secs(u64::try_from(expiration_seconds).unwrap_or(0));
+    (lifetime * 4 / 5).min(Duration::from_secs(24 * 3600))
+}
+
 /// Reads objects from the API.
 pub struct ApiObjectSource {
     client: Client,
     config_maps: Cache<ConfigMap>,
     secrets: Cache<Secret>,
+    tokens: TokenCache,
 }
 
 impl ApiObjectSource {
@@ -34,6 +46,7 @@ impl ApiObjectSource {
             client,
             config_maps: Mutex::new(HashMap::new()),
             secrets: Mutex::new(HashMap::new()),
+            tokens: Mutex::new(HashMap::new()),
         }
     }
 }
@@ -91,6 +104,70 @@ impl ObjectSource for ApiObjectSource {
         let secret = read(&self.client, &self.secrets, namespace, name).await?;
         Ok(secret.map(merge_string_data))
     }
+
+    async fn service_account_token(
+        &self,
+        request: &TokenRequestFor<'_>,
+    ) -> Result<Option<String>, ObjectError> {
+        use k8s_openapi::api::authentication::v1::{
+            BoundObjectReference, TokenRequest, TokenRequestSpec,
+        };
+        use k8s_openapi::api::core::v1::ServiceAccount;
+
+        let key = (
+            request.namespace.to_owned(),
+            request.service_account.to_owned(),
+            request.pod_uid.to_owned(),
+            request.audience.unwrap_or_default().to_owned(),
+            request.expiration_seconds,
+        );
+        {
+            let tokens = self.tokens.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((until, token)) = tokens.get(&key) {
+                if Instant::now() < *until {
+                    return Ok(Some(token.clone()));
+                }
+            }
+        }
+        let body = TokenRequest {
+            spec: Some(TokenRequestSpec {
+                audiences: request.audience.map(|a| vec![a.to_owned()]),
+                expiration_seconds: Some(request.expiration_seconds),
+                bound_object_ref: Some(BoundObjectReference {
+                    api_version: Some("v1".into()),
+                    kind: Some("Pod".into()),
+                    name: Some(request.pod_name.to_owned()),
+                    uid: Some(request.pod_uid.to_owned()),
+                }),
+                ..TokenRequestSpec::default()
+            }),
+            ..TokenRequest::default()
+        };
+        let api: Api<ServiceAccount> = Api::namespaced(self.client.clone(), request.namespace);
+        let issued = api
+            .create_token_request(request.service_account, &Default::default(), &body)
+            .await
+            .map_err(|err| ObjectError::Task {
+                reason: format!(
+                    "requesting a token of service account {}/{}: {err}",
+                    request.namespace, request.service_account
+                ),
+            })?;
+        let token = issued.status.and_then(|s| s.token).unwrap_or_default();
+        if token.is_empty() {
+            return Err(ObjectError::Task {
+                reason: format!(
+                    "the API issued an empty token for service account {}/{}",
+                    request.namespace, request.service_account
+                ),
+            });
+        }
+        let until = Instant::now() + token_reuse_period(request.expiration_seconds);
+        let mut tokens = self.tokens.lock().unwrap_or_else(|p| p.into_inner());
+        tokens.retain(|_, (at, _)| Instant::now() < *at);
+        tokens.insert(key, (until, token.clone()));
+        Ok(Some(token))
+    }
 }
 
 fn merge_string_data(mut secret: Secret) -> Secret {
@@ -129,6 +206,18 @@ impl ObjectSource for LayeredObjects {
         }
         Ok(None)
     }
+
+    async fn service_account_token(
+        &self,
+        request: &TokenRequestFor<'_>,
+    ) -> Result<Option<String>, ObjectError> {
+        for source in &self.0 {
+            if let Some(token) = source.service_account_token(request).await? {
+                return Ok(Some(token));
+            }
+        }
+        Ok(None)
+    }
 }
 
 #[cfg(test)]
@@ -151,5 +240,15 @@ mod tests {
     async fn layered_sources_fall_through_to_not_found() {
         let layered = LayeredObjects(vec![Arc::new(NoObjects), Arc::new(NoObjects)]);
         assert!(matches!(layered.config_map("ns", "x").await, Ok(None)));
+    }
+
+    #[test]
+    fn tokens_are_reused_for_80_percent_of_their_lifetime_and_at_most_a_day() {
+        assert_eq!(token_reuse_period(3600), Duration::from_secs(2880));
+        assert_eq!(
+            token_reuse_period(7 * 24 * 3600),
+            Duration::from_secs(24 * 3600)
+        );
+        assert_eq!(token_reuse_period(-5), Duration::ZERO);
     }
 }

@@ -132,7 +132,7 @@ pub enum SetUpError {
     /// Looking up a ConfigMap or Secret failed (not: it does not exist).
     #[error("getting {kind} {name:?}: {source}")]
     Lookup {
-        /// `configmap` or `secret`.
+        /// `configmap`, `secret` or `serviceaccount token`.
         kind: &'static str,
         /// Its name.
         name: String,

@@ -11,8 +11,9 @@
 //! * downwardAPI items: `fieldRef` (metadata only) and `resourceFieldRef` (which must name
 //!   its container).
 //! * projected: the union of its sources, later sources overwriting earlier paths;
-//!   `serviceAccountToken`, `clusterTrustBundle` and `podCertificate` sources are skipped with
-//!   a warning (no API server to issue them yet).
+//!   `serviceAccountToken` asks the object source for a token bound to the pod (the API
+//!   source issues one through TokenRequest; without an API server it is skipped with a
+//!   warning); `clusterTrustBundle` and `podCertificate` are skipped with a warning.
 
 use k8s_openapi::api::core::v1::{DownwardAPIVolumeFile, KeyToPath, Pod, ProjectedVolumeSource};
 
@@ -21,7 +22,7 @@ use super::error::SetUpError;
 use crate::env::fieldpath::volume_field_value;
 use crate::env::resource::resource_field_value;
 use crate::env::Allocatable;
-use crate::objects::ObjectSource;
+use crate::objects::{ObjectSource, TokenRequestFor};
 
 /// kubelet's default file mode for configMap, secret, downwardAPI and projected volumes.
 pub(crate) const DEFAULT_MODE: u32 = 0o644;
@@ -218,6 +219,50 @@ pub(crate) async fn projected(
         } else if let Some(downward) = &projection.downward_api {
             let items = downward.items.as_deref().unwrap_or_default();
             add_downward_api(ctx, items, default_mode, &mut payload)?;
+        } else if let Some(token) = projection
+            .service_account_token
+            .as_ref()
+            .filter(|_| ctx.pod.metadata.uid.is_some())
+        {
+            let request = TokenRequestFor {
+                namespace: ctx.namespace,
+                service_account: ctx
+                    .pod
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.service_account_name.as_deref())
+                    .filter(|n| !n.is_empty())
+                    .unwrap_or("default"),
+                pod_name: ctx.pod.metadata.name.as_deref().unwrap_or_default(),
+                pod_uid: ctx.pod.metadata.uid.as_deref().unwrap_or_default(),
+                audience: token.audience.as_deref().filter(|a| !a.is_empty()),
+                expiration_seconds: token.expiration_seconds.unwrap_or(3600),
+            };
+            let issued = ctx
+                .objects
+                .service_account_token(&request)
+                .await
+                .map_err(|source| SetUpError::Lookup {
+                    kind: "serviceaccount token",
+                    name: request.service_account.to_owned(),
+                    source,
+                })?;
+            match issued {
+                Some(issued) => {
+                    payload.insert(
+                        clean_path(&token.path)?,
+                        FileProjection {
+                            data: issued.into_bytes(),
+                            mode: default_mode,
+                        },
+                    );
+                }
+                None => tracing::warn!(
+                    pod = ctx.pod.metadata.name.as_deref().unwrap_or_default(),
+                    volume,
+                    "projected serviceAccountToken skipped: no API server to issue it",
+                ),
+            }
         } else {
             let kind = if projection.service_account_token.is_some() {
                 "serviceAccountToken"
@@ -259,6 +304,20 @@ mod tests {
         }
         async fn secret(&self, _: &str, _: &str) -> Result<Option<Secret>, ObjectError> {
             Ok(None)
+        }
+        async fn service_account_token(
+            &self,
+            r: &TokenRequestFor<'_>,
+        ) -> Result<Option<String>, ObjectError> {
+            Ok(Some(format!(
+                "{}/{} for {} {} aud {:?} exp {}",
+                r.namespace,
+                r.service_account,
+                r.pod_name,
+                r.pod_uid,
+                r.audience,
+                r.expiration_seconds
+            )))
         }
     }
 
@@ -380,5 +439,35 @@ mod tests {
         assert_eq!(mode_or(Some(256), 0), 0o400);
         assert_eq!(mode_or(None, 0o600), 0o600);
         assert_eq!(mode_or(Some(-1), 0o600), 0o600);
+    }
+
+    #[tokio::test]
+    async fn a_projected_service_account_token_is_requested_for_the_pods_account_and_bound_to_it() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web", "uid": "u1"},
+            "spec": {"serviceAccountName": "builder", "containers": []}
+        }))
+        .unwrap();
+        let (objects, alloc) = (objects(), Allocatable::default());
+        let source: ProjectedVolumeSource = serde_json::from_value(serde_json::json!({
+            "defaultMode": 0o440,
+            "sources": [
+                {"serviceAccountToken": {"path": "token", "audience": "vault"}},
+                {"serviceAccountToken": {"path": "api/token", "expirationSeconds": 7200}}
+            ]
+        }))
+        .unwrap();
+        let payload = projected(&ctx(&pod, &objects, &alloc), "v", &source)
+            .await
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&payload["token"].data),
+            "default/builder for web u1 aud Some(\"vault\") exp 3600"
+        );
+        assert_eq!(payload["token"].mode, 0o440);
+        assert_eq!(
+            String::from_utf8_lossy(&payload["api/token"].data),
+            "default/builder for web u1 aud None exp 7200"
+        );
     }
 }
