@@ -171,6 +171,7 @@ async fn make_bundle(dir: &Path) -> Result<PathBuf> {
     std::fs::create_dir_all(&peers)?;
     ironlet_runtime::spec::write_bundle_config(&peers, &spec)?;
     let spec = ironlet_runtime::zygote::seccomp::precompile_profile(spec, &bundle)?;
+    let spec = ironlet_runtime::zygote::cgroup_view::stage(spec, &bundle)?;
     ironlet_runtime::spec::write_bundle_config(&bundle, &spec)?;
     Ok(bundle)
 }

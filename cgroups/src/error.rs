@@ -74,6 +74,19 @@ pub enum Error {
         after: String,
     },
 
+    /// A mount(2) while building a container's cgroup view failed.
+    #[error("mounting {source_path:?} on {target} ({flags})")]
+    Mount {
+        /// What was mounted (`None` for a remount).
+        source_path: Option<PathBuf>,
+        /// Where.
+        target: PathBuf,
+        /// The mount flags, for the message.
+        flags: String,
+        /// The error from mount(2).
+        source: io::Error,
+    },
+
     // ---- steps on cgroup files -------------------------------------------------------------
     /// Reading a file (cgroup interface file or `/proc`) failed.
     #[error("reading {path}")]

@@ -45,6 +45,7 @@
 //! | `watch` | [`OomWatcher`], [`EmptyWatcher`] (tokio) |
 //! | `capacity`, `delegation` | [`NodeCapacity`], [`Delegation`] |
 //! | `dynmods` | [`favor_dynamic_modifications`]: cheap task migration (`favordynmods`) |
+//! | [`view`] | a container's read-only `/sys/fs/cgroup` on v1 |
 //!
 //! ## Choices
 //!
@@ -76,6 +77,7 @@ mod qos;
 mod remove;
 mod resources;
 mod usage;
+pub mod view;
 mod watch;
 
 pub use capacity::NodeCapacity;

@@ -57,6 +57,10 @@ fn main() {
             memory_limit_oom,
         ),
         ("a_pids_limit_stops_a_fork_bomb", pids_limit),
+        (
+            "a_container_sees_its_own_cgroup_read_only_and_cannot_lift_its_limits",
+            cgroup_view_read_only,
+        ),
         ("a_seccomp_blocked_syscall_fails_with_eperm", seccomp_eperm),
         ("exec_returns_output_and_exit_code", exec_output),
         (
@@ -300,6 +304,61 @@ fn pids_limit(env: &Env) -> Result<()> {
         ensure!(b.exit_code == Some(0), "control exit {:?}", b.exit_code);
         cleanup(env, &s1).await?;
         cleanup(env, &s2).await
+    })
+}
+
+fn cgroup_view_read_only(env: &Env) -> Result<()> {
+    // cgroup v1's per-hierarchy view; on v2 the namespaced cgroup2 mount is libcontainer's.
+    if !Path::new("/sys/fs/cgroup/memory/memory.limit_in_bytes").exists() {
+        println!("not a cgroup v1 host: skipped");
+        return Ok(());
+    }
+    let script = "cd /sys/fs/cgroup; \
+        echo limit=$(cat memory/memory.limit_in_bytes) pids=$(cat pids/pids.max); \
+        echo max > pids/pids.max; echo pids-write=$?; \
+        echo -1 > memory/memory.limit_in_bytes; echo memory-write=$?; \
+        echo after=$(cat pids/pids.max) $(cat memory/memory.limit_in_bytes); \
+        grep ' /sys/fs/cgroup/memory ' /proc/self/mountinfo | cut -d' ' -f6; \
+        sleep 30";
+    env.rt.block_on(async {
+        let mut config = container("cgview", script);
+        config.resources.memory_limit_bytes = Some(64 << 20);
+        config.resources.pids_limit = Some(20);
+        let (sandbox, id) = start_one(env, &config).await?;
+        let status = env.runtime.container_status(&id).await?;
+        // Five lines on stdout, and sh's two complaints on stderr.
+        let lines = log_lines(&status.log_path, 7).await;
+        let text: Vec<&str> = lines
+            .iter()
+            .filter(|(stream, _)| stream == "stdout")
+            .map(|(_, l)| l.as_str())
+            .collect();
+        let host_mounts = std::fs::read_to_string("/proc/self/mountinfo")?;
+        cleanup(env, &sandbox).await?;
+        ensure!(
+            text.first() == Some(&"limit=67108864 pids=20"),
+            "the container's own limits should show: {text:?}"
+        );
+        ensure!(
+            text.contains(&"pids-write=1") && text.contains(&"memory-write=1"),
+            "writes to the limits should fail: {text:?}"
+        );
+        ensure!(
+            text.contains(&"after=20 67108864"),
+            "limits changed: {text:?}"
+        );
+        let options = text.get(4).copied().unwrap_or_default();
+        ensure!(
+            ["ro", "nosuid", "nodev", "noexec"]
+                .iter()
+                .all(|o| options.split(',').any(|x| x == *o)),
+            "mount options of /sys/fs/cgroup/memory: {options:?}"
+        );
+        ensure!(
+            !host_mounts.contains(ironlet_runtime::zygote::cgroup_view::VIEW_DIR),
+            "the view's mounts reached the host's mount table"
+        );
+        Ok(())
     })
 }
 

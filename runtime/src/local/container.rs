@@ -145,6 +145,7 @@ impl Inner {
             user_namespace,
         })?;
         let spec = crate::zygote::seccomp::precompile_profile(spec, dir)?;
+        let spec = crate::zygote::cgroup_view::stage(spec, dir)?;
         crate::spec::write_bundle_config(dir, &spec)?;
 
         let (pid, start_time, stdout, stderr) = self

@@ -46,4 +46,5 @@ mod user;
 pub use build::build_spec;
 pub use bundle::write_bundle_config;
 pub use error::SpecError;
+pub(crate) use host::HostFacts;
 pub use inputs::{IdMapping, NamespaceMode, SandboxNamespaces, SpecInputs, UserNamespace};

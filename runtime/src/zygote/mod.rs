@@ -13,6 +13,7 @@
 //! Start with [`spawn`]; `server` documents the zygote's guarantees.
 
 mod calls;
+pub mod cgroup_view;
 mod client;
 pub mod exits;
 pub(crate) mod protocol;

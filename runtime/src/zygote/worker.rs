@@ -145,6 +145,7 @@ fn create(
     stdio: Option<Stdio>,
     seccomp: Option<Program>,
 ) -> Result<i32, String> {
+    super::cgroup_view::prepare_in_worker(bundle)?;
     let container = builder(id, state_root, stdio, seccomp)?
         .validate_id()
         .map_err(|e| format!("container id: {e}"))?
@@ -219,14 +220,7 @@ fn hide_cgroups_from_libcontainer(container_id: &str, adds_tasks: bool) -> Resul
     write("/proc/self/setgroups", "deny".into())?;
     write("/proc/self/uid_map", format!("{uid} {uid} 1"))?;
     write("/proc/self/gid_map", format!("{gid} {gid} 1"))?;
-    nix::mount::mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-        None::<&str>,
-    )
-    .map_err(|e| format!("rootless: make / private: {e}"))?;
+    set_root_propagation(MsFlags::MS_PRIVATE, "rootless")?;
     for mount_point in cgroup_mount_points(&mountinfo) {
         // cpuset refuses tasks until cpus and mems are set, copied down from the parent.
         let cpuset: Vec<(String, String)> = ["cpuset.cpus", "cpuset.mems"]
@@ -261,6 +255,19 @@ fn hide_cgroups_from_libcontainer(container_id: &str, adds_tasks: bool) -> Resul
             .map_err(|e| format!("rootless: prepare {}: {e}", dir.display()))?;
     }
     Ok(())
+}
+
+/// Gives every mount of this process's (private) mount namespace `propagation`
+/// (`MS_PRIVATE`, `MS_SLAVE`), recursively from `/`.
+pub(super) fn set_root_propagation(propagation: MsFlags, context: &str) -> Result<(), String> {
+    nix::mount::mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | propagation,
+        None::<&str>,
+    )
+    .map_err(|e| format!("{context}: make / {propagation:?}: {e}"))
 }
 
 /// Mount points of cgroup (v1) and cgroup2 file systems, from `/proc/self/mountinfo`.
