@@ -4,8 +4,8 @@
 //! create/start; doing that from a multi-threaded tokio process is unsafe (only
 //! async-signal-safe code may run in a child forked from threads) and was seen to hang
 //! containers. So the binary calls [`spawn`] first thing in `main`, before any thread
-//! exists; the zygote forks one short-lived worker per call and reaps every container
-//! process through pidfds. The agent talks to it with a [`ZygoteClient`].
+//! exists; the zygote forks one short-lived worker per call (`start` excepted, see
+//! `server`) and reaps every container process through pidfds. The agent talks to it with a [`ZygoteClient`].
 //!
 //! Under `ironlet run` the zygote loop is the supervisor itself (see
 //! [`crate::supervisor`]) and the agent connects to it through an inherited socket.

@@ -17,7 +17,9 @@
 //!   connection is a *generation*). See `crate::supervisor`.
 //!
 //! Guarantees:
-//! - libcontainer only ever runs in a worker forked from this single-threaded process.
+//! - libcontainer only ever runs in a worker forked from this single-threaded process, except
+//!   `start` (a connect and a write to the container's notify socket), which the zygote
+//!   runs itself: a worker's fork, exit and reap were most of its time.
 //! - Every process the zygote owns is watched through a pidfd and reaped with
 //!   `waitid(P_PIDFD)`; there is no `waitpid(-1)`, so nothing else's exit is stolen.
 //! - A container exit is written durably (`<exit dir>/<id>.json`, temp + fsync + rename)
@@ -280,6 +282,13 @@ impl Server {
                 start_time,
             } => {
                 let reply = self.adopt(id, pid, start_time);
+                self.reply(seq, reply, &[]);
+            }
+            Request::Start { id, state_root } => {
+                let reply = match super::worker::start_in_zygote(&id, &state_root) {
+                    Ok(()) => Reply::Done,
+                    Err(message) => Reply::Failed { message },
+                };
                 self.reply(seq, reply, &[]);
             }
             Request::TakeLogs { id } => self.take_logs(seq, &id),

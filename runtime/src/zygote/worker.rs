@@ -82,13 +82,6 @@ fn perform(
             bundle,
             state_root,
         } => create(&id, &bundle, &state_root, stdio, seccomp).map(Some),
-        Request::Start { id, state_root } => {
-            let mut container = load(&state_root, &id)?;
-            container
-                .start()
-                .map_err(|e| format!("start: {e}"))
-                .map(|()| None)
-        }
         Request::Delete {
             id,
             state_root,
@@ -158,6 +151,26 @@ fn create(
         .pid()
         .map(|p| p.as_raw())
         .ok_or_else(|| "create: container has no pid".to_owned())
+}
+
+fn start(id: &str, state_root: &Path) -> Result<(), String> {
+    load(state_root, id)?
+        .start()
+        .map_err(|e| format!("start: {e}"))
+}
+
+/// `start` run by the zygote itself rather than by a forked worker: it is a connect and a
+/// write to the container's notify socket plus a state save, and a worker's fork, exit and
+/// reap were most of its time. libcontainer's `chdir` around the connect is harmless in the
+/// single-threaded zygote and undone; a panic is caught so the zygote keeps reaping.
+pub(crate) fn start_in_zygote(id: &str, state_root: &Path) -> Result<(), String> {
+    let cwd = std::env::current_dir().ok();
+    let result = std::panic::catch_unwind(|| start(id, state_root))
+        .unwrap_or_else(|_| Err(format!("start {id}: libcontainer panicked")));
+    if let Some(cwd) = cwd {
+        let _ = std::env::set_current_dir(cwd);
+    }
+    result
 }
 
 fn load(state_root: &Path, id: &str) -> Result<Container, String> {
