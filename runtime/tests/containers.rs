@@ -64,6 +64,10 @@ fn main() {
         ("a_seccomp_blocked_syscall_fails_with_eperm", seccomp_eperm),
         ("exec_returns_output_and_exit_code", exec_output),
         (
+            "the_status_after_an_exit_comes_with_the_whole_log_written",
+            status_after_exit_has_whole_log,
+        ),
+        (
             "fifty_containers_started_concurrently_all_finish",
             fifty_concurrent,
         ),
@@ -357,6 +361,29 @@ fn cgroup_view_read_only(env: &Env) -> Result<()> {
         ensure!(
             !host_mounts.contains(ironlet_runtime::zygote::cgroup_view::VIEW_DIR),
             "the view's mounts reached the host's mount table"
+        );
+        Ok(())
+    })
+}
+
+fn status_after_exit_has_whole_log(env: &Env) -> Result<()> {
+    env.rt.block_on(async {
+        // 512 KiB of two-byte lines written at once (cat fills the pipe, then exits): the
+        // pump still has a quarter of a million records to write when the exit is seen.
+        let script = "yes 1 | head -c 524288 > /tmp/f; echo end >> /tmp/f; cat /tmp/f; exit 1";
+        let (sandbox, id) = start_one(env, &container("chatty", script)).await?;
+        let status = wait_exit(env, &id, 30).await?;
+        // No polling: the file must be complete when the status says the container exited.
+        let text = std::fs::read_to_string(&status.log_path)?;
+        let last = text
+            .lines()
+            .rev()
+            .find_map(ironlet_runtime::local::logs::parse_record)
+            .map(|(_, _, line)| line.to_owned());
+        cleanup(env, &sandbox).await?;
+        ensure!(
+            last.as_deref() == Some("end"),
+            "last log line when the exit was reported: {last:?}"
         );
         Ok(())
     })

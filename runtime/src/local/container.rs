@@ -76,14 +76,9 @@ impl Inner {
                 let (tx, _) = watch::channel(false);
                 let early = {
                     let mut state = self.lock();
-                    state.containers.insert(
-                        id.clone(),
-                        Entry {
-                            record: rec.clone(),
-                            exited: tx,
-                            tap: None,
-                        },
-                    );
+                    state
+                        .containers
+                        .insert(id.clone(), Entry::new(rec.clone(), tx));
                     state.early_exits.remove(id.as_str())
                 };
                 self.persist(&rec);
@@ -222,9 +217,15 @@ impl Inner {
         });
         let id = id.clone();
         let inner = self.this.clone();
+        if let Some(entry) = self.lock().containers.get(&id) {
+            entry.logs_written.send_replace(false);
+        }
         tokio::spawn(async move {
             logs::pump(log_path, stdout, stderr, Some(tap)).await;
             if let Some(inner) = inner.upgrade() {
+                if let Some(entry) = inner.lock().containers.get(&id) {
+                    entry.logs_written.send_replace(true);
+                }
                 if let Err(err) = inner.zygote.release_logs(id.as_str()).await {
                     tracing::debug!(container_id = %id, %err, "releasing log pipes failed");
                 }

@@ -435,6 +435,10 @@ pub async fn pump(
                 None => break,
             },
         }
+        // One step writes up to a 64 KiB peek, tens of thousands of records for short
+        // lines; without a yield a chatty container would hold this worker thread (and the
+        // exit events queued behind it) until its output stops.
+        tokio::task::yield_now().await;
     }
     // A container that wrote nothing still ends its tap: taking it closes the channel.
     if let Some(source) = pump.tap_source.take() {

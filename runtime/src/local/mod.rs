@@ -97,9 +97,27 @@ struct Entry {
     record: ContainerRecord,
     /// Flips to true once the exit is recorded.
     exited: watch::Sender<bool>,
+    /// False while a log pump copies the container's output: the exit can be recorded
+    /// before the last lines reach the file, and a status read for the termination
+    /// message (`FallbackToLogsOnError`) waits for them (see [`Inner::settle_logs`]).
+    logs_written: watch::Sender<bool>,
     /// Raw output subscribers, registered before start.
     tap: Option<mpsc::UnboundedSender<OutputChunk>>,
 }
+
+impl Entry {
+    fn new(record: ContainerRecord, exited: watch::Sender<bool>) -> Self {
+        Self {
+            record,
+            exited,
+            logs_written: watch::Sender::new(true),
+            tap: None,
+        }
+    }
+}
+
+/// How long after an exit a status read may wait for the container's log pump to finish.
+const LOG_SETTLE_TIMEOUT: Duration = Duration::from_secs(2);
 
 #[derive(Default)]
 struct State {
@@ -239,6 +257,7 @@ impl LocalRuntime {
         };
         // The sender lives as long as the entry; an error means it was removed meanwhile.
         let _ = rx.wait_for(|exited| *exited).await;
+        self.inner.settle_logs(|e| e.record.id == *id).await;
         self.inner.status_of(id)
     }
 }
@@ -251,6 +270,35 @@ pub(crate) fn not_found(kind: &'static str, id: &str) -> RuntimeError {
 }
 
 impl Inner {
+    /// Waits until the log pumps of the exited containers `which` selects have written
+    /// everything, so a status read right after an exit sees the whole log. Bounded: at
+    /// most until [`LOG_SETTLE_TIMEOUT`] after each exit (a process outside the container's
+    /// pid namespace may hold its output pipe open for good), and never later than that.
+    /// The exit itself is recorded without waiting (the PLEG's latency).
+    async fn settle_logs(&self, which: impl Fn(&Entry) -> bool) {
+        let now = SystemTime::now();
+        let pending: Vec<(watch::Receiver<bool>, Duration)> = {
+            let state = self.lock();
+            state
+                .containers
+                .values()
+                .filter(|e| which(e) && !*e.logs_written.borrow())
+                .filter_map(|e| match e.record.phase {
+                    ContainerPhase::Exited { finished_at, .. } => {
+                        let left = (finished_at + LOG_SETTLE_TIMEOUT)
+                            .duration_since(now)
+                            .ok()?;
+                        Some((e.logs_written.subscribe(), left))
+                    }
+                    _ => None,
+                })
+                .collect()
+        };
+        for (mut rx, left) in pending {
+            let _ = tokio::time::timeout(left, rx.wait_for(|done| *done)).await;
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         // A panic while holding the lock leaves data that is still consistent record by
         // record; keep serving rather than poisoning every later call.
@@ -293,14 +341,7 @@ impl Inner {
             }
             let exited = rec.phase.process().is_none();
             let (tx, _) = watch::channel(exited);
-            state.containers.insert(
-                rec.id.clone(),
-                Entry {
-                    record: rec,
-                    exited: tx,
-                    tap: None,
-                },
-            );
+            state.containers.insert(rec.id.clone(), Entry::new(rec, tx));
         }
     }
 
@@ -475,6 +516,7 @@ impl Runtime for LocalRuntime {
     }
 
     async fn container_status(&self, id: &ContainerId) -> Result<ContainerStatus, RuntimeError> {
+        self.inner.settle_logs(|e| e.record.id == *id).await;
         self.inner.status_of(id)
     }
 
@@ -502,6 +544,9 @@ impl Runtime for LocalRuntime {
     }
 
     async fn pod_status(&self, pod_uid: &str) -> Result<PodStatus, RuntimeError> {
+        self.inner
+            .settle_logs(|e| e.record.pod_uid == pod_uid)
+            .await;
         let state = self.inner.lock();
         let sandboxes: Vec<_> = state
             .sandboxes

@@ -104,14 +104,9 @@ impl Inner {
                 }
             }
             let (tx, _) = watch::channel(rec.phase.process().is_none());
-            self.lock().containers.insert(
-                rec.id.clone(),
-                Entry {
-                    record: rec,
-                    exited: tx,
-                    tap: None,
-                },
-            );
+            self.lock()
+                .containers
+                .insert(rec.id.clone(), Entry::new(rec, tx));
         }
         report.log_pumps = self.resume_log_pumps(hello).await;
         for rec in rollback {
