@@ -105,24 +105,8 @@ fn main() {
     let root = env.root.clone();
     drop(env);
     let _ = std::fs::remove_dir_all(root);
-    remove_cgroup_parent();
+    ironlet_runtime::testkit::remove_cgroup_parent(&cgroup_parent_name());
     conclusion.exit();
-}
-
-/// The runtime removes the containers' cgroups; their (empty) parent is the test's to remove.
-fn remove_cgroup_parent() {
-    let name = cgroup_parent_name();
-    let Ok(hierarchies) = std::fs::read_dir("/sys/fs/cgroup") else {
-        return;
-    };
-    for hierarchy in hierarchies.flatten() {
-        let dir = hierarchy.path().join(&name);
-        if dir.is_dir() {
-            if let Err(e) = std::fs::remove_dir(&dir) {
-                eprintln!("cannot remove {}: {e}", dir.display());
-            }
-        }
-    }
 }
 
 fn cgroup_parent_name() -> String {

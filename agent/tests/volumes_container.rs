@@ -95,7 +95,7 @@ fn main() {
         .context("tokio runtime")
         .and_then(|rt| rt.block_on(run(zygote, &root)));
     let _ = std::fs::remove_dir_all(&root);
-    remove_cgroup_parent();
+    ironlet_runtime::testkit::remove_cgroup_parent(&cgroup_parent());
     match result {
         Ok(()) => println!("test a_container_sees_its_env_and_volumes ... ok"),
         Err(e) => {
@@ -108,15 +108,6 @@ fn main() {
 /// The runtime's cgroup parent for this test, relative to each hierarchy root.
 fn cgroup_parent() -> String {
     format!("ironlet-vol-test-{}", std::process::id())
-}
-
-/// Removes the (empty) cgroup parent from every hierarchy, v1 and v2.
-fn remove_cgroup_parent() {
-    let base = Path::new("/sys/fs/cgroup");
-    let _ = std::fs::remove_dir(base.join(cgroup_parent()));
-    for entry in std::fs::read_dir(base).into_iter().flatten().flatten() {
-        let _ = std::fs::remove_dir(entry.path().join(cgroup_parent()));
-    }
 }
 
 async fn run(zygote: ironlet_runtime::zygote::ZygoteHandle, root: &Path) -> Result<()> {

@@ -1,6 +1,7 @@
 //! Shared by the real-container tests and the benchmarks of every crate: where the
 //! repository's test images are, built on first use by `images/build` (deterministic, from
-//! Debian's `busybox-static`, no network). Not part of the runtime proper.
+//! Debian's `busybox-static`, no network), and the clean-up of a test's cgroup parent. Not
+//! part of the runtime proper.
 
 use std::path::{Path, PathBuf};
 
@@ -47,4 +48,19 @@ pub fn test_images() -> Result<PathBuf, TestImagesError> {
 /// The busybox OCI layout.
 pub fn busybox_layout() -> Result<PathBuf, TestImagesError> {
     Ok(test_images()?.join("busybox"))
+}
+
+/// Removes a test runtime's (empty) cgroup parent `name` from the cgroup2 root and from
+/// every v1 hierarchy: the runtime removes its containers' cgroups, the parent is the
+/// test's. Failures are reported, not fatal.
+pub fn remove_cgroup_parent(name: &str) {
+    let base = Path::new("/sys/fs/cgroup");
+    let hierarchies = std::fs::read_dir(base).into_iter().flatten().flatten();
+    for dir in std::iter::once(base.join(name)).chain(hierarchies.map(|h| h.path().join(name))) {
+        if dir.is_dir() {
+            if let Err(e) = std::fs::remove_dir(&dir) {
+                eprintln!("cannot remove {}: {e}", dir.display());
+            }
+        }
+    }
 }

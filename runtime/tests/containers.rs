@@ -109,6 +109,7 @@ fn main() {
     let root = env.root.clone();
     drop(env);
     let _ = std::fs::remove_dir_all(root);
+    ironlet_runtime::testkit::remove_cgroup_parent(&format!("ironlet-test-{}", std::process::id()));
     conclusion.exit();
 }
 

@@ -108,6 +108,10 @@ fn main() {
     let root = env.root.clone();
     drop(env);
     let _ = std::fs::remove_dir_all(root);
+    ironlet_runtime::testkit::remove_cgroup_parent(&format!(
+        "ironlet-net-test-{}",
+        std::process::id()
+    ));
     if let Err(e) = leftovers {
         eprintln!("network tests left state behind: {e:#}");
         std::process::exit(1);
@@ -202,8 +206,9 @@ fn setup(zygotes: Vec<ZygoteHandle>) -> Result<Env> {
             let config = LocalRuntimeConfig {
                 root_dir: root.join(name),
                 rootless: false,
-                // Networking needs no cgroups; none are made, so none can be left.
-                default_cgroup_parent: None,
+                // Without a parent, libcontainer would put each container in a cgroup of
+                // its own naming (`:youki:<id>`) that nobody removes.
+                default_cgroup_parent: Some(format!("/ironlet-net-test-{}", std::process::id())),
                 cni: Some(cni),
             };
             runtimes.push(LocalRuntime::new(config, zygote, store.clone()).await?);

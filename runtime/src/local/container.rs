@@ -182,13 +182,10 @@ impl Inner {
     }
 
     fn cgroups_path_for(&self, parent: &Option<String>, id: &ContainerId) -> Option<String> {
-        if self.config.rootless && !self.rootless_cgroups() {
-            return None;
-        }
         let parent = parent
-            .clone()
-            .or_else(|| self.config.default_cgroup_parent.clone())?;
-        Some(format!("{}/{}", parent.trim_end_matches('/'), id))
+            .as_deref()
+            .or(self.config.default_cgroup_parent.as_deref());
+        container_cgroups_path(self.config.rootless && !self.rootless_cgroups(), parent, id)
     }
 
     /// Rootless containers get cgroups only where cgroup v2 delegates a subtree to us.
@@ -513,5 +510,43 @@ fn sandbox_namespaces(sandbox: &super::record::SandboxRecord) -> SandboxNamespac
         } else {
             NamespaceMode::New
         },
+    }
+}
+
+/// Where a container's cgroup goes: under `parent`, else under [`FALLBACK_CGROUP_PARENT`];
+/// none without cgroups (rootless on v1). A root container always gets a path: without one
+/// libcontainer invents `:youki:<id>` in every hierarchy, which nothing removes.
+fn container_cgroups_path(
+    no_cgroups: bool,
+    parent: Option<&str>,
+    id: &ContainerId,
+) -> Option<String> {
+    if no_cgroups {
+        return None;
+    }
+    let parent = parent.unwrap_or(FALLBACK_CGROUP_PARENT);
+    Some(format!("{}/{}", parent.trim_end_matches('/'), id))
+}
+
+/// The cgroup parent of containers whose sandbox and runtime config name none.
+const FALLBACK_CGROUP_PARENT: &str = "/ironlet";
+
+#[cfg(test)]
+mod cgroup_path_tests {
+    use super::*;
+
+    #[test]
+    fn a_root_container_always_gets_a_cgroup_path_and_a_rootless_one_none() {
+        let id = ContainerId::parse("0123456789abcdef0123456789abcdef").expect("id");
+        assert_eq!(
+            container_cgroups_path(false, Some("/kubepods/pod1/"), &id).as_deref(),
+            Some("/kubepods/pod1/0123456789abcdef0123456789abcdef")
+        );
+        assert_eq!(
+            container_cgroups_path(false, None, &id).as_deref(),
+            Some("/ironlet/0123456789abcdef0123456789abcdef"),
+            "without a parent libcontainer would invent :youki:<id>"
+        );
+        assert_eq!(container_cgroups_path(true, Some("/kubepods"), &id), None);
     }
 }

@@ -54,7 +54,8 @@ pub struct LocalRuntimeConfig {
     pub root_dir: PathBuf,
     /// Run containers in user namespaces mapped to the invoking user.
     pub rootless: bool,
-    /// Cgroup parent for containers whose sandbox names none; `None`: no cgroup at all.
+    /// Cgroup parent for containers whose sandbox names none; `None`: `/ironlet` as root
+    /// (rootless on cgroup v1: no cgroup at all).
     pub default_cgroup_parent: Option<String>,
     /// CNI pod networking; `None` (and always when rootless): pods get loopback only.
     pub cni: Option<crate::network::CniConfig>,
