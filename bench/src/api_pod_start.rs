@@ -32,6 +32,7 @@ use kube::Client;
 use serde_json::json;
 
 mod peer_node;
+use ironlet_bench::stats::{ms, percentile};
 use peer_node::PeerNode;
 
 const LABEL: &str = "ironlet-bench=api-pod-start";
@@ -405,18 +406,6 @@ fn pod(name: &str, node: &str) -> Result<Pod> {
 /// `ironlet` or `kubelet` from the node name.
 fn short(node: &str) -> &str {
     node.strip_prefix("bench-").unwrap_or(node)
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
 }
 
 struct Figures {

@@ -21,6 +21,8 @@ use ironlet_runtime::zygote::{Event, ZygoteClient};
 use ironlet_runtime::ImageService;
 use tokio::sync::mpsc;
 
+use ironlet_bench::stats::ms;
+
 fn main() -> Result<()> {
     ensure!(nix::unistd::geteuid().is_root(), "the benchmark needs root");
     let iterations: usize = std::env::args()
@@ -126,10 +128,6 @@ async fn run(zygote: ironlet_runtime::zygote::ZygoteHandle, iterations: usize) -
         println!("ratio ironlet/{name} (p50): {:.2}", medians[0] / m);
     }
     Ok(())
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
 }
 
 /// A bundle with busybox's rootfs and the spec ironlet would generate for `true`.

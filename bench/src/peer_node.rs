@@ -3,10 +3,10 @@
 //! `up`), which stops both and removes every pod, mount, bridge, cgroup and the directory.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
 use anyhow::{bail, Context, Result};
-use ironlet_e2e::ControlPlane;
+use ironlet_e2e::{describe, script_down, ControlPlane};
 
 /// The upstream kubelet + containerd node, `scripts/peer-kubelet up` / `down` on drop.
 pub struct PeerNode {
@@ -63,23 +63,6 @@ impl PeerNode {
 
 impl Drop for PeerNode {
     fn drop(&mut self) {
-        match Command::new(&self.script)
-            .arg("down")
-            .arg(&self.dir)
-            .output()
-        {
-            Ok(output) if output.status.success() => {}
-            Ok(output) => eprintln!("scripts/peer-kubelet down failed:\n{}", describe(&output)),
-            Err(err) => eprintln!("cannot run scripts/peer-kubelet down: {err}"),
-        }
+        script_down(&self.script, &self.dir);
     }
-}
-
-fn describe(output: &Output) -> String {
-    format!(
-        "{}\n{}{}",
-        output.status,
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
 }

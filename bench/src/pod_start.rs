@@ -23,6 +23,8 @@ use ironlet_runtime::image::LocalImageService;
 use ironlet_runtime::types::{ContainerConfig, PodSandboxConfig};
 use ironlet_runtime::{ImageService, LocalRuntime, LocalRuntimeConfig, Runtime};
 
+use ironlet_bench::stats::{ms, percentile};
+
 fn main() -> Result<()> {
     ensure!(nix::unistd::geteuid().is_root(), "the benchmark needs root");
     let n: usize = std::env::args()
@@ -51,18 +53,6 @@ fn manifest(name: &str) -> String {
     format!(
         "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  terminationGracePeriodSeconds: 0\n  containers:\n  - name: c\n    image: busybox\n    command: [sleep, '3600']\n"
     )
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
 }
 
 async fn in_process(

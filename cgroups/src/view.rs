@@ -152,14 +152,8 @@ fn own_cgroup<'a>(self_cgroup: &'a str, super_options: &[String]) -> Option<&'a 
 /// Must run in a private mount namespace whose mounts do not propagate to the host (e.g.
 /// after `unshare(CLONE_NEWNS)` and making `/` recursively slave).
 pub fn mount_view(target: &Path, container: &CgroupPath) -> Result<ViewPlan> {
-    let read = |path: &str| {
-        std::fs::read_to_string(path).map_err(|source| Error::Read {
-            path: PathBuf::from(path),
-            source,
-        })
-    };
-    let table = read("/proc/self/mountinfo")?;
-    let self_cgroup = read("/proc/self/cgroup")?;
+    let table = crate::fs::read(Path::new("/proc/self/mountinfo"))?;
+    let self_cgroup = crate::fs::read(Path::new("/proc/self/cgroup"))?;
     let root = Path::new(CGROUP_ROOT);
     let view = plan(&table, &self_cgroup, &host_symlinks(root), root, container);
     let mut created = Vec::new();

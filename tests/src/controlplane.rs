@@ -161,19 +161,22 @@ impl ControlPlane {
 
 impl Drop for ControlPlane {
     fn drop(&mut self) {
-        match Command::new(&self.script)
-            .arg("down")
-            .arg(&self.dir)
-            .output()
-        {
-            Ok(output) if output.status.success() => {}
-            Ok(output) => eprintln!(
-                "scripts/controlplane down {} failed:\n{}",
-                self.dir.display(),
-                describe(&output)
-            ),
-            Err(err) => eprintln!("cannot run {}: {err}", self.script.display()),
-        }
+        script_down(&self.script, &self.dir);
+    }
+}
+
+/// Runs `<script> down <dir>` (the teardown of `scripts/controlplane` and
+/// `scripts/peer-kubelet`), for a `Drop`: a failure is reported on stderr, not returned.
+pub fn script_down(script: &Path, dir: &Path) {
+    match Command::new(script).arg("down").arg(dir).output() {
+        Ok(output) if output.status.success() => {}
+        Ok(output) => eprintln!(
+            "{} down {} failed:\n{}",
+            script.display(),
+            dir.display(),
+            describe(&output)
+        ),
+        Err(err) => eprintln!("cannot run {}: {err}", script.display()),
     }
 }
 
@@ -221,7 +224,8 @@ fn parse_env(text: &str) -> BTreeMap<String, String> {
         .collect()
 }
 
-fn describe(output: &Output) -> String {
+/// A finished command's status, stdout and stderr, for an error message.
+pub fn describe(output: &Output) -> String {
     format!(
         "{}\n{}{}",
         output.status,

@@ -11,4 +11,4 @@ mod controlplane;
 
 pub use agent::{images_out, ironlet_binary, ClusterAgent};
 
-pub use controlplane::{client_from_kubeconfig, eventually, ControlPlane};
+pub use controlplane::{client_from_kubeconfig, describe, eventually, script_down, ControlPlane};
