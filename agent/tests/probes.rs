@@ -4,7 +4,6 @@
 //! failure threshold. A custom harness (`harness = false`) forks the zygote before any
 //! thread exists, as the binary does.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -15,7 +14,7 @@ use ironlet::probes::{
     ProbeResult, ProbeTarget, RunningContainer, Scheme,
 };
 use ironlet_runtime::image::{ImageStore, ImageStoreConfig, LocalImageService};
-use ironlet_runtime::types::{ContainerConfig, ContainerId, PodSandboxConfig, SandboxId};
+use ironlet_runtime::types::{ContainerId, PodSandboxConfig, SandboxId};
 use ironlet_runtime::{ImageService, LocalRuntime, LocalRuntimeConfig, Runtime};
 use k8s_openapi::api::core::v1::{
     Container, ContainerPort, ExecAction, HTTPGetAction, LifecycleHandler, Pod, PodSpec, Probe,
@@ -167,14 +166,7 @@ async fn start_pod(env: &Env, name: &str, script: &str) -> Result<WebPod> {
             ..PodSandboxConfig::default()
         })
         .await?;
-    let config = ContainerConfig {
-        name: name.to_owned(),
-        image: "busybox".into(),
-        command: vec!["sh".into(), "-c".into(), script.into()],
-        log_path: PathBuf::from(format!("{name}/0.log")),
-        labels: BTreeMap::new(),
-        ..ContainerConfig::default()
-    };
+    let config = ironlet_runtime::testkit::busybox_sh(name, script);
     let container = env.runtime.create_container(&sandbox, &config).await?;
     env.runtime.start_container(&container).await?;
     let status = env.runtime.container_status(&container).await?;

@@ -2,7 +2,10 @@
 //! ironlet's in-process runtime (zygote + libcontainer) and with `crun` and `runc` on the
 //! same bundle and cgroup layout, interleaved in one run, printed as medians and ratios.
 //!
-//! Usage (root): `container-lifecycle [ITERATIONS]` (default 100).
+//! Usage (root): `container-lifecycle [ITERATIONS]` (default 100). `BENCH_PEERS=crun,runc`
+//! (the default) names the peers to run beside ironlet; `BENCH_PEERS=` runs ironlet alone,
+//! for profiling. `BENCH_PHASES=1` prints ironlet's create/start/exit/delete split.
+//! `BENCH_WORKDIR=DIR` moves the bundle and the state roots off their default tmpfs.
 //!
 //! crun 1.8 refuses this machine's hybrid layout because the empty cgroup2 at
 //! `/sys/fs/cgroup/unified` lists controllers; so the whole benchmark runs in a private
@@ -69,12 +72,28 @@ fn private_cgroup_layout() -> Result<()> {
     Ok(())
 }
 
+/// Where the bundle and every runtime's state root live: a tmpfs by default, as `/run` (the
+/// peers' default state roots) is on a standard host. `BENCH_WORKDIR=DIR` picks another
+/// filesystem, e.g. `/tmp`. On this VM `/run` and `/tmp` are ext4 without a journal, whose
+/// inode allocator skips every inode freed in the last minute or more one by one: each
+/// state file a runtime creates cost 0.3–0.7 ms there, more as a session goes on.
+fn work_dir() -> Result<tempfile::TempDir> {
+    let base = std::env::var_os("BENCH_WORKDIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/dev/shm"));
+    tempfile::Builder::new()
+        .prefix("ironlet-bench-")
+        .tempdir_in(&base)
+        .with_context(|| format!("a work directory under {}", base.display()))
+}
+
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
 async fn run(zygote: ironlet_runtime::zygote::ZygoteHandle, iterations: usize) -> Result<()> {
-    let work = tempfile::tempdir()?;
+    let work = work_dir()?;
+    println!("bundle and state roots under {}", work.path().display());
     let bundle = make_bundle(work.path()).await?;
     let (tx, mut events) = mpsc::unbounded_channel();
     let client = ZygoteClient::new(zygote, tx)?;
@@ -83,7 +102,8 @@ async fn run(zygote: ironlet_runtime::zygote::ZygoteHandle, iterations: usize) -
     std::fs::create_dir_all(&state_root)?;
 
     let mut peers: Vec<(&str, Option<&str>)> = vec![("ironlet (in-process)", None)];
-    for bin in ["crun", "runc"] {
+    let wanted = std::env::var("BENCH_PEERS").unwrap_or_else(|_| "crun,runc".into());
+    for bin in wanted.split(',').filter(|b| !b.is_empty()) {
         if Command::new(bin)
             .arg("--version")
             .output()

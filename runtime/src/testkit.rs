@@ -64,3 +64,15 @@ pub fn remove_cgroup_parent(name: &str) {
         }
     }
 }
+
+/// A container of the `busybox` test image running `sh -c SCRIPT`, logging to
+/// `NAME/0.log` under its sandbox's log directory.
+pub fn busybox_sh(name: &str, script: &str) -> crate::types::ContainerConfig {
+    crate::types::ContainerConfig {
+        name: name.to_owned(),
+        image: "busybox".into(),
+        command: vec!["sh".into(), "-c".into(), script.into()],
+        log_path: PathBuf::from(format!("{name}/0.log")),
+        ..crate::types::ContainerConfig::default()
+    }
+}

@@ -2,7 +2,6 @@
 //! concurrency, stop timing and clean-up. A custom harness (`harness = false`) forks the
 //! zygote before the test threads exist, exactly as the binary does.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -24,7 +23,7 @@ struct Env {
     root: PathBuf,
 }
 
-use ironlet_runtime::testkit::busybox_layout;
+use ironlet_runtime::testkit::{busybox_layout, busybox_sh};
 
 fn main() {
     let args = Arguments::from_args();
@@ -152,17 +151,6 @@ fn sandbox_config(env: &Env, name: &str) -> PodSandboxConfig {
     }
 }
 
-fn container(name: &str, script: &str) -> ContainerConfig {
-    ContainerConfig {
-        name: name.to_owned(),
-        image: "busybox".into(),
-        command: vec!["sh".into(), "-c".into(), script.into()],
-        log_path: PathBuf::from(format!("{name}/0.log")),
-        labels: BTreeMap::new(),
-        ..ContainerConfig::default()
-    }
-}
-
 /// Creates a sandbox with one container, starts it and returns both ids.
 async fn start_one(
     env: &Env,
@@ -215,7 +203,7 @@ fn output_and_exit_code(env: &Env) -> Result<()> {
     env.rt.block_on(async {
         let (sandbox, id) = start_one(
             env,
-            &container("out", "echo to-stdout; echo to-stderr >&2; exit 3"),
+            &busybox_sh("out", "echo to-stdout; echo to-stderr >&2; exit 3"),
         )
         .await?;
         let status = wait_exit(env, &id, 20).await?;
@@ -244,7 +232,7 @@ fn output_and_exit_code(env: &Env) -> Result<()> {
             "log path {:?}",
             status.log_path
         );
-        let (sandbox2, id2) = start_one(env, &container("ok", "true")).await?;
+        let (sandbox2, id2) = start_one(env, &busybox_sh("ok", "true")).await?;
         let ok = wait_exit(env, &id2, 20).await?;
         ensure!(
             ok.exit_code == Some(0) && ok.reason == Some(ExitReason::Completed),
@@ -257,7 +245,7 @@ fn output_and_exit_code(env: &Env) -> Result<()> {
 
 fn memory_limit_oom(env: &Env) -> Result<()> {
     env.rt.block_on(async {
-        let mut config = container("hog", "tail /dev/zero");
+        let mut config = busybox_sh("hog", "tail /dev/zero");
         config.resources = LinuxResources {
             memory_limit_bytes: Some(16 << 20),
             ..LinuxResources::default()
@@ -281,9 +269,9 @@ fn pids_limit(env: &Env) -> Result<()> {
     env.rt.block_on(async {
         // busybox sh gives up the script at the first failed fork.
         let bomb = "i=0; while [ $i -lt 40 ]; do sleep 5 & i=$((i+1)); done; echo all-forked; wait";
-        let mut limited = container("forkbomb", bomb);
+        let mut limited = busybox_sh("forkbomb", bomb);
         limited.resources.pids_limit = Some(10);
-        let mut roomy = container("forkroom", bomb);
+        let mut roomy = busybox_sh("forkroom", bomb);
         roomy.resources.pids_limit = Some(100);
         let (s1, id1) = start_one(env, &limited).await?;
         let (s2, id2) = start_one(env, &roomy).await?;
@@ -326,7 +314,7 @@ fn cgroup_view_read_only(env: &Env) -> Result<()> {
         grep ' /sys/fs/cgroup/memory ' /proc/self/mountinfo | cut -d' ' -f6; \
         sleep 30";
     env.rt.block_on(async {
-        let mut config = container("cgview", script);
+        let mut config = busybox_sh("cgview", script);
         config.resources.memory_limit_bytes = Some(64 << 20);
         config.resources.pids_limit = Some(20);
         let (sandbox, id) = start_one(env, &config).await?;
@@ -372,7 +360,7 @@ fn status_after_exit_has_whole_log(env: &Env) -> Result<()> {
         // 512 KiB of two-byte lines written at once (cat fills the pipe, then exits): the
         // pump still has a quarter of a million records to write when the exit is seen.
         let script = "yes 1 | head -c 524288 > /tmp/f; echo end >> /tmp/f; cat /tmp/f; exit 1";
-        let (sandbox, id) = start_one(env, &container("chatty", script)).await?;
+        let (sandbox, id) = start_one(env, &busybox_sh("chatty", script)).await?;
         let status = wait_exit(env, &id, 30).await?;
         // No polling: the file must be complete when the status says the container exited.
         let text = std::fs::read_to_string(&status.log_path)?;
@@ -394,8 +382,8 @@ fn seccomp_eperm(env: &Env) -> Result<()> {
     env.rt.block_on(async {
         // `unshare` is not in the RuntimeDefault allow-list without CAP_SYS_ADMIN.
         let script = "unshare -U true 2>&1; echo rc=$?";
-        let (s1, confined) = start_one(env, &container("confined", script)).await?;
-        let mut open = container("unconfined", script);
+        let (s1, confined) = start_one(env, &busybox_sh("confined", script)).await?;
+        let mut open = busybox_sh("unconfined", script);
         open.security.seccomp = SeccompProfile::Unconfined;
         let (s2, unconfined) = start_one(env, &open).await?;
         let a = wait_exit(env, &confined, 20).await?;
@@ -417,7 +405,7 @@ fn seccomp_eperm(env: &Env) -> Result<()> {
 
 fn exec_output(env: &Env) -> Result<()> {
     env.rt.block_on(async {
-        let (sandbox, id) = start_one(env, &container("exec", "sleep 60")).await?;
+        let (sandbox, id) = start_one(env, &busybox_sh("exec", "sleep 60")).await?;
         let cmd: Vec<String> = ["sh", "-c", "echo hi; echo oops >&2; exit 7"]
             .map(String::from)
             .to_vec();
@@ -478,7 +466,7 @@ fn fifty_concurrent(env: &Env) -> Result<()> {
                 let id = runtime
                     .create_container(
                         &sandbox,
-                        &container(&format!("c{i}"), &format!("echo n={i}")),
+                        &busybox_sh(&format!("c{i}"), &format!("echo n={i}")),
                     )
                     .await?;
                 runtime.start_container(&id).await?;
@@ -520,7 +508,7 @@ async fn futures_join<T>(
 fn stop_grace(env: &Env) -> Result<()> {
     env.rt.block_on(async {
         let script = "trap 'echo got-term' TERM; echo ready; while true; do sleep 0.1; done";
-        let (sandbox, id) = start_one(env, &container("stubborn", script)).await?;
+        let (sandbox, id) = start_one(env, &busybox_sh("stubborn", script)).await?;
         let st = env.runtime.container_status(&id).await?;
         log_lines(&st.log_path, 1).await;
         let started = Instant::now();
@@ -544,7 +532,7 @@ fn stop_grace(env: &Env) -> Result<()> {
         // A container that honours SIGTERM stops at once.
         let (sandbox2, id2) = start_one(
             env,
-            &container(
+            &busybox_sh(
                 "polite",
                 "trap 'exit 0' TERM; while true; do sleep 0.1; done",
             ),
@@ -576,11 +564,11 @@ fn sandbox_sharing(env: &Env) -> Result<()> {
         let probe = "readlink /proc/self/ns/net; readlink /proc/self/ns/uts; hostname";
         let a = env
             .runtime
-            .create_container(&sandbox, &container("a", probe))
+            .create_container(&sandbox, &busybox_sh("a", probe))
             .await?;
         let b = env
             .runtime
-            .create_container(&sandbox, &container("b", probe))
+            .create_container(&sandbox, &busybox_sh("b", probe))
             .await?;
         env.runtime.start_container(&a).await?;
         env.runtime.start_container(&b).await?;
@@ -604,7 +592,7 @@ fn sandbox_sharing(env: &Env) -> Result<()> {
 
 fn removal_cleans_up(env: &Env) -> Result<()> {
     env.rt.block_on(async {
-        let mut config = container("tidy", "sleep 60");
+        let mut config = busybox_sh("tidy", "sleep 60");
         config.resources.memory_limit_bytes = Some(64 << 20);
         let (sandbox, id) = start_one(env, &config).await?;
         let dir = env.root.join("containers").join(id.as_str());
@@ -637,7 +625,7 @@ fn removal_cleans_up(env: &Env) -> Result<()> {
 fn oom_score_adj_isolated(env: &Env) -> Result<()> {
     env.rt.block_on(async {
         let before = std::fs::read_to_string("/proc/self/oom_score_adj")?;
-        let mut config = container("adj", "cat /proc/self/oom_score_adj");
+        let mut config = busybox_sh("adj", "cat /proc/self/oom_score_adj");
         config.resources.oom_score_adj = Some(999);
         let (sandbox, id) = start_one(env, &config).await?;
         let status = wait_exit(env, &id, 20).await?;
@@ -661,7 +649,7 @@ fn missing_image(env: &Env) -> Result<()> {
             .runtime
             .run_pod_sandbox(&sandbox_config(env, "noimage"))
             .await?;
-        let mut config = container("x", "true");
+        let mut config = busybox_sh("x", "true");
         config.image = "does-not-exist:1".into();
         let err = env.runtime.create_container(&sandbox, &config).await;
         let Err(err) = err else {
@@ -701,7 +689,7 @@ fn gc_keeps_newest(env: &Env) -> Result<()> {
             .await?;
         let mut ids = Vec::new();
         for attempt in 0..3 {
-            let mut config = container("retry", &format!("exit {attempt}"));
+            let mut config = busybox_sh("retry", &format!("exit {attempt}"));
             config.attempt = attempt;
             config.log_path = PathBuf::from(format!("retry/{attempt}.log"));
             let id = env.runtime.create_container(&sandbox, &config).await?;
@@ -711,7 +699,7 @@ fn gc_keeps_newest(env: &Env) -> Result<()> {
         }
         let running = env
             .runtime
-            .create_container(&sandbox, &container("live", "sleep 30"))
+            .create_container(&sandbox, &busybox_sh("live", "sleep 30"))
             .await?;
         env.runtime.start_container(&running).await?;
         let policy = ironlet_runtime::types::GcPolicy::default();

@@ -5,7 +5,6 @@
 //! so a running ironlet (10.85.0.0/16 on `ironlet0`) is not disturbed; the bridge is deleted
 //! and `net.ipv4.ip_forward` restored at the end, and the run fails if NAT rules are left.
 
-use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::os::unix::fs::PermissionsExt;
@@ -40,7 +39,7 @@ struct Env {
 
 const DEBIAN_CNI: &str = "/usr/lib/cni";
 
-use ironlet_runtime::testkit::busybox_layout;
+use ironlet_runtime::testkit::{busybox_layout, busybox_sh};
 
 fn main() {
     let args = Arguments::from_args();
@@ -282,20 +281,9 @@ fn sandbox_config(env: &Env, name: &str) -> PodSandboxConfig {
     }
 }
 
-fn container(name: &str, script: &str) -> ContainerConfig {
-    ContainerConfig {
-        name: name.to_owned(),
-        image: "busybox".into(),
-        command: vec!["sh".into(), "-c".into(), script.into()],
-        log_path: PathBuf::from(format!("{name}/0.log")),
-        labels: BTreeMap::new(),
-        ..ContainerConfig::default()
-    }
-}
-
 /// A web server answering `body` on port 8080.
 fn web_server(body: &str) -> ContainerConfig {
-    container(
+    busybox_sh(
         "web",
         &format!(
             "mkdir -p /tmp/www && echo {body} > /tmp/www/index.html && \
@@ -439,14 +427,14 @@ fn two_pods_talk(env: &Env) -> Result<()> {
         );
         start_in(rt, &a, &web_server("served-by-a")).await?;
         let web_b = start_in(rt, &b, &web_server("served-by-b")).await?;
-        let client = start_in(rt, &b, &container("client", "sleep 60")).await?;
+        let client = start_in(rt, &b, &busybox_sh("client", "sleep 60")).await?;
         // Wait for both servers from the host, then talk pod to pod.
         tokio::task::spawn_blocking(move || http_get(ip_a)).await??;
         tokio::task::spawn_blocking(move || http_get(ip_b)).await??;
         let (code, out) = exec(rt, &client, &get_script(&ip_a.to_string())).await?;
         ensure!(code == 0 && out.contains("served-by-a"), "b -> a: {out}");
         // And back: a container of a reaches b.
-        let probe = start_in(rt, &a, &container("probe", "sleep 60")).await?;
+        let probe = start_in(rt, &a, &busybox_sh("probe", "sleep 60")).await?;
         let (code, out) = exec(rt, &probe, &get_script(&ip_b.to_string())).await?;
         ensure!(code == 0 && out.contains("served-by-b"), "a -> b: {out}");
         let _ = web_b;

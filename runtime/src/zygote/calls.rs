@@ -2,7 +2,6 @@
 //! forking the worker, collecting its result, and replying, or, when the client that asked
 //! is gone, cleaning up what the worker made.
 
-use std::io::Read;
 use std::os::fd::{AsRawFd, OwnedFd};
 
 use nix::unistd::{fork, ForkResult};
@@ -19,9 +18,12 @@ pub(super) struct Worker {
     pub(super) generation: u64,
     pub(super) pid: i32,
     pub(super) pidfd: OwnedFd,
-    result_pipe: Option<OwnedFd>,
+    /// Open until the whole result is in (see `worker::RESULT_END`) or the worker is reaped.
+    pub(super) result_pipe: Option<OwnedFd>,
     output: Vec<u8>,
     pub(super) exit: Option<WireExit>,
+    /// Whether the client has had its reply; the worker stays listed until reaped.
+    replied: bool,
     kind: WorkerKind,
 }
 
@@ -78,6 +80,12 @@ impl Server {
             _ => WorkerKind::Plain,
         };
         let (result_r, result_w) = sys::pipe().map_err(|e| format!("pipe: {e}"))?;
+        // Read as it arrives, from the poll loop.
+        nix::fcntl::fcntl(
+            result_r.as_raw_fd(),
+            nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+        )
+        .map_err(|e| format!("result pipe: {e}"))?;
         // SAFETY: the zygote is single-threaded, so the child may run arbitrary code.
         match unsafe { fork() } {
             Ok(ForkResult::Child) => {
@@ -111,6 +119,7 @@ impl Server {
                     result_pipe: Some(result_r),
                     output: Vec::new(),
                     exit: None,
+                    replied: false,
                     kind,
                 });
                 Ok(())
@@ -119,24 +128,36 @@ impl Server {
         }
     }
 
-    /// Drains a reaped worker's result. The result is not read to end-of-file: the
-    /// container init inherits the pipe's write end and keeps it open until it execs, so
-    /// EOF would only come at `start`. The worker wrote everything before exiting.
+    /// Reads what the worker has written so far, without blocking. The pipe is not read to
+    /// end-of-file: the container init inherits its write end and keeps it open until it
+    /// execs, so EOF would only come at `start`. Once the result line is whole, or the
+    /// worker is gone (and wrote everything it ever will), the pipe is closed.
     fn read_worker_output(w: &mut Worker) {
-        let Some(pipe) = w.result_pipe.take() else {
+        let Some(pipe) = w.result_pipe.as_ref() else {
             return;
         };
-        let _ = nix::fcntl::fcntl(
-            pipe.as_raw_fd(),
-            nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
-        );
-        let mut file = std::fs::File::from(pipe);
         let mut chunk = [0u8; 4096];
+        let mut ended = false;
         loop {
-            match file.read(&mut chunk) {
-                Ok(0) | Err(_) => return,
+            match nix::unistd::read(pipe.as_raw_fd(), &mut chunk) {
+                Ok(0) => {
+                    ended = true;
+                    break;
+                }
                 Ok(n) => w.output.extend_from_slice(&chunk[..n]),
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(_) => break,
             }
+        }
+        if ended || w.exit.is_some() || w.output.contains(&worker::RESULT_END) {
+            w.result_pipe = None;
+        }
+    }
+
+    /// The worker's result pipe is readable.
+    pub(super) fn read_worker(&mut self, i: usize) {
+        if let Some(w) = self.workers.get_mut(i) {
+            Self::read_worker_output(w);
         }
     }
 
@@ -157,62 +178,82 @@ impl Server {
         }
     }
 
-    /// Replies for every worker whose result is complete and that has been reaped.
+    /// Replies for every worker whose result is whole, without waiting for it to finish
+    /// exiting (its teardown overlaps the client's next step); drops workers that are both
+    /// answered and reaped, and lets the zygote reap what they left to it.
     pub(super) fn finish_workers(&mut self) {
-        let mut i = 0;
-        while i < self.workers.len() {
-            let done = self.workers[i].result_pipe.is_none() && self.workers[i].exit.is_some();
-            if !done {
-                i += 1;
+        for i in 0..self.workers.len() {
+            let w = &mut self.workers[i];
+            if w.replied || w.result_pipe.is_some() {
                 continue;
             }
-            let w = self.workers.swap_remove(i);
-            if w.generation == self.generation {
-                self.finish_worker(w);
+            w.replied = true;
+            let (generation, seq, pid, exit) = (w.generation, w.seq, w.pid, w.exit.is_some());
+            let output = std::mem::take(&mut w.output);
+            let kind = std::mem::replace(&mut w.kind, WorkerKind::Plain);
+            let parent = (!exit).then_some(pid);
+            if generation == self.generation {
+                self.finish_worker(seq, pid, output, kind, parent);
             } else {
-                self.finish_orphaned_worker(w);
+                self.finish_orphaned_worker(output, kind, parent);
+            }
+        }
+        let mut i = 0;
+        while i < self.workers.len() {
+            if self.workers[i].replied && self.workers[i].exit.is_some() {
+                let w = self.workers.swap_remove(i);
+                self.worker_gone(w.pid);
+            } else {
+                i += 1;
             }
         }
     }
 
-    fn finish_worker(&mut self, w: Worker) {
-        let result = serde_json::from_slice::<WorkerResult>(&w.output).unwrap_or_else(|_| {
-            WorkerResult::Err {
-                message: format!("worker {} died without a result ({:?})", w.pid, w.exit),
-            }
-        });
+    /// `parent`: the worker, if still alive; what it created is its child until it exits.
+    fn finish_worker(
+        &mut self,
+        seq: u64,
+        worker_pid: i32,
+        output: Vec<u8>,
+        kind: WorkerKind,
+        parent: Option<i32>,
+    ) {
+        let result =
+            serde_json::from_slice::<WorkerResult>(&output).unwrap_or_else(|_| WorkerResult::Err {
+                message: format!("worker {worker_pid} ended without a result"),
+            });
         let pid = match result {
             WorkerResult::Err { message } => {
-                self.reply(w.seq, Reply::Failed { message }, &[]);
+                self.reply(seq, Reply::Failed { message }, &[]);
                 return;
             }
             WorkerResult::Ok { pid } => pid,
         };
-        match (w.kind, pid) {
-            (WorkerKind::Plain, _) => self.reply(w.seq, Reply::Done, &[]),
+        match (kind, pid) {
+            (WorkerKind::Plain, _) => self.reply(seq, Reply::Done, &[]),
             (WorkerKind::Create { id, pipes }, Some(pid)) => {
                 let start_time = sys::process_start_time(pid).unwrap_or(0);
-                match self.watch(id.clone(), None, pid, Vec::new()) {
+                match self.watch(id.clone(), None, pid, Vec::new(), parent) {
                     Ok(()) => {
                         let fds = raw_fds(&pipes);
-                        self.reply(w.seq, Reply::Created { pid, start_time }, &fds);
+                        self.reply(seq, Reply::Created { pid, start_time }, &fds);
                         let mut pipes = pipes.into_iter();
                         if let (Some(out), Some(err)) = (pipes.next(), pipes.next()) {
                             self.logs.insert(id, [out, err]);
                         }
                     }
-                    Err(message) => self.reply(w.seq, Reply::Failed { message }, &[]),
+                    Err(message) => self.reply(seq, Reply::Failed { message }, &[]),
                 }
             }
             (WorkerKind::Exec { id, exec_id, pipes }, Some(pid)) => {
                 let fds = raw_fds(&pipes);
-                match self.watch(id, Some(exec_id), pid, pipes) {
-                    Ok(()) => self.reply(w.seq, Reply::Execd { pid }, &fds),
-                    Err(message) => self.reply(w.seq, Reply::Failed { message }, &[]),
+                match self.watch(id, Some(exec_id), pid, pipes, parent) {
+                    Ok(()) => self.reply(seq, Reply::Execd { pid }, &fds),
+                    Err(message) => self.reply(seq, Reply::Failed { message }, &[]),
                 }
             }
             (_, None) => self.reply(
-                w.seq,
+                seq,
                 Reply::Failed {
                     message: "worker reported no pid".into(),
                 },
@@ -224,19 +265,19 @@ impl Server {
     /// The client that asked is gone: a container it created never ran user code and an
     /// exec nobody reads is useless, so both are killed (and still reaped). The next client
     /// rolls back the container's files from its record.
-    fn finish_orphaned_worker(&mut self, w: Worker) {
+    fn finish_orphaned_worker(&mut self, output: Vec<u8>, kind: WorkerKind, parent: Option<i32>) {
         let Ok(WorkerResult::Ok { pid: Some(pid) }) =
-            serde_json::from_slice::<WorkerResult>(&w.output)
+            serde_json::from_slice::<WorkerResult>(&output)
         else {
             return;
         };
-        let (id, exec_id) = match w.kind {
+        let (id, exec_id) = match kind {
             WorkerKind::Create { id, .. } => (id, None),
             WorkerKind::Exec { id, exec_id, .. } => (id, Some(exec_id)),
             WorkerKind::Plain => return,
         };
         tracing::info!(container_id = %id, ?exec_id, pid, "killing a process created for a client that is gone");
-        match self.watch(id, exec_id, pid, Vec::new()) {
+        match self.watch(id, exec_id, pid, Vec::new(), parent) {
             Ok(()) => {
                 if let Some(watched) = self.watched.last() {
                     let _ = sys::pidfd_send_signal(&watched.pidfd, libc::SIGKILL);

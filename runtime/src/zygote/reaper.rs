@@ -19,6 +19,10 @@ pub(super) struct Watched {
     /// The zygote's own read ends of an exec process's output pipes, so the process never
     /// gets SIGPIPE while it runs. (Container log pipes live in `Server::logs`.)
     _held_pipes: Vec<OwnedFd>,
+    /// The worker whose child this process still is (the zygote replies before a worker
+    /// has finished exiting). Until the worker is reaped and the process reparented to the
+    /// zygote, its pidfd is not polled: the zygote could not reap it yet.
+    pub(super) reparent_from: Option<i32>,
 }
 
 impl Server {
@@ -28,6 +32,7 @@ impl Server {
         exec_id: Option<String>,
         pid: i32,
         held_pipes: Vec<OwnedFd>,
+        reparent_from: Option<i32>,
     ) -> Result<(), String> {
         let pidfd = sys::pidfd_open(pid).map_err(|e| format!("pidfd_open {pid}: {e}"))?;
         let start_time = sys::process_start_time(pid).unwrap_or(0);
@@ -38,8 +43,18 @@ impl Server {
             start_time,
             pidfd,
             _held_pipes: held_pipes,
+            reparent_from,
         });
         Ok(())
+    }
+
+    /// A worker was reaped: what it created is the zygote's child now.
+    pub(super) fn worker_gone(&mut self, worker_pid: i32) {
+        for w in &mut self.watched {
+            if w.reparent_from == Some(worker_pid) {
+                w.reparent_from = None;
+            }
+        }
     }
 
     pub(super) fn kill(&self, id: &str, signal: i32) -> Reply {
@@ -91,6 +106,7 @@ impl Server {
             start_time,
             pidfd,
             _held_pipes: Vec::new(),
+            reparent_from: None,
         });
         Reply::Done
     }

@@ -5,7 +5,7 @@
 //!   agent (tokio) ══ SOCK_SEQPACKET ══ zygote (this loop, child subreaper)
 //!                                        ├─ worker (one libcontainer call, then _exit)
 //!                                        ├─ container init  ◄─ reparented here when the
-//!                                        └─ exec process       intermediate process exits
+//!                                        └─ exec process       worker exits
 //! ```
 //!
 //! Two modes share this loop:
@@ -22,6 +22,10 @@
 //!   runs itself: a worker's fork, exit and reap were most of its time.
 //! - Every process the zygote owns is watched through a pidfd and reaped with
 //!   `waitid(P_PIDFD)`; there is no `waitpid(-1)`, so nothing else's exit is stolen.
+//! - A call is answered as soon as its worker's result line is whole, not once the worker
+//!   has exited (its teardown overlaps the client's next step). A process the worker
+//!   created stays the worker's child until then, so its pidfd is polled only after the
+//!   worker is reaped: an exit in between is reaped, with its status, a moment later.
 //! - A container exit is written durably (`<exit dir>/<id>.json`, temp + fsync + rename)
 //!   before the client is told, so an exit code survives a client that is gone.
 //! - The zygote holds its own read end of every container's log pipes until the client
@@ -102,6 +106,7 @@ pub(crate) fn set_child_subreaper() {
 enum Source {
     Socket,
     WorkerExit(usize),
+    WorkerResult(usize),
     Watched(usize),
     Supervisor(SupervisorSource),
 }
@@ -184,6 +189,7 @@ impl Server {
             match source {
                 Source::Socket => self.on_request()?,
                 Source::WorkerExit(i) => self.reap_worker(i),
+                Source::WorkerResult(i) => self.read_worker(i),
                 Source::Watched(i) => self.reap_watched(i),
                 Source::Supervisor(source) => {
                     if let Some(supervisor) = self.supervisor.as_mut() {
@@ -211,8 +217,15 @@ impl Server {
                 sources.push(Source::WorkerExit(i));
                 fds.push(PollFd::new(w.pidfd.as_fd(), PollFlags::POLLIN));
             }
+            if let Some(pipe) = &w.result_pipe {
+                sources.push(Source::WorkerResult(i));
+                fds.push(PollFd::new(pipe.as_fd(), PollFlags::POLLIN));
+            }
         }
         for (i, w) in self.watched.iter().enumerate() {
+            if w.reparent_from.is_some() {
+                continue;
+            }
             sources.push(Source::Watched(i));
             fds.push(PollFd::new(w.pidfd.as_fd(), PollFlags::POLLIN));
         }

@@ -50,14 +50,37 @@ pub(crate) fn run(
         Err(message) => WorkerResult::Err { message },
     };
     let mut file = std::fs::File::from(result_pipe);
+    // One JSON line: the newline tells the zygote the result is whole, so it can reply
+    // before this process has finished exiting.
     let code = match serde_json::to_vec(&result) {
-        Ok(bytes) if file.write_all(&bytes).is_ok() => 0,
-        _ => 1,
+        Ok(mut bytes) => {
+            bytes.push(RESULT_END);
+            i32::from(file.write_all(&bytes).is_err())
+        }
+        Err(_) => 1,
     };
     drop(file);
+    linger_for_tests();
     // SAFETY: _exit skips atexit handlers and destructors shared with the parent's image.
     unsafe { libc::_exit(code) }
 }
+
+/// Set by a test (`runtime/tests/zygote_workers.rs`): the worker stays alive this long after
+/// writing its result, as a slow exit would, so that the test can check that the zygote
+/// answers without waiting and still reaps what the worker created.
+const LINGER_ENV: &str = "IRONLET_TEST_WORKER_LINGER_MS";
+
+fn linger_for_tests() {
+    if let Some(ms) = std::env::var(LINGER_ENV)
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
+}
+
+/// Ends a worker's result on its pipe (compact JSON never contains a raw newline).
+pub(crate) const RESULT_END: u8 = b'\n';
 
 /// A compiled seccomp program (see `seccomp.rs`).
 pub(crate) type Program = std::sync::Arc<Vec<libc::sock_filter>>;
