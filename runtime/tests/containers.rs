@@ -61,6 +61,10 @@ fn main() {
             cgroup_view_read_only,
         ),
         ("a_seccomp_blocked_syscall_fails_with_eperm", seccomp_eperm),
+        (
+            "a_container_cannot_open_a_host_device_through_a_node_it_makes",
+            host_device_unopenable,
+        ),
         ("exec_returns_output_and_exit_code", exec_output),
         (
             "the_status_after_an_exit_comes_with_the_whole_log_written",
@@ -197,6 +201,44 @@ async fn cleanup(env: &Env, sandbox: &SandboxId) -> Result<()> {
     env.runtime.stop_pod_sandbox(sandbox).await?;
     env.runtime.remove_pod_sandbox(sandbox).await?;
     Ok(())
+}
+
+/// Device rules: a container's root may hold `CAP_MKNOD` (containerd's default set, on
+/// cgroup v1), yet a node it makes for a host device outside the default list (here
+/// `/dev/kmsg`, char 1:11, which root on the host can open) must not open: the device
+/// cgroup allows only the default devices. (On cgroup v2, where this build has no device
+/// rules, `CAP_MKNOD` is not in the default set and the `mknod` itself fails.)
+fn host_device_unopenable(env: &Env) -> Result<()> {
+    env.rt.block_on(async {
+        let script = "mknod /dev/hostkmsg c 1 11 && echo made; \
+                      (exec 3</dev/hostkmsg) && echo OPENED";
+        let (sandbox, id) = start_one(env, &busybox_sh("kmsg", script)).await?;
+        let status = wait_exit(env, &id, 20).await?;
+        let lines = log_lines(&status.log_path, 2).await;
+        ensure!(
+            !lines.iter().any(|(_, l)| l == "OPENED"),
+            "the container opened the host's /dev/kmsg: {lines:?}"
+        );
+        ensure!(
+            lines
+                .iter()
+                .any(|(_, l)| l.contains("Operation not permitted")),
+            "neither mknod nor open was refused: {lines:?}"
+        );
+        // The same script, privileged: every device is allowed, so the open works (this
+        // proves that the refusal above comes from the device rules, not the host).
+        let mut privileged = busybox_sh("kmsg-privileged", script);
+        privileged.security.privileged = true;
+        let (sandbox2, id2) = start_one(env, &privileged).await?;
+        let status = wait_exit(env, &id2, 20).await?;
+        let lines = log_lines(&status.log_path, 2).await;
+        ensure!(
+            lines.iter().any(|(_, l)| l == "OPENED"),
+            "a privileged container could not open /dev/kmsg either: {lines:?}"
+        );
+        cleanup(env, &sandbox2).await?;
+        cleanup(env, &sandbox).await
+    })
 }
 
 fn output_and_exit_code(env: &Env) -> Result<()> {

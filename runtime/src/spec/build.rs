@@ -49,7 +49,11 @@ pub(crate) fn build_for_host(inputs: &SpecInputs<'_>, host: &HostFacts) -> Resul
             user.additional_gids.clear();
         }
     }
-    let bounding = caps::resolve(security, host.bounding_caps)?;
+    let bounding = caps::without_unenforced_mknod(
+        caps::resolve(security, host.bounding_caps)?,
+        security,
+        !host.cgroup_v2 || userns.is_some(),
+    );
 
     let mut process = Process::default();
     process.set_terminal(Some(false));
@@ -309,6 +313,31 @@ mod tests {
         );
         f.container.security.privileged = true;
         assert!(!has_cgroup_namespace(&f.build(&v2)), "not when privileged");
+    }
+
+    #[test]
+    fn a_cgroup_v2_host_leaves_mknod_out_of_the_default_capabilities() {
+        let f = Fixture::new();
+        let bounding = |host: &HostFacts| {
+            f.build(host)
+                .process()
+                .as_ref()
+                .and_then(|p| p.capabilities().as_ref())
+                .and_then(|c| c.bounding().clone())
+                .unwrap_or_default()
+        };
+        let mknod = oci_spec::runtime::Capability::Mknod;
+        assert!(
+            bounding(&HostFacts::for_tests()).contains(&mknod),
+            "v1 keeps it"
+        );
+        let v2 = HostFacts {
+            cgroup_v2: true,
+            ..HostFacts::for_tests()
+        };
+        let caps = bounding(&v2);
+        assert!(!caps.contains(&mknod), "v2 without device rules: {caps:?}");
+        assert!(caps.contains(&oci_spec::runtime::Capability::Chown));
     }
 
     #[test]

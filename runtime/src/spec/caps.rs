@@ -147,6 +147,41 @@ pub(crate) fn resolve(
     Ok(caps)
 }
 
+/// On a cgroup v2 host this build cannot enforce a spec's device rules (libcgroups' eBPF
+/// device controller is not compiled in), so `CAP_MKNOD` would let a container's root
+/// create and open any device node, the host's disks included. There it is left out of the
+/// default set, as Podman's defaults leave it out; a container that asks for it by name (or
+/// `ALL`) still gets it, with a warning. In a user namespace the kernel refuses device
+/// nodes anyway, and a privileged container has the host's devices by design.
+pub(crate) fn without_unenforced_mknod(
+    mut caps: Vec<Capability>,
+    security: &SecurityConfig,
+    device_rules_enforced: bool,
+) -> Vec<Capability> {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    if device_rules_enforced || security.privileged || !caps.contains(&Capability::Mknod) {
+        return caps;
+    }
+    let asked = security.add_capabilities.iter().any(|n| {
+        is_all(n) || matches!(parse("security.add_capabilities", n), Ok(Capability::Mknod))
+    });
+    if asked {
+        tracing::warn!(
+            "CAP_MKNOD granted on cgroup v2, where this build does not enforce device rules: \
+             the container's root can create and open any device node"
+        );
+        return caps;
+    }
+    WARNED.call_once(|| {
+        tracing::warn!(
+            "cgroup v2: device rules are not enforced by this build, so CAP_MKNOD is left out \
+             of containers' default capabilities (add it by name to get it)"
+        );
+    });
+    caps.retain(|c| *c != Capability::Mknod);
+    caps
+}
+
 fn names(list: &[String], field: &'static str) -> Result<Vec<Capability>, SpecError> {
     list.iter()
         .filter(|n| !is_all(n))
@@ -170,6 +205,33 @@ pub(crate) fn linux_capabilities(bounding: &[Capability]) -> Result<LinuxCapabil
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mknod_is_left_out_by_default_only_where_device_rules_are_not_enforced() {
+        let default = || resolve(&SecurityConfig::default(), u64::MAX).expect("resolve");
+        let plain = SecurityConfig::default();
+        assert!(without_unenforced_mknod(default(), &plain, true).contains(&Capability::Mknod));
+        let v2 = without_unenforced_mknod(default(), &plain, false);
+        assert!(!v2.contains(&Capability::Mknod));
+        assert_eq!(v2.len(), DEFAULT.len() - 1, "only MKNOD goes: {v2:?}");
+        for add in ["MKNOD", "cap_mknod", "ALL"] {
+            let asked = SecurityConfig {
+                add_capabilities: vec![add.into()],
+                ..SecurityConfig::default()
+            };
+            let caps = resolve(&asked, u64::MAX).expect("resolve");
+            assert!(
+                without_unenforced_mknod(caps, &asked, false).contains(&Capability::Mknod),
+                "asked by {add}"
+            );
+        }
+        let privileged = SecurityConfig {
+            privileged: true,
+            ..SecurityConfig::default()
+        };
+        let caps = resolve(&privileged, u64::MAX).expect("resolve");
+        assert!(without_unenforced_mknod(caps, &privileged, false).contains(&Capability::Mknod));
+    }
 
     #[test]
     fn the_table_is_ordered_by_kernel_number() {
