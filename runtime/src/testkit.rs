@@ -50,18 +50,31 @@ pub fn busybox_layout() -> Result<PathBuf, TestImagesError> {
     Ok(test_images()?.join("busybox"))
 }
 
-/// Removes a test runtime's (empty) cgroup parent `name` from the cgroup2 root and from
-/// every v1 hierarchy: the runtime removes its containers' cgroups, the parent is the
-/// test's. Failures are reported, not fatal.
+/// Removes a test runtime's cgroup parent `name` from the cgroup2 root and from every v1
+/// hierarchy, with any empty cgroups left below it: the runtime removes its containers'
+/// cgroups, but a test whose client went away on purpose leaves them, as it would to the
+/// next client. Failures are reported, not fatal.
 pub fn remove_cgroup_parent(name: &str) {
     let base = Path::new("/sys/fs/cgroup");
     let hierarchies = std::fs::read_dir(base).into_iter().flatten().flatten();
     for dir in std::iter::once(base.join(name)).chain(hierarchies.map(|h| h.path().join(name))) {
-        if dir.is_dir() {
-            if let Err(e) = std::fs::remove_dir(&dir) {
-                eprintln!("cannot remove {}: {e}", dir.display());
-            }
+        remove_cgroup_tree(&dir);
+    }
+}
+
+/// Removes an empty cgroup and the empty cgroups below it, deepest first (a cgroup
+/// directory holds only control files, which `rmdir` takes along).
+fn remove_cgroup_tree(dir: &Path) {
+    if !dir.is_dir() {
+        return;
+    }
+    for child in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if child.file_type().is_ok_and(|t| t.is_dir()) {
+            remove_cgroup_tree(&child.path());
         }
+    }
+    if let Err(e) = std::fs::remove_dir(dir) {
+        eprintln!("cannot remove {}: {e}", dir.display());
     }
 }
 

@@ -23,6 +23,9 @@ pub(super) struct Watched {
     /// has finished exiting). Until the worker is reaped and the process reparented to the
     /// zygote, its pidfd is not polled: the zygote could not reap it yet.
     pub(super) reparent_from: Option<i32>,
+    /// A container init whose `start` has not come yet (it waits on its notify socket and
+    /// has run no user code). Exec processes and adopted containers run already.
+    pub(super) awaiting_start: bool,
 }
 
 impl Server {
@@ -34,6 +37,7 @@ impl Server {
         held_pipes: Vec<OwnedFd>,
         reparent_from: Option<i32>,
     ) -> Result<(), String> {
+        let exec_id_is_none = exec_id.is_none();
         let pidfd = sys::pidfd_open(pid).map_err(|e| format!("pidfd_open {pid}: {e}"))?;
         let start_time = sys::process_start_time(pid).unwrap_or(0);
         self.watched.push(Watched {
@@ -44,8 +48,32 @@ impl Server {
             pidfd,
             _held_pipes: held_pipes,
             reparent_from,
+            awaiting_start: exec_id_is_none,
         });
         Ok(())
+    }
+
+    /// `start` reached the container: from now on it runs user code.
+    pub(super) fn started(&mut self, id: &str) {
+        for w in &mut self.watched {
+            if w.id == id && w.exec_id.is_none() {
+                w.awaiting_start = false;
+            }
+        }
+    }
+
+    /// The private client is gone: no one will ever start the containers it created, whose
+    /// inits would otherwise wait on their notify sockets, and keep this zygote, forever.
+    /// They never ran user code, so they are killed (and reaped as usual).
+    pub(super) fn kill_unstarted(&mut self) {
+        for w in self
+            .watched
+            .iter()
+            .filter(|w| w.awaiting_start && w.pid != 0)
+        {
+            tracing::info!(container_id = %w.id, pid = w.pid, "killing a container its client created but never started");
+            let _ = sys::pidfd_send_signal(&w.pidfd, libc::SIGKILL);
+        }
     }
 
     /// A worker was reaped: what it created is the zygote's child now.
@@ -107,6 +135,7 @@ impl Server {
             pidfd,
             _held_pipes: Vec::new(),
             reparent_from: None,
+            awaiting_start: false,
         });
         Reply::Done
     }

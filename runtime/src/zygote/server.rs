@@ -10,8 +10,9 @@
 //!
 //! Two modes share this loop:
 //! - **private** ([`serve`], from [`super::spawn`]): the zygote of one process (`ironlet
-//!   ctr`, tests). When that process hangs up, the zygote keeps reaping and recording until
-//!   its last process has ended, then exits.
+//!   ctr`, tests). When that process hangs up, the zygote kills the containers it created
+//!   but never started (nobody could start them any more), keeps reaping and recording
+//!   until its last process has ended, then exits.
 //! - **supervised** ([`serve_supervised`], `ironlet run`): the loop is also the
 //!   [`Supervisor`] of the agent process, which connects anew after every restart (each
 //!   connection is a *generation*). See `crate::supervisor`.
@@ -145,7 +146,12 @@ impl Server {
     }
 
     fn run_private(&mut self) -> Result<(), ZygoteError> {
+        let mut unstarted_killed = false;
         loop {
+            if self.sock.is_none() && !unstarted_killed {
+                self.kill_unstarted();
+                unstarted_killed = true;
+            }
             if self.sock.is_none() && self.workers.is_empty() && self.watched.is_empty() {
                 return Ok(());
             }
@@ -299,7 +305,10 @@ impl Server {
             }
             Request::Start { id, state_root } => {
                 let reply = match super::worker::start_in_zygote(&id, &state_root) {
-                    Ok(()) => Reply::Done,
+                    Ok(()) => {
+                        self.started(&id);
+                        Reply::Done
+                    }
                     Err(message) => Reply::Failed { message },
                 };
                 self.reply(seq, reply, &[]);
