@@ -13,9 +13,8 @@ use ironlet::probes::{
     run_handler, Action, HttpGet, PortRef, ProbeKind, ProbeManager, ProbeNetwork, ProbeOutcome,
     ProbeResult, ProbeTarget, RunningContainer, Scheme,
 };
-use ironlet_runtime::image::{ImageStore, ImageStoreConfig, LocalImageService};
 use ironlet_runtime::types::{ContainerId, PodSandboxConfig, SandboxId};
-use ironlet_runtime::{ImageService, LocalRuntime, LocalRuntimeConfig, Runtime};
+use ironlet_runtime::{LocalRuntime, LocalRuntimeConfig, Runtime};
 use k8s_openapi::api::core::v1::{
     Container, ContainerPort, ExecAction, HTTPGetAction, LifecycleHandler, Pod, PodSpec, Probe,
 };
@@ -41,8 +40,6 @@ struct WebPod {
 
 const ONE_SECOND: Duration = Duration::from_secs(1);
 const HTTPD: &str = "mkdir -p /www && echo ok > /www/index.html && exec httpd -f -p 8080 -h /www";
-
-use ironlet_runtime::testkit::busybox_layout;
 
 fn main() {
     let args = Arguments::from_args();
@@ -119,15 +116,8 @@ fn setup(zygote: ironlet_runtime::zygote::ZygoteHandle) -> Result<Env> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let layout = busybox_layout()?;
     let runtime = rt.block_on(async {
-        let store = Arc::new(ImageStore::open_with(
-            &root.join("images"),
-            ImageStoreConfig::default(),
-        )?);
-        LocalImageService::new(store.clone())
-            .import(&layout)
-            .await?;
+        let store = ironlet_runtime::testkit::busybox_store(&root).await?;
         let config = LocalRuntimeConfig {
             root_dir: root.clone(),
             rootless: false,

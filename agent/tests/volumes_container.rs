@@ -14,9 +14,8 @@ use ironlet::config::{read_manifest, ManifestOrigin};
 use ironlet::env::{container_env, expand_command_and_args, Allocatable, EnvContext};
 use ironlet::objects::FileObjectSource;
 use ironlet::volumes::{container_mounts, VolumeManager};
-use ironlet_runtime::image::{ImageStore, ImageStoreConfig, LocalImageService};
 use ironlet_runtime::types::{ContainerConfig, PodSandboxConfig};
-use ironlet_runtime::{ImageService, LocalRuntime, LocalRuntimeConfig, Runtime};
+use ironlet_runtime::{LocalRuntime, LocalRuntimeConfig, Runtime};
 
 const NODE: &str = "node-1";
 
@@ -72,8 +71,6 @@ metadata: {name: creds}
 stringData: {password: hunter2}
 "#;
 
-use ironlet_runtime::testkit::busybox_layout;
-
 fn main() {
     if !nix::unistd::geteuid().is_root() {
         println!("volumes_container: skipped, needs root");
@@ -126,13 +123,7 @@ async fn run(zygote: ironlet_runtime::zygote::ZygoteHandle, root: &Path) -> Resu
     let container = &spec.containers[0];
     let uid = pod.metadata.uid.clone().context("uid")?;
 
-    let store = Arc::new(ImageStore::open_with(
-        &root.join("images"),
-        ImageStoreConfig::default(),
-    )?);
-    LocalImageService::new(store.clone())
-        .import(&busybox_layout()?)
-        .await?;
+    let store = ironlet_runtime::testkit::busybox_store(root).await?;
     let runtime = LocalRuntime::new(
         LocalRuntimeConfig {
             root_dir: root.join("runtime"),

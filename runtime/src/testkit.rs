@@ -1,7 +1,7 @@
 //! Shared by the real-container tests and the benchmarks of every crate: where the
 //! repository's test images are, built on first use by `images/build` (deterministic, from
-//! Debian's `busybox-static`, no network), and the clean-up of a test's cgroup parent. Not
-//! part of the runtime proper.
+//! Debian's `busybox-static`, no network), a store holding busybox, a busybox `sh -c`
+//! container, and the clean-up of a test's cgroup parent. Not part of the runtime proper.
 
 use std::path::{Path, PathBuf};
 
@@ -48,6 +48,31 @@ pub fn test_images() -> Result<PathBuf, TestImagesError> {
 /// The busybox OCI layout.
 pub fn busybox_layout() -> Result<PathBuf, TestImagesError> {
     Ok(test_images()?.join("busybox"))
+}
+
+/// A test image store could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum TestStoreError {
+    #[error(transparent)]
+    Images(#[from] TestImagesError),
+    #[error(transparent)]
+    Store(#[from] crate::image::ImageError),
+}
+
+/// An image store under `<root>/images` holding the `busybox` test image, as the
+/// real-container tests start from.
+pub async fn busybox_store(
+    root: &Path,
+) -> Result<std::sync::Arc<crate::image::ImageStore>, TestStoreError> {
+    use crate::ImageService;
+    let store = std::sync::Arc::new(crate::image::ImageStore::open_with(
+        &root.join("images"),
+        crate::image::ImageStoreConfig::default(),
+    )?);
+    crate::image::LocalImageService::new(store.clone())
+        .import(&busybox_layout()?)
+        .await?;
+    Ok(store)
 }
 
 /// Removes a test runtime's cgroup parent `name` from the cgroup2 root and from every v1

@@ -7,12 +7,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use ironlet_runtime::image::{ImageStore, ImageStoreConfig, LocalImageService};
 use ironlet_runtime::types::{
     ContainerConfig, ContainerState, ExitReason, LinuxResources, PodSandboxConfig, SandboxId,
     SeccompProfile,
 };
-use ironlet_runtime::{ImageService, LocalRuntime, LocalRuntimeConfig, Runtime};
+use ironlet_runtime::{LocalRuntime, LocalRuntimeConfig, Runtime};
 use libtest_mimic::{Arguments, Failed, Trial};
 
 type TestFn = fn(&Env) -> Result<()>;
@@ -23,7 +22,7 @@ struct Env {
     root: PathBuf,
 }
 
-use ironlet_runtime::testkit::{busybox_layout, busybox_sh};
+use ironlet_runtime::testkit::{busybox_sh, busybox_store};
 
 fn main() {
     let args = Arguments::from_args();
@@ -123,15 +122,8 @@ fn setup(zygote: ironlet_runtime::zygote::ZygoteHandle) -> Result<Env> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let layout = busybox_layout()?;
     let runtime = rt.block_on(async {
-        let store = Arc::new(ImageStore::open_with(
-            &root.join("images"),
-            ImageStoreConfig::default(),
-        )?);
-        LocalImageService::new(store.clone())
-            .import(&layout)
-            .await?;
+        let store = busybox_store(&root).await?;
         let config = LocalRuntimeConfig {
             root_dir: root.clone(),
             rootless: false,

@@ -13,14 +13,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use ironlet_runtime::image::{ImageStore, ImageStoreConfig, LocalImageService};
 use ironlet_runtime::local::record::SandboxRecord;
 use ironlet_runtime::network::{
     CniConfig, DefaultNetwork, Masquerade, Network, NetworkError, PodRef,
 };
 use ironlet_runtime::types::{ContainerConfig, ContainerId, PodSandboxConfig, SandboxId};
 use ironlet_runtime::zygote::ZygoteHandle;
-use ironlet_runtime::{ImageService, LocalRuntime, LocalRuntimeConfig, Runtime, RuntimeError};
+use ironlet_runtime::{LocalRuntime, LocalRuntimeConfig, Runtime, RuntimeError};
 use libtest_mimic::{Arguments, Failed, Trial};
 
 type TestFn = fn(&Env) -> Result<()>;
@@ -39,7 +38,7 @@ struct Env {
 
 const DEBIAN_CNI: &str = "/usr/lib/cni";
 
-use ironlet_runtime::testkit::{busybox_layout, busybox_sh};
+use ironlet_runtime::testkit::{busybox_sh, busybox_store};
 
 fn main() {
     let args = Arguments::from_args();
@@ -172,15 +171,8 @@ fn setup(zygotes: Vec<ZygoteHandle>) -> Result<Env> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let layout = busybox_layout()?;
     let (net, failing, bare) = rt.block_on(async {
-        let store = Arc::new(ImageStore::open_with(
-            &root.join("images"),
-            ImageStoreConfig::default(),
-        )?);
-        LocalImageService::new(store.clone())
-            .import(&layout)
-            .await?;
+        let store = busybox_store(&root).await?;
         let mut runtimes = Vec::new();
         let variants = [
             ("net", cni.clone()),

@@ -13,15 +13,13 @@
 //! other container tests.
 
 use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
-use ironlet_runtime::image::{ImageStore, ImageStoreConfig, LocalImageService};
 use ironlet_runtime::testkit::busybox_sh;
 use ironlet_runtime::types::{ContainerState, ExitReason, PodSandboxConfig};
 use ironlet_runtime::zygote::ZygoteHandle;
-use ironlet_runtime::{ImageService, LocalRuntime, LocalRuntimeConfig, Runtime};
+use ironlet_runtime::{LocalRuntime, LocalRuntimeConfig, Runtime};
 
 /// How long each worker stays alive after writing its result.
 const LINGER: Duration = Duration::from_secs(3);
@@ -104,13 +102,7 @@ fn run(zygote: ZygoteHandle, root: &Path, cgroup_parent: &str, scenario: Scenari
         .build()?;
     let zygote_pid = zygote.pid;
     let unstarted = rt.block_on(async {
-        let store = Arc::new(ImageStore::open_with(
-            &root.join("images"),
-            ImageStoreConfig::default(),
-        )?);
-        LocalImageService::new(store.clone())
-            .import(&ironlet_runtime::testkit::busybox_layout()?)
-            .await?;
+        let store = ironlet_runtime::testkit::busybox_store(root).await?;
         let config = LocalRuntimeConfig {
             root_dir: root.to_owned(),
             rootless: false,

@@ -49,11 +49,11 @@ pub(crate) fn build_for_host(inputs: &SpecInputs<'_>, host: &HostFacts) -> Resul
             user.additional_gids.clear();
         }
     }
-    let bounding = caps::without_unenforced_mknod(
-        caps::resolve(security, host.bounding_caps)?,
+    let bounding = caps::resolve(
         security,
+        host.bounding_caps,
         !host.cgroup_v2 || userns.is_some(),
-    );
+    )?;
 
     let mut process = Process::default();
     process.set_terminal(Some(false));
@@ -292,6 +292,15 @@ mod tests {
         }
     }
 
+    fn bounding_caps(spec: &Spec) -> Vec<oci_spec::runtime::Capability> {
+        spec.process()
+            .as_ref()
+            .and_then(|p| p.capabilities().as_ref())
+            .and_then(|c| c.bounding().clone())
+            .map(|set| set.into_iter().collect())
+            .unwrap_or_default()
+    }
+
     fn has_cgroup_namespace(spec: &Spec) -> bool {
         spec.linux()
             .as_ref()
@@ -318,14 +327,7 @@ mod tests {
     #[test]
     fn a_cgroup_v2_host_leaves_mknod_out_of_the_default_capabilities() {
         let f = Fixture::new();
-        let bounding = |host: &HostFacts| {
-            f.build(host)
-                .process()
-                .as_ref()
-                .and_then(|p| p.capabilities().as_ref())
-                .and_then(|c| c.bounding().clone())
-                .unwrap_or_default()
-        };
+        let bounding = |host: &HostFacts| bounding_caps(&f.build(host));
         let mknod = oci_spec::runtime::Capability::Mknod;
         assert!(
             bounding(&HostFacts::for_tests()).contains(&mknod),
@@ -392,13 +394,7 @@ mod tests {
             bounding_caps: crate::spec::host::ALL_KNOWN_CAPS & !(1 << 24),
             ..HostFacts::for_tests()
         };
-        let spec = f.build(&host);
-        let bounding = spec
-            .process()
-            .as_ref()
-            .and_then(|p| p.capabilities().as_ref())
-            .and_then(|c| c.bounding().clone())
-            .unwrap_or_default();
+        let bounding = bounding_caps(&f.build(&host));
         assert_eq!(bounding.len(), 40);
         assert!(!bounding.contains(&oci_spec::runtime::Capability::SysResource));
     }

@@ -108,10 +108,20 @@ fn is_all(name: &str) -> bool {
 }
 
 /// The bounding set (= effective = permitted) of a container, in a stable order.
+///
+/// `device_rules_enforced` is false on a cgroup v2 host outside a user namespace: this
+/// build cannot enforce a spec's device rules there (libcgroups' eBPF device controller is
+/// not compiled in), so `CAP_MKNOD` would let a container's root create and open any device
+/// node, the host's disks included. It is then left out of the default set, as Podman's
+/// defaults leave it out; a container that asks for it by name (or `ALL`) still gets it,
+/// with a warning. (In a user namespace the kernel refuses device nodes anyway, and a
+/// privileged container has the host's devices by design.)
 pub(crate) fn resolve(
     security: &SecurityConfig,
     available: u64,
+    device_rules_enforced: bool,
 ) -> Result<Vec<Capability>, SpecError> {
+    static TRIMMED_WARNING: std::sync::Once = std::sync::Once::new();
     let every: Vec<Capability> = TABLE.iter().map(|(_, c, _)| *c).collect();
     // Validate every name even when privileged ignores them.
     let adds = names(&security.add_capabilities, "security.add_capabilities")?;
@@ -121,6 +131,15 @@ pub(crate) fn resolve(
         every
     } else {
         let mut caps = DEFAULT.to_vec();
+        if !device_rules_enforced {
+            caps.retain(|c| *c != Capability::Mknod);
+            TRIMMED_WARNING.call_once(|| {
+                tracing::warn!(
+                    "cgroup v2: device rules are not enforced by this build, so CAP_MKNOD is \
+                     left out of containers' default capabilities (add it by name to get it)"
+                );
+            });
+        }
         if security.add_capabilities.iter().any(|n| is_all(n)) {
             caps = every;
         }
@@ -133,6 +152,12 @@ pub(crate) fn resolve(
             }
         }
         caps.retain(|c| !drops.contains(c));
+        if !device_rules_enforced && caps.contains(&Capability::Mknod) {
+            tracing::warn!(
+                "CAP_MKNOD granted on cgroup v2, where this build does not enforce device \
+                 rules: the container's root can create and open any device node"
+            );
+        }
         caps
     };
     caps.retain(|c| {
@@ -145,41 +170,6 @@ pub(crate) fn resolve(
         supported
     });
     Ok(caps)
-}
-
-/// On a cgroup v2 host this build cannot enforce a spec's device rules (libcgroups' eBPF
-/// device controller is not compiled in), so `CAP_MKNOD` would let a container's root
-/// create and open any device node, the host's disks included. There it is left out of the
-/// default set, as Podman's defaults leave it out; a container that asks for it by name (or
-/// `ALL`) still gets it, with a warning. In a user namespace the kernel refuses device
-/// nodes anyway, and a privileged container has the host's devices by design.
-pub(crate) fn without_unenforced_mknod(
-    mut caps: Vec<Capability>,
-    security: &SecurityConfig,
-    device_rules_enforced: bool,
-) -> Vec<Capability> {
-    static WARNED: std::sync::Once = std::sync::Once::new();
-    if device_rules_enforced || security.privileged || !caps.contains(&Capability::Mknod) {
-        return caps;
-    }
-    let asked = security.add_capabilities.iter().any(|n| {
-        is_all(n) || matches!(parse("security.add_capabilities", n), Ok(Capability::Mknod))
-    });
-    if asked {
-        tracing::warn!(
-            "CAP_MKNOD granted on cgroup v2, where this build does not enforce device rules: \
-             the container's root can create and open any device node"
-        );
-        return caps;
-    }
-    WARNED.call_once(|| {
-        tracing::warn!(
-            "cgroup v2: device rules are not enforced by this build, so CAP_MKNOD is left out \
-             of containers' default capabilities (add it by name to get it)"
-        );
-    });
-    caps.retain(|c| *c != Capability::Mknod);
-    caps
 }
 
 fn names(list: &[String], field: &'static str) -> Result<Vec<Capability>, SpecError> {
@@ -208,10 +198,9 @@ mod tests {
 
     #[test]
     fn mknod_is_left_out_by_default_only_where_device_rules_are_not_enforced() {
-        let default = || resolve(&SecurityConfig::default(), u64::MAX).expect("resolve");
-        let plain = SecurityConfig::default();
-        assert!(without_unenforced_mknod(default(), &plain, true).contains(&Capability::Mknod));
-        let v2 = without_unenforced_mknod(default(), &plain, false);
+        let default = |enforced| resolve(&SecurityConfig::default(), u64::MAX, enforced);
+        assert!(default(true).expect("resolve").contains(&Capability::Mknod));
+        let v2 = default(false).expect("resolve");
         assert!(!v2.contains(&Capability::Mknod));
         assert_eq!(v2.len(), DEFAULT.len() - 1, "only MKNOD goes: {v2:?}");
         for add in ["MKNOD", "cap_mknod", "ALL"] {
@@ -219,18 +208,15 @@ mod tests {
                 add_capabilities: vec![add.into()],
                 ..SecurityConfig::default()
             };
-            let caps = resolve(&asked, u64::MAX).expect("resolve");
-            assert!(
-                without_unenforced_mknod(caps, &asked, false).contains(&Capability::Mknod),
-                "asked by {add}"
-            );
+            let caps = resolve(&asked, u64::MAX, false).expect("resolve");
+            assert!(caps.contains(&Capability::Mknod), "asked by {add}");
         }
         let privileged = SecurityConfig {
             privileged: true,
             ..SecurityConfig::default()
         };
-        let caps = resolve(&privileged, u64::MAX).expect("resolve");
-        assert!(without_unenforced_mknod(caps, &privileged, false).contains(&Capability::Mknod));
+        let caps = resolve(&privileged, u64::MAX, false).expect("resolve");
+        assert!(caps.contains(&Capability::Mknod));
     }
 
     #[test]
@@ -266,7 +252,7 @@ mod tests {
             add_capabilities: vec!["BPF".into(), "CHECKPOINT_RESTORE".into()],
             ..Default::default()
         };
-        let caps = resolve(&security, (1 << 39) - 1).expect("resolve");
+        let caps = resolve(&security, (1 << 39) - 1, true).expect("resolve");
         assert!(!caps.contains(&Capability::Bpf));
         assert!(!caps.contains(&Capability::CheckpointRestore));
         assert!(caps.contains(&Capability::Chown));
