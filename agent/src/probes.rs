@@ -44,7 +44,7 @@ use k8s_openapi::api::core::v1::{Container, ContainerPort};
 
 pub use action::{Action, ActionError, HttpGet, PortRef, Scheme};
 pub use handler::run_handler;
-pub use manager::{ProbeManager, ProbeUpdate, RunningContainer};
+pub use manager::{Carried, ProbeManager, ProbeUpdate, RunningContainer};
 pub use spec::{ProbeSpec, ProbeSpecError};
 
 /// The three kinds of probe, in the order kubelet gates them.

@@ -629,3 +629,134 @@ spec:
         restart_count(&talker, "counter")
     );
 }
+
+/// The issue-15 pods: two containers without probes, and one whose readiness and startup
+/// probes succeeded before the crash.
+fn status_pods() -> Vec<(String, String)> {
+    let plain = |name: &str| {
+        format!(
+            r#"apiVersion: v1
+kind: Pod
+metadata: {{name: {name}}}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: c
+    image: busybox
+    command: [sh, -c, "while true; do echo x; sleep 0.05; done"]
+  - name: e
+    image: busybox
+    command: [sleep, "3600"]
+"#
+        )
+    };
+    let mut pods: Vec<(String, String)> = ["st1", "st2", "st3"]
+        .iter()
+        .map(|n| ((*n).to_owned(), plain(n)))
+        .collect();
+    pods.push((
+        "st4".to_owned(),
+        r#"apiVersion: v1
+kind: Pod
+metadata: {name: st4}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: c
+    image: busybox
+    command: [sleep, "3600"]
+    startupProbe: {exec: {command: ["true"]}, periodSeconds: 1}
+    readinessProbe: {exec: {command: ["true"]}, periodSeconds: 1}
+"#
+        .to_owned(),
+    ));
+    pods
+}
+
+/// Polls `/pods` for `window` after a restart: every pod, from the first moment it is
+/// reported again, shows exactly the status and `config.seen` it had before.
+fn assert_statuses_unchanged(
+    agent: &Agent,
+    before: &BTreeMap<String, k8s_openapi::api::core::v1::Pod>,
+    window: Duration,
+    what: &str,
+) {
+    let seen = |p: &k8s_openapi::api::core::v1::Pod| {
+        p.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("kubernetes.io/config.seen"))
+            .cloned()
+    };
+    let start = Instant::now();
+    let mut reported = BTreeSet::new();
+    while start.elapsed() < window {
+        for (name, pod) in pods_by_name(agent) {
+            let Some(old) = before.get(&name) else {
+                continue;
+            };
+            assert_eq!(
+                serde_json::to_value(&pod.status).expect("json"),
+                serde_json::to_value(&old.status).expect("json"),
+                "{what}: pod {name}'s status changed after {:?}",
+                start.elapsed()
+            );
+            assert_eq!(seen(&pod), seen(old), "{what}: pod {name}'s config.seen");
+            reported.insert(name);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        reported.len(),
+        before.len(),
+        "{what}: pods reported again: {reported:?}"
+    );
+}
+
+#[test]
+fn a_re_adopted_pod_keeps_its_whole_status_across_agent_and_supervisor_restarts() {
+    if !support::is_root() {
+        return;
+    }
+    let _serial = serial();
+    let mut agent = Agent::start();
+    let pods = status_pods();
+    for (name, yaml) in &pods {
+        agent.write_manifest(&format!("{name}.yaml"), yaml);
+    }
+    agent.wait_until("4 pods ready", Duration::from_secs(60), |a| {
+        let by_name = pods_by_name(a);
+        pods.iter().all(|(n, _)| {
+            by_name
+                .get(n)
+                .is_some_and(|p| support::condition(p, "Ready").as_deref() == Some("True"))
+        })
+    });
+    // As in the issue: the pods ran 6 s, long after their last status change.
+    std::thread::sleep(Duration::from_secs(6));
+    let before = pods_by_name(&agent);
+    for (name, pod) in &before {
+        for c in pod
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .expect("container statuses")
+        {
+            assert!(c.ready && c.started == Some(true), "{name}/{}", c.name);
+        }
+    }
+    let inits = init_pids(&agent);
+
+    agent.restart();
+    assert_statuses_unchanged(&agent, &before, Duration::from_secs(4), "agent killed");
+    agent.restart_supervisor();
+    assert_statuses_unchanged(&agent, &before, Duration::from_secs(4), "supervisor killed");
+    assert_eq!(init_pids(&agent), inits, "the same processes throughout");
+
+    for (name, _) in &pods {
+        agent.remove_manifest(&format!("{name}.yaml"));
+    }
+    agent.wait_until("pods removed", Duration::from_secs(30), |a| {
+        pods_by_name(a).is_empty()
+    });
+}

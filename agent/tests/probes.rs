@@ -378,6 +378,7 @@ fn liveness_threshold(env: &Env) -> Result<()> {
             name: "live".into(),
             id: pod.container.clone(),
             started_at: pod.started_at,
+            carried: Default::default(),
         };
         let started = Instant::now();
         manager.update_pod(&manifest, &[running], &pod.target.network);

@@ -157,7 +157,7 @@ impl Kubelet {
             ]));
         }
         let (probes, probe_updates) = crate::probes::ProbeManager::new(runtime.clone());
-        let statuses = Arc::new(StatusStore::default());
+        let statuses = Arc::new(StatusStore::load(&config.pods_dir()));
         let metrics = Arc::new(Metrics::new());
         let events: Arc<dyn EventRecorder> = match &api {
             Some(client) => Arc::new(crate::apiserver::ApiRecorder::start(

@@ -1,22 +1,62 @@
 //! [`StatusStore`]: the latest API status of every pod this node runs or rejected — what
-//! `ironlet pods` shows and what the API status manager (issue 4) will patch.
+//! `ironlet pods` shows and what the API status manager patches.
 //!
 //! Writers replace a pod's entry whole; readers get copies. Every change bumps a version
 //! number that watchers can wait on.
+//!
+//! # Persistence across agent restarts
+//! A pod whose containers outlive the agent (kill -9, a SIGHUP upgrade, a killed
+//! supervisor) must come back with the status it had: readiness, `started`, `startTime`,
+//! the conditions' `lastTransitionTime`, and — for static pods — the age. Only the agent
+//! knew those (the runtime keeps pids, start times and attempts, not readiness or
+//! transition times), so each status change of a pod that has a directory
+//! (`<root>/pods/<uid>/`, made before its first container) is written to
+//! `<root>/pods/<uid>/status.json`, with the pod's `config.seen`, before the change is
+//! visible to readers (temp file + fsync + rename + fsync of the directory, as the runtime's
+//! records). The next agent loads these records ([`StatusStore::load`]) and hands a pod's
+//! record to the status computation as its previous status
+//! ([`StatusStore::previous`]); the probe manager seeds a re-adopted container's readiness
+//! and startup from it. The file goes with the pod directory.
+//!
+//! Why a local record rather than the API server's copy of the status: static pods have
+//! none until their mirror exists (and a mirror's status may lag), the agent may restart
+//! while the API server is unreachable, and the API copy is rounded to seconds and
+//! written asynchronously; the local record is exactly what the agent last computed, the
+//! same for both kinds of pod. Only changes are written, so a steady node writes nothing.
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
+use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use crate::config::pod_uid;
+use crate::config::{annotation, pod_uid, CONFIG_SEEN};
+
+/// The file, inside a pod's directory, that holds its last status.
+pub const STATUS_FILE: &str = "status.json";
+
+/// What is written per pod.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Record {
+    /// `kubernetes.io/config.seen` of the first sighting, kept across restarts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    seen: Option<String>,
+    status: PodStatus,
+}
 
 /// Pods and their computed statuses, by UID.
 #[derive(Debug)]
 pub struct StatusStore {
     entries: Mutex<HashMap<String, (Arc<Pod>, PodStatus)>>,
     version: watch::Sender<u64>,
+    /// `<root>/pods`, where records are written; `None`: nothing is persisted.
+    pods_dir: Option<PathBuf>,
+    /// Records of the previous agent, by UID, until the pod's status is set again.
+    recovered: Mutex<HashMap<String, Record>>,
+    /// Serialises record writes so that the file holds the newest status.
+    writes: Mutex<()>,
 }
 
 impl Default for StatusStore {
@@ -24,26 +64,101 @@ impl Default for StatusStore {
         Self {
             entries: Mutex::new(HashMap::new()),
             version: watch::channel(0).0,
+            pods_dir: None,
+            recovered: Mutex::default(),
+            writes: Mutex::new(()),
         }
     }
 }
 
 impl StatusStore {
+    /// A store persisting into `<pods_dir>/<uid>/status.json`, loaded with the records
+    /// already there. Unreadable records are logged and ignored (the pod then starts from
+    /// what the runtime shows, as before persistence existed).
+    pub fn load(pods_dir: &Path) -> Self {
+        let mut recovered = HashMap::new();
+        for entry in std::fs::read_dir(pods_dir).into_iter().flatten().flatten() {
+            let uid = entry.file_name().to_string_lossy().into_owned();
+            let path = entry.path().join(STATUS_FILE);
+            match std::fs::read(&path) {
+                Ok(bytes) => match serde_json::from_slice::<Record>(&bytes) {
+                    Ok(record) => {
+                        recovered.insert(uid, record);
+                    }
+                    Err(err) => {
+                        tracing::warn!(path = %path.display(), %err, "ignoring an unreadable pod status record")
+                    }
+                },
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+                Err(err) => {
+                    tracing::warn!(path = %path.display(), %err, "ignoring an unreadable pod status record")
+                }
+            }
+        }
+        if !recovered.is_empty() {
+            tracing::info!(pods = recovered.len(), "pod statuses recovered");
+        }
+        Self {
+            pods_dir: Some(pods_dir.to_owned()),
+            recovered: Mutex::new(recovered),
+            ..Self::default()
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Arc<Pod>, PodStatus)>> {
         self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Sets the pod's status (and remembers the pod spec it belongs to).
+    fn lock_recovered(&self) -> std::sync::MutexGuard<'_, HashMap<String, Record>> {
+        self.recovered.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sets the pod's status (and remembers the pod spec it belongs to). A changed status
+    /// is persisted before readers see it.
     pub fn set(&self, pod: Arc<Pod>, status: PodStatus) {
         let uid = pod_uid(&pod).to_owned();
-        let changed = {
-            let mut entries = self.lock();
-            let changed = entries.get(&uid).is_none_or(|(_, s)| *s != status);
-            entries.insert(uid, (pod, status));
-            changed
+        let _write = self.writes.lock().unwrap_or_else(|p| p.into_inner());
+        let recovered = self.lock_recovered().remove(&uid);
+        let (first_seen, changed) = match self.lock().get(&uid) {
+            Some((old, old_status)) => (
+                annotation(old, CONFIG_SEEN).map(str::to_owned),
+                *old_status != status,
+            ),
+            None => match recovered {
+                Some(record) => (record.seen, record.status != status),
+                None => (None, true),
+            },
         };
+        let pod = keep_seen(pod, first_seen.as_deref());
+        if changed {
+            self.persist(&uid, &pod, &status);
+        }
+        self.lock().insert(uid, (pod, status));
         if changed {
             self.version.send_modify(|v| *v += 1);
+        }
+    }
+
+    /// Writes the pod's record if its directory exists (a pod without one has no container
+    /// that could outlive the agent).
+    fn persist(&self, uid: &str, pod: &Pod, status: &PodStatus) {
+        let Some(dir) = self.pods_dir.as_ref().map(|d| d.join(uid)) else {
+            return;
+        };
+        if uid.is_empty() || uid.contains('/') || uid == "." || uid == ".." || !dir.is_dir() {
+            return;
+        }
+        let record = Record {
+            seen: annotation(pod, CONFIG_SEEN).map(str::to_owned),
+            status: status.clone(),
+        };
+        let written = serde_json::to_vec(&record)
+            .map_err(std::io::Error::other)
+            .and_then(|bytes| {
+                ironlet_runtime::fsutil::write_atomic(&dir.join(STATUS_FILE), &bytes)
+            });
+        if let Err(err) = written {
+            tracing::warn!(pod_uid = %uid, %err, "persisting the pod status failed");
         }
     }
 
@@ -51,7 +166,25 @@ impl StatusStore {
         self.lock().get(uid).map(|(_, s)| s.clone())
     }
 
+    /// The status the next one is computed from: the current one, or, before the first
+    /// status of this agent, the one the previous agent recorded.
+    pub fn previous(&self, uid: &str) -> Option<PodStatus> {
+        self.status(uid)
+            .or_else(|| self.lock_recovered().get(uid).map(|r| r.status.clone()))
+    }
+
     pub fn remove(&self, uid: &str) {
+        let _write = self.writes.lock().unwrap_or_else(|p| p.into_inner());
+        self.lock_recovered().remove(uid);
+        if let Some(dir) = self.pods_dir.as_ref().map(|d| d.join(uid)) {
+            match std::fs::remove_file(dir.join(STATUS_FILE)) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(err) => {
+                    tracing::warn!(pod_uid = %uid, %err, "removing the pod status record failed")
+                }
+            }
+        }
         if self.lock().remove(uid).is_some() {
             self.version.send_modify(|v| *v += 1);
         }
@@ -88,4 +221,22 @@ impl StatusStore {
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.version.subscribe()
     }
+}
+
+/// The pod with `seen` as its `config.seen`, if known: the pod was first seen then, by
+/// this agent or the previous one, not when this agent re-read its manifest (`ironlet
+/// pods` ages static pods from it).
+fn keep_seen(pod: Arc<Pod>, seen: Option<&str>) -> Arc<Pod> {
+    let Some(seen) = seen else {
+        return pod;
+    };
+    if annotation(&pod, CONFIG_SEEN) == Some(seen) {
+        return pod;
+    }
+    let mut pod = (*pod).clone();
+    pod.metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(CONFIG_SEEN.to_owned(), seen.to_owned());
+    Arc::new(pod)
 }

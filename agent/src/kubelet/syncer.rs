@@ -159,6 +159,11 @@ impl PodSyncer for NodeSyncer {
     ) -> Result<SyncOutcome, SyncError> {
         let started = Instant::now();
         let cached = self.runtime_status(pod, status_newer_than).await?;
+        // Probes first: a status must never show a running container as not started or
+        // not ready merely because its probe workers were not set up yet (a container
+        // re-adopted after an agent restart, or one started by the previous sync).
+        self.update_probes(pod, &cached.status);
+        self.learn_image_refs(&cached.status).await;
         let api = self.record_status(pod, &cached.status, &StatusLifecycle::Active);
         if crate::status::pod_is_terminal(&api) {
             self.probes.remove_pod(pod_uid(pod));
@@ -166,8 +171,8 @@ impl PodSyncer for NodeSyncer {
         }
         let result = self.sync_running_pod(pod, &cached.status).await;
         let fresh = self.runtime_status(pod, Instant::now()).await?;
-        self.record_status(pod, &fresh.status, &StatusLifecycle::Active);
         self.update_probes(pod, &fresh.status);
+        self.record_status(pod, &fresh.status, &StatusLifecycle::Active);
         tracing::debug!(pod = %pod_full_name(pod), took_us = started.elapsed().as_micros() as u64, "pod synced");
         result
     }

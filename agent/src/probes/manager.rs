@@ -48,6 +48,21 @@ pub struct RunningContainer {
     pub name: String,
     pub id: ContainerId,
     pub started_at: SystemTime,
+    /// What this very container (same id) was known to be before its probe workers
+    /// start: set for a container re-adopted after an agent restart, from the status the
+    /// previous agent recorded, so that readiness and `started` carry over instead of
+    /// restarting from their initial results (a ready container would flap to not ready
+    /// until its next probe; one that had started would run its startup probe again).
+    pub carried: Carried,
+}
+
+/// Probe results a running container carries from before its workers started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Carried {
+    /// Its startup probe had succeeded (or it had none).
+    pub started: bool,
+    /// Its readiness probe had succeeded (or it had none) and it had started.
+    pub ready: bool,
 }
 
 /// The probe workers of one container; dropping it stops them and forgets their results.
@@ -261,7 +276,8 @@ impl ProbeManager {
     ) -> ContainerProbes {
         let specs = ProbeSpec::from_container(container);
         let has_startup = specs.iter().any(|(k, _)| *k == ProbeKind::Startup);
-        let started = Arc::new(watch::channel(!has_startup).0);
+        let carried = running.carried;
+        let started = Arc::new(watch::channel(!has_startup || carried.started).0);
         let target = Arc::new(ProbeTarget::for_container(
             running.id.clone(),
             network.clone(),
@@ -283,14 +299,23 @@ impl ProbeManager {
         for (kind, spec) in specs {
             let key = probes.key(kind);
             let message = spec.as_ref().err().map(ToString::to_string);
+            let result = match kind {
+                ProbeKind::Startup if carried.started => Some(ProbeResult::Success),
+                ProbeKind::Readiness if carried.ready => Some(ProbeResult::Success),
+                _ => kind.initial_result(),
+            };
             self.results.init(
                 key.clone(),
                 Slot {
                     id: running.id.clone(),
-                    result: kind.initial_result(),
+                    result,
                     message,
                 },
             );
+            // kubelet stops probing for startup once a container has started.
+            if kind == ProbeKind::Startup && carried.started {
+                continue;
+            }
             let spec = match spec {
                 Ok(spec) => spec,
                 Err(err) => {

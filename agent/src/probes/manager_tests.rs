@@ -49,6 +49,7 @@ fn running(name: &str) -> RunningContainer {
         name: name.into(),
         id: ContainerId::random(),
         started_at: SystemTime::now(),
+        carried: Default::default(),
     }
 }
 

@@ -32,7 +32,7 @@ impl NodeSyncer {
     ) -> ApiPodStatus {
         let uid = pod_uid(pod).to_owned();
         let waiting = self.lock_waiting().get(&uid).cloned().unwrap_or_default();
-        let previous = self.statuses.status(&uid);
+        let previous = self.statuses.previous(&uid);
         let image_refs = self
             .image_refs
             .lock()
@@ -102,12 +102,46 @@ impl NodeSyncer {
     }
 
     /// Starts and stops probe workers to match the running containers.
+    /// Learns the repo digest (`imageID`) of the images of containers this agent did not
+    /// start (re-adopted after a restart), so that their status shows the same `imageID`
+    /// as when the previous agent started them.
+    pub(super) async fn learn_image_refs(&self, status: &PodStatus) {
+        let missing: Vec<(String, String)> = {
+            let known = self.image_refs.lock().unwrap_or_else(|p| p.into_inner());
+            status
+                .containers
+                .iter()
+                .filter(|c| !known.contains_key(&c.image_id))
+                .map(|c| (c.image.clone(), c.image_id.clone()))
+                .collect()
+        };
+        for (image, image_id) in missing {
+            let Ok(Some(found)) = self.images.get_image(&image).await else {
+                continue;
+            };
+            if found.id == image_id {
+                // Without a repo digest the id itself is the imageID (and is not looked
+                // up again).
+                let digest = found.repo_digests.first().unwrap_or(&found.id).clone();
+                self.image_refs
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(image_id, digest);
+            }
+        }
+    }
+
+    /// A container the manager does not track yet carries the readiness and `started` of
+    /// the previous status of the very same container (after an agent restart: the
+    /// previous agent's record, see [`super::super::status_store`]).
     pub(super) fn update_probes(&self, pod: &Pod, status: &PodStatus) {
+        let previous = self.statuses.previous(pod_uid(pod));
         let running: Vec<crate::probes::RunningContainer> = super::running_containers(status)
             .map(|c| crate::probes::RunningContainer {
                 name: c.name.clone(),
                 id: c.id.clone(),
                 started_at: c.started_at.unwrap_or(c.created_at),
+                carried: carried(previous.as_ref(), &c.id),
             })
             .collect();
         let sandbox = status.sandboxes.iter().max_by_key(|s| s.created_at);
@@ -116,6 +150,28 @@ impl NodeSyncer {
             netns_path: sandbox.and_then(|s| s.netns_path.clone()),
         };
         self.probes.update_pod(pod, &running, &network);
+    }
+}
+
+/// What the previous status said of the running container `id`.
+fn carried(previous: Option<&ApiPodStatus>, id: &ContainerId) -> crate::probes::Carried {
+    let api_id = crate::status::api_container_id(id);
+    let status = previous.and_then(|p| {
+        p.container_statuses
+            .iter()
+            .flatten()
+            .chain(p.init_container_statuses.iter().flatten())
+            .find(|c| c.container_id.as_deref() == Some(api_id.as_str()))
+    });
+    let running = status
+        .and_then(|c| c.state.as_ref())
+        .is_some_and(|s| s.running.is_some());
+    match status {
+        Some(c) if running => crate::probes::Carried {
+            started: c.started == Some(true),
+            ready: c.ready,
+        },
+        _ => crate::probes::Carried::default(),
     }
 }
 
