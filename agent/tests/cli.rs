@@ -251,64 +251,90 @@ fn rootless_user() -> Option<(String, u32)> {
     Some((name.to_owned(), uid))
 }
 
+/// A work directory the unprivileged user owns, with a copy of the binary and of busybox
+/// (imported into `<work>/root`), and a way to run the binary as that user.
+struct Rootless {
+    user: String,
+    uid: u32,
+    work: tempfile::TempDir,
+}
+
+impl Rootless {
+    fn new() -> Self {
+        let Some((user, uid)) = rootless_user() else {
+            panic!("could not create the unprivileged test user");
+        };
+        let work = tempfile::tempdir().expect("temp dir");
+        let work_path = work.path();
+        std::fs::set_permissions(
+            work_path,
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
+        std::fs::copy(env!("CARGO_BIN_EXE_ironlet"), work_path.join("ironlet"))
+            .expect("copy binary");
+        let cp = Command::new("cp")
+            .arg("-a")
+            .arg(images_out().join("busybox"))
+            .arg(work_path.join("busybox"))
+            .status()
+            .unwrap();
+        assert!(cp.success());
+        let chown = Command::new("chown")
+            .arg("-R")
+            .arg(format!("{uid}:{uid}"))
+            .arg(work_path)
+            .status()
+            .unwrap();
+        assert!(chown.success());
+        Self { user, uid, work }
+    }
+
+    /// `ironlet --root-dir <work>/root ARGS` as the user.
+    fn cmd(&self, args: &[&str]) -> Command {
+        let work = self.work.path();
+        let mut cmd = Command::new("setpriv");
+        cmd.args([
+            "--reuid",
+            &self.uid.to_string(),
+            "--regid",
+            &self.uid.to_string(),
+            "--init-groups",
+            "--",
+        ])
+        .arg(work.join("ironlet"))
+        .arg("--root-dir")
+        .arg(work.join("root"))
+        .args(args)
+        .env("HOME", work)
+        .env_remove("XDG_RUNTIME_DIR");
+        cmd
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.cmd(args).output().expect("setpriv runs")
+    }
+
+    fn import_busybox(&self) {
+        let layout = self.work.path().join("busybox");
+        let import = self.run(&["images", "import", &layout.to_string_lossy()]);
+        assert!(
+            import.status.success(),
+            "rootless import: {}",
+            text(&import.stderr)
+        );
+    }
+}
+
 #[test]
 fn a_rootless_container_runs_as_an_unprivileged_user() {
     if !is_root() {
         return;
     }
-    let Some((user, uid)) = rootless_user() else {
-        panic!("could not create the unprivileged test user");
-    };
-    // Everything the user touches lives in a directory it owns.
-    let work = tempfile::tempdir().expect("temp dir");
-    let work_path = work.path().to_owned();
-    std::fs::set_permissions(
-        &work_path,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
-    let bin = work_path.join("ironlet");
-    std::fs::copy(env!("CARGO_BIN_EXE_ironlet"), &bin).expect("copy binary");
-    let layout = work_path.join("busybox");
-    let cp = Command::new("cp")
-        .arg("-a")
-        .arg(images_out().join("busybox"))
-        .arg(&layout)
-        .status()
-        .unwrap();
-    assert!(cp.success());
-    let chown = Command::new("chown")
-        .arg("-R")
-        .arg(format!("{uid}:{uid}"))
-        .arg(&work_path)
-        .status()
-        .unwrap();
-    assert!(chown.success());
-    let as_user = |args: &[&str]| {
-        Command::new("setpriv")
-            .args([
-                "--reuid",
-                &uid.to_string(),
-                "--regid",
-                &uid.to_string(),
-                "--init-groups",
-                "--",
-            ])
-            .arg(&bin)
-            .arg("--root-dir")
-            .arg(work_path.join("root"))
-            .args(args)
-            .env("HOME", &work_path)
-            .env_remove("XDG_RUNTIME_DIR")
-            .output()
-            .expect("setpriv runs")
-    };
-    let import = as_user(&["images", "import", &layout.to_string_lossy()]);
-    assert!(
-        import.status.success(),
-        "rootless import: {}",
-        text(&import.stderr)
-    );
+    let rootless = Rootless::new();
+    let (user, uid) = (&rootless.user, rootless.uid);
+    let as_user = |args: &[&str]| rootless.run(args);
+    rootless.import_busybox();
     let run = as_user(&[
         "ctr",
         "run",
@@ -393,4 +419,116 @@ fn bad_input_gets_a_clear_error_and_leaves_nothing_behind() {
         !mounts.contains(&*node.root.path().to_string_lossy()),
         "a mount under the root is left"
     );
+}
+
+/// The rootless agent's pods (`ironlet pods -o json` as the user).
+fn rootless_pods(rootless: &Rootless) -> Vec<k8s_openapi::api::core::v1::Pod> {
+    let out = rootless.run(&["pods", "-A", "-o", "json"]);
+    serde_json::from_slice::<k8s_openapi::List<k8s_openapi::api::core::v1::Pod>>(&out.stdout)
+        .map(|l| l.items)
+        .unwrap_or_default()
+}
+
+/// Ready condition True and every container ready and started.
+fn fully_ready(pod: &k8s_openapi::api::core::v1::Pod) -> bool {
+    let Some(status) = &pod.status else {
+        return false;
+    };
+    let ready = status
+        .conditions
+        .iter()
+        .flatten()
+        .any(|c| c.type_ == "Ready" && c.status == "True");
+    let containers = status.container_statuses.as_deref().unwrap_or_default();
+    ready
+        && !containers.is_empty()
+        && containers
+            .iter()
+            .all(|c| c.ready && c.started == Some(true))
+}
+
+#[test]
+fn a_rootless_static_pod_becomes_ready_within_seconds_and_stays_ready() {
+    if !is_root() {
+        return;
+    }
+    let rootless = Rootless::new();
+    rootless.import_busybox();
+    let manifests = rootless.work.path().join("manifests");
+    std::fs::create_dir(&manifests).expect("manifest dir");
+    let log_path = rootless.work.path().join("agent.log");
+    let log = std::fs::File::create(&log_path).expect("agent log");
+    let mut agent = rootless
+        .cmd(&[
+            "run",
+            "--pod-manifest-path",
+            &manifests.to_string_lossy(),
+            "--node-name",
+            "rootless-node",
+            "--file-check-frequency",
+            "1s",
+        ])
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("log fd"))
+        .stderr(log)
+        .spawn()
+        .expect("rootless agent starts");
+    let agent_log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    let wait = |what: &str,
+                timeout: Duration,
+                check: &dyn Fn(&[k8s_openapi::api::core::v1::Pod]) -> bool| {
+        let start = Instant::now();
+        while start.elapsed() < timeout {
+            if check(&rootless_pods(&rootless)) {
+                return start.elapsed();
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("timed out waiting for {what}; agent log:\n{}", agent_log());
+    };
+    wait("the agent answers", Duration::from_secs(20), &|_| {
+        rootless.run(&["pods", "-A", "-o", "json"]).status.success()
+    });
+    let manifest = manifests.join("web.yaml");
+    std::fs::write(
+        &manifest,
+        r#"apiVersion: v1
+kind: Pod
+metadata: {name: web}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: web
+    image: busybox
+    command: [sleep, "3600"]
+"#,
+    )
+    .expect("manifest");
+    let took = wait("the rootless pod Ready", Duration::from_secs(20), &|pods| {
+        pods.iter().any(fully_ready)
+    });
+    // "Within a few seconds" of the manifest appearing (the file source looks every 1 s).
+    assert!(took < Duration::from_secs(8), "Ready after {took:?}");
+    let steady = Instant::now();
+    while steady.elapsed() < Duration::from_secs(3) {
+        let pods = rootless_pods(&rootless);
+        assert!(
+            pods.len() == 1 && fully_ready(&pods[0]),
+            "the pod stays ready: {}",
+            serde_json::to_string_pretty(&pods).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    println!("rootless static pod Ready {took:?} after its manifest was written");
+
+    std::fs::remove_file(&manifest).expect("remove manifest");
+    wait("the pod removed", Duration::from_secs(30), &|pods| {
+        pods.is_empty()
+    });
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(agent.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .expect("stop the agent");
+    let _ = agent.wait();
 }
