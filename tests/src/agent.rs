@@ -169,6 +169,18 @@ impl ClusterAgent {
         std::fs::remove_file(self.manifests.join(file)).context("removing manifest")
     }
 
+    /// Sends `signal` to the supervisor (the process this harness started): SIGHUP
+    /// upgrades the agent to the binary on disk.
+    pub fn signal_supervisor(&self, signal: nix::sys::signal::Signal) -> Result<()> {
+        let supervisor = self
+            .child
+            .as_ref()
+            .and_then(|c| i32::try_from(c.id()).ok())
+            .context("no supervisor")?;
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(supervisor), signal)
+            .context("signalling the supervisor")
+    }
+
     /// SIGTERM, then SIGKILL after 10 s.
     pub fn stop(&mut self) {
         let Some(mut child) = self.child.take() else {
