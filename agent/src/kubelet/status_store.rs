@@ -240,3 +240,66 @@ fn keep_seen(pod: Arc<Pod>, seen: Option<&str>) -> Arc<Pod> {
         .insert(CONFIG_SEEN.to_owned(), seen.to_owned());
     Arc::new(pod)
 }
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    use super::*;
+
+    fn pod(uid: &str, seen: &str) -> Arc<Pod> {
+        Arc::new(Pod {
+            metadata: ObjectMeta {
+                uid: Some(uid.into()),
+                name: Some("web".into()),
+                annotations: Some([(CONFIG_SEEN.to_owned(), seen.to_owned())].into()),
+                ..ObjectMeta::default()
+            },
+            ..Pod::default()
+        })
+    }
+
+    fn status(phase: &str) -> PodStatus {
+        PodStatus {
+            phase: Some(phase.into()),
+            ..PodStatus::default()
+        }
+    }
+
+    #[test]
+    fn a_new_store_recovers_statuses_and_first_sightings_of_pods_with_a_directory() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::create_dir(dir.path().join("with-dir")).expect("pod dir");
+        let store = StatusStore::load(dir.path());
+        store.set(pod("with-dir", "t0"), status("Pending"));
+        store.set(pod("with-dir", "t0"), status("Running"));
+        store.set(pod("no-dir", "t0"), status("Running"));
+        assert!(!dir.path().join("no-dir").exists(), "no directory is made");
+
+        let next = StatusStore::load(dir.path());
+        assert_eq!(next.previous("with-dir"), Some(status("Running")));
+        assert_eq!(next.status("with-dir"), None, "not shown before it is set");
+        assert_eq!(next.previous("no-dir"), None);
+        // The re-read manifest is stamped anew; the first sighting wins.
+        next.set(pod("with-dir", "t1"), status("Running"));
+        let shown = next.pod("with-dir").expect("pod");
+        assert_eq!(annotation(&shown, CONFIG_SEEN), Some("t0"));
+        next.set(pod("with-dir", "t2"), status("Running"));
+        assert_eq!(
+            annotation(&next.pod("with-dir").expect("pod"), CONFIG_SEEN),
+            Some("t0")
+        );
+
+        next.remove("with-dir");
+        assert!(!dir.path().join("with-dir").join(STATUS_FILE).exists());
+        assert_eq!(StatusStore::load(dir.path()).previous("with-dir"), None);
+    }
+
+    #[test]
+    fn a_torn_record_is_ignored() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::create_dir(dir.path().join("uid")).expect("pod dir");
+        std::fs::write(dir.path().join("uid").join(STATUS_FILE), b"{\"status\":").expect("write");
+        assert_eq!(StatusStore::load(dir.path()).previous("uid"), None);
+    }
+}

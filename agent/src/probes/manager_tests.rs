@@ -337,3 +337,68 @@ async fn restartable_init_containers_are_probed_and_other_init_containers_are_no
     assert!(prober.calls_of("init").is_empty());
     assert_eq!(m.readiness(UID, "init"), None);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_re_adopted_container_carries_readiness_and_started_until_its_probes_say_otherwise() {
+    let (m, mut rx, prober) = manager();
+    // Readiness fails from now on: failureThreshold (3) runs later it turns not ready.
+    prober.script("ready", [fail(), fail(), fail()]);
+    let c = RunningContainer {
+        carried: Carried {
+            started: true,
+            ready: true,
+        },
+        ..running("app")
+    };
+    let spec = Container {
+        startup_probe: Some(exec_probe("start")),
+        readiness_probe: Some(Probe {
+            failure_threshold: Some(3),
+            ..exec_probe("ready")
+        }),
+        ..container("app")
+    };
+    m.update_pod(
+        &pod(vec![spec]),
+        std::slice::from_ref(&c),
+        &ProbeNetwork::default(),
+    );
+    assert_eq!(m.startup_done(UID, "app", &c.id), Some(true));
+    assert!(m.is_ready(UID, "app", &c.id), "ready from the first moment");
+    settle(1.5).await;
+    assert!(
+        m.is_ready(UID, "app", &c.id),
+        "two failures are below the threshold"
+    );
+    assert!(rx.try_recv().is_err(), "no update: nothing changed");
+    settle(1.0).await;
+    assert!(!m.is_ready(UID, "app", &c.id), "the third failure counts");
+    assert!(
+        prober.calls_of("start").is_empty(),
+        "a started container's startup probe is not run again"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_re_adopted_container_that_was_not_ready_waits_for_its_probe() {
+    let (m, _rx, _) = manager();
+    let c = RunningContainer {
+        carried: Carried {
+            started: true,
+            ready: false,
+        },
+        ..running("app")
+    };
+    let spec = Container {
+        readiness_probe: Some(exec_probe("ready")),
+        ..container("app")
+    };
+    m.update_pod(
+        &pod(vec![spec]),
+        std::slice::from_ref(&c),
+        &ProbeNetwork::default(),
+    );
+    assert!(!m.is_ready(UID, "app", &c.id));
+    settle(1.5).await;
+    assert!(m.is_ready(UID, "app", &c.id), "its probe succeeded");
+}
