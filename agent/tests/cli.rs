@@ -458,7 +458,7 @@ fn a_rootless_static_pod_becomes_ready_within_seconds_and_stays_ready() {
     std::fs::create_dir(&manifests).expect("manifest dir");
     let log_path = rootless.work.path().join("agent.log");
     let log = std::fs::File::create(&log_path).expect("agent log");
-    let mut agent = rootless
+    let agent = rootless
         .cmd(&[
             "run",
             "--pod-manifest-path",
@@ -473,6 +473,10 @@ fn a_rootless_static_pod_becomes_ready_within_seconds_and_stays_ready() {
         .stderr(log)
         .spawn()
         .expect("rootless agent starts");
+    let _agent = StopOnDrop {
+        agent,
+        manifests: manifests.clone(),
+    };
     let agent_log = || std::fs::read_to_string(&log_path).unwrap_or_default();
     let wait = |what: &str,
                 timeout: Duration,
@@ -525,10 +529,34 @@ spec:
     wait("the pod removed", Duration::from_secs(30), &|pods| {
         pods.is_empty()
     });
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(agent.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .expect("stop the agent");
-    let _ = agent.wait();
+}
+
+/// A rootless agent that, however the test ends, gets its manifests removed and a few
+/// seconds to remove the pods before it is stopped (SIGTERM leaves containers running).
+struct StopOnDrop {
+    agent: std::process::Child,
+    manifests: PathBuf,
+}
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        let mut removed = false;
+        for entry in std::fs::read_dir(&self.manifests)
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            removed |= std::fs::remove_file(entry.path()).is_ok();
+        }
+        if removed {
+            std::thread::sleep(Duration::from_secs(5));
+        }
+        if let Ok(pid) = i32::try_from(self.agent.id()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+        let _ = self.agent.wait();
+    }
 }
