@@ -13,7 +13,7 @@
 //! (`<root>/pods/<uid>/`, made before its first container) is written to
 //! `<root>/pods/<uid>/status.json`, with the pod's `config.seen`, before the change is
 //! visible to readers (temp file + fsync + rename + fsync of the directory, as the runtime's
-//! records). The next agent loads these records ([`StatusStore::load`]) and hands a pod's
+//! records; mode 0600). The next agent loads these records ([`StatusStore::load`]) and hands a pod's
 //! record to the status computation as its previous status
 //! ([`StatusStore::previous`]); the probe manager seeds a re-adopted container's readiness
 //! and startup from it. The file goes with the pod directory.
@@ -154,9 +154,7 @@ impl StatusStore {
         };
         let written = serde_json::to_vec(&record)
             .map_err(std::io::Error::other)
-            .and_then(|bytes| {
-                ironlet_runtime::fsutil::write_atomic(&dir.join(STATUS_FILE), &bytes)
-            });
+            .and_then(|bytes| write_private(&dir, &bytes));
         if let Err(err) = written {
             tracing::warn!(pod_uid = %uid, %err, "persisting the pod status failed");
         }
@@ -223,6 +221,26 @@ impl StatusStore {
     }
 }
 
+/// Replaces `<dir>/status.json` crash-safely (temp file, fsync, rename, fsync of the
+/// directory), readable by its owner only: a status holds termination messages, which may
+/// hold secrets.
+fn write_private(dir: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = dir.join(format!(".{STATUS_FILE}.{}", std::process::id()));
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&tmp)?;
+    file.write_all(bytes)?;
+    file.sync_all()?;
+    std::fs::rename(&tmp, dir.join(STATUS_FILE))?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
 /// The pod with `seen` as its `config.seen`, if known: the pod was first seen then, by
 /// this agent or the previous one, not when this agent re-read its manifest (`ironlet
 /// pods` ages static pods from it).
@@ -275,6 +293,14 @@ mod tests {
         store.set(pod("with-dir", "t0"), status("Running"));
         store.set(pod("no-dir", "t0"), status("Running"));
         assert!(!dir.path().join("no-dir").exists(), "no directory is made");
+        let mode = std::fs::metadata(dir.path().join("with-dir").join(STATUS_FILE))
+            .expect("record")
+            .permissions();
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
+            0o600,
+            "the owner's only"
+        );
 
         let next = StatusStore::load(dir.path());
         assert_eq!(next.previous("with-dir"), Some(status("Running")));
