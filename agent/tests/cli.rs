@@ -87,6 +87,59 @@ fn images_import_list_and_remove_with_docker_style_references() {
     );
 }
 
+/// Runs `ironlet ARGS` on `node` with a stdout whose reader is already gone, as in
+/// `ironlet images ls | head -0` or `| grep -q` after its first match.
+fn into_closed_pipe(node: &Node, args: &[&str]) -> Output {
+    let (reader, writer) = nix::unistd::pipe().expect("pipe");
+    drop(reader);
+    node.cmd(args)
+        .stdout(writer)
+        .output()
+        .expect("ironlet runs")
+}
+
+#[test]
+fn every_listing_exits_quietly_with_status_zero_when_its_reader_closes_early() {
+    if !is_root() {
+        return;
+    }
+    let node = Node::new();
+    let run = node.ironlet(&["ctr", "run", "--name", "epipe", "busybox", "--", "true"]);
+    assert!(run.status.success(), "{}", text(&run.stderr));
+    for args in [
+        &["images", "ls"][..],
+        &["images", "ls", "-q"],
+        &["ctr", "ps", "-a"],
+        &["ctr", "ps", "-a", "-q"],
+    ] {
+        let out = into_closed_pipe(&node, args);
+        assert_eq!(
+            text(&out.stderr),
+            "",
+            "{args:?}: nothing on stderr (no panic, no backtrace)"
+        );
+        assert_eq!(out.status.code(), Some(0), "{args:?}");
+    }
+    // A reader that reads the first line, then goes (`| head -1`), with more to come.
+    let mut child = node
+        .cmd(&["images", "ls"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("ironlet runs");
+    let mut first = [0u8; 1];
+    std::io::Read::read_exact(child.stdout.as_mut().expect("stdout"), &mut first)
+        .expect("a first byte");
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("ironlet ends");
+    assert!(
+        !text(&out.stderr).contains("panicked"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+}
+
 #[test]
 fn ctr_run_streams_output_and_exits_with_the_container_exit_code() {
     if !is_root() {

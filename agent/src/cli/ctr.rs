@@ -4,6 +4,7 @@
 //! Each container made by `ctr run` gets a sandbox of its own in the `ironlet-ctr`
 //! namespace; `ctr rm` removes the sandbox with its last container.
 
+use super::output::{outln, stdout_error};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -313,21 +314,27 @@ async fn ps(runtime: &LocalRuntime, all: bool, quiet: bool) -> anyhow::Result<Ex
     };
     let containers = runtime.list_containers(&filter).await?;
     if !quiet {
-        println!(
+        outln!(
             "{:<14} {:<30} {:<16} {:<9} {:<20} {:<8} {:<14}",
-            "CONTAINER", "IMAGE", "CREATED", "STATE", "NAME", "ATTEMPT", "POD ID"
-        );
+            "CONTAINER",
+            "IMAGE",
+            "CREATED",
+            "STATE",
+            "NAME",
+            "ATTEMPT",
+            "POD ID"
+        )?;
     }
     for c in containers.iter().rev() {
         if quiet {
-            println!("{}", c.id);
+            outln!("{}", c.id)?;
             continue;
         }
         let state = match (c.state, c.exit_code) {
             (ContainerState::Exited, Some(code)) => format!("Exited({code})"),
             (s, _) => s.as_str().to_owned(),
         };
-        println!(
+        outln!(
             "{:<14} {:<30} {:<16} {:<9} {:<20} {:<8} {:<14}",
             c.id.short(),
             c.image,
@@ -336,7 +343,7 @@ async fn ps(runtime: &LocalRuntime, all: bool, quiet: bool) -> anyhow::Result<Ex
             c.name,
             c.attempt,
             c.sandbox_id.short()
-        );
+        )?;
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -361,10 +368,10 @@ async fn logs(runtime: &LocalRuntime, id: &str) -> anyhow::Result<ExitCode> {
         if stream == "stderr" {
             stderr.write_all(&bytes).await?;
         } else {
-            stdout.write_all(&bytes).await?;
+            stdout.write_all(&bytes).await.map_err(stdout_error)?;
         }
     }
-    stdout.flush().await?;
+    stdout.flush().await.map_err(stdout_error)?;
     stderr.flush().await?;
     Ok(ExitCode::SUCCESS)
 }
@@ -377,9 +384,9 @@ async fn exec(runtime: &LocalRuntime, id: &str, command: Vec<String>) -> anyhow:
         .with_context(|| format!("exec in {}", status.id.short()))?;
     let mut stdout = tokio::io::stdout();
     let mut stderr = tokio::io::stderr();
-    stdout.write_all(&out.stdout).await?;
+    stdout.write_all(&out.stdout).await.map_err(stdout_error)?;
     stderr.write_all(&out.stderr).await?;
-    stdout.flush().await?;
+    stdout.flush().await.map_err(stdout_error)?;
     stderr.flush().await?;
     Ok(ExitCode::from(out.exit_code.clamp(0, 255) as u8))
 }
@@ -411,11 +418,14 @@ async fn rm(runtime: &LocalRuntime, force: bool, ids: Vec<String>) -> anyhow::Re
                     }
                 }
             }
-            println!("{}", status.id);
+            outln!("{}", status.id)?;
             Ok(())
         }
         .await;
         if let Err(err) = result {
+            if super::output::is_stdout_closed(&err) {
+                return Err(err);
+            }
             eprintln!("ironlet: {err:#}");
             failed = true;
         }

@@ -8,6 +8,7 @@
 
 mod ctr;
 mod images;
+pub mod output;
 mod pods;
 mod run;
 
