@@ -6,7 +6,7 @@
 
 use super::output::{outln, stdout_error};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
@@ -15,7 +15,7 @@ use clap::{Args, Subcommand};
 use ironlet_runtime::local::logs::{parse_record, LogStream};
 use ironlet_runtime::types::{
     ContainerConfig, ContainerFilter, ContainerId, ContainerState, ContainerStatus, LinuxResources,
-    PodSandboxConfig,
+    PodSandboxConfig, SandboxId,
 };
 use ironlet_runtime::{LocalRuntime, LocalRuntimeConfig, Runtime};
 use tokio::io::AsyncWriteExt;
@@ -229,10 +229,13 @@ async fn run_container(runtime: &LocalRuntime, args: RunArgs) -> anyhow::Result<
         ..ContainerConfig::default()
     };
     config.security.read_only_rootfs = args.read_only;
+    let log_dir = &sandbox_config.log_directory;
     let id = match runtime.create_container(&sandbox, &config).await {
         Ok(id) => id,
         Err(err) => {
-            let _ = runtime.remove_pod_sandbox(&sandbox).await;
+            if let Err(cleanup) = remove_sandbox(runtime, &sandbox, log_dir).await {
+                tracing::warn!(sandbox_id = %sandbox, err = %format!("{cleanup:#}"), "removing the sandbox of a failed run");
+            }
             return Err(err).with_context(|| format!("creating container from {}", args.image));
         }
     };
@@ -266,11 +269,30 @@ async fn run_container(runtime: &LocalRuntime, args: RunArgs) -> anyhow::Result<
     }
     if args.rm {
         runtime.remove_container(&id).await?;
-        runtime.remove_pod_sandbox(&sandbox).await?;
+        remove_sandbox(runtime, &sandbox, log_dir).await?;
     } else {
         println_stderr_id(&id);
     }
     Ok(ExitCode::from(code.clamp(0, 255) as u8))
+}
+
+/// Removes a `ctr run` sandbox and its log directory, which `ctr run` made for it: after
+/// `--rm`, `ctr rm` or a failed run nothing of the container is left.
+async fn remove_sandbox(
+    runtime: &LocalRuntime,
+    sandbox: &SandboxId,
+    log_dir: &Path,
+) -> anyhow::Result<()> {
+    runtime
+        .remove_pod_sandbox(sandbox)
+        .await
+        .with_context(|| format!("removing sandbox {}", sandbox.short()))?;
+    // remove_dir_all does not follow symlinks: a link planted inside stays a link.
+    match std::fs::remove_dir_all(log_dir) {
+        Ok(()) => Ok(()),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(err) => Err(err).with_context(|| format!("removing {}", log_dir.display())),
+    }
 }
 
 fn println_stderr_id(id: &ContainerId) {
@@ -411,11 +433,9 @@ async fn rm(runtime: &LocalRuntime, force: bool, ids: Vec<String>) -> anyhow::Re
                 .await?;
             if left.is_empty() {
                 let sandbox = runtime.pod_sandbox_status(&status.sandbox_id).await.ok();
-                if sandbox.is_some_and(|s| s.config.namespace == CTR_NAMESPACE) {
-                    runtime.remove_pod_sandbox(&status.sandbox_id).await?;
-                    if let Some(dir) = status.log_path.parent().and_then(|p| p.parent()) {
-                        let _ = std::fs::remove_dir_all(dir);
-                    }
+                if let Some(sandbox) = sandbox.filter(|s| s.config.namespace == CTR_NAMESPACE) {
+                    remove_sandbox(runtime, &status.sandbox_id, &sandbox.config.log_directory)
+                        .await?;
                 }
             }
             outln!("{}", status.id)?;
