@@ -90,15 +90,10 @@ spec:
     command: [sh, -c, 'd=$(echo /plogs/default_logleak-*); mkdir -p $d/main && ln -s HOST/file $d/main/0.log && ln -s HOST/dir $d/side']
     volumeMounts: [{name: plogs, mountPath: /plogs}]
   containers:
-  - name: main
-    image: busybox
-    command: [sh, -c, 'echo leaked-line; exec sleep 3600']
-  - name: side
-    image: busybox
-    command: [sh, -c, 'echo leaked-line; exec sleep 3600']
+  - {name: main, image: busybox, command: [sh, -c, 'echo leaked-line; exec sleep 3600']}
+  - {name: side, image: busybox, command: [sh, -c, 'echo leaked-line; exec sleep 3600']}
   volumes:
-  - name: plogs
-    hostPath: {path: LOGS, type: DirectoryOrCreate}
+  - {name: plogs, hostPath: {path: LOGS, type: DirectoryOrCreate}}
 "#;
 
 #[test]
@@ -258,4 +253,59 @@ fn another_host_user_reads_nothing_of_the_data_root_the_logs_or_the_socket() {
     assert_eq!(mode(&pod_logs), 0o755);
     assert_eq!(mode(&pod_logs.join("app")), 0o755);
     assert_eq!(mode(&pod_logs.join("app/0.log")), 0o640);
+}
+
+const TAIL_LEAK: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: tail, namespace: default}
+spec:
+  restartPolicy: Never
+  containers:
+  - name: app
+    image: busybox
+    terminationMessagePolicy: FallbackToLogsOnError
+    command: [sh, -c, 'f=$(echo /plogs/default_tail-*/app/0.log); rm $f && ln -s HOST/file $f; exit 3']
+    volumeMounts: [{name: plogs, mountPath: /plogs}]
+  volumes:
+  - {name: plogs, hostPath: {path: LOGS, type: DirectoryOrCreate}}
+"#;
+
+#[test]
+fn a_termination_message_is_never_read_through_a_symlinked_log_file() {
+    if !support::is_root() {
+        return;
+    }
+    let agent = Agent::start();
+    let host = tempfile::tempdir().expect("temp dir");
+    std::fs::write(
+        host.path().join("file"),
+        "2026-01-01T00:00:00.000000000Z stdout F host-only-line\n",
+    )
+    .expect("host file");
+    let manifest = TAIL_LEAK
+        .replace("HOST", &host.path().to_string_lossy())
+        .replace("LOGS", &agent.logs.to_string_lossy());
+    agent.write_manifest("tail.yaml", &manifest);
+    let pod = agent.wait_pod(
+        "tail",
+        "its container exited",
+        Duration::from_secs(60),
+        |p| {
+            support::container_status(p, "app")
+                .and_then(|c| c.state.as_ref()?.terminated.as_ref())
+                .is_some()
+        },
+    );
+    let terminated = support::container_status(&pod, "app")
+        .and_then(|c| c.state.clone()?.terminated)
+        .expect("terminated");
+    assert_eq!(terminated.exit_code, 3);
+    assert!(
+        !terminated
+            .message
+            .unwrap_or_default()
+            .contains("host-only-line"),
+        "a host file was read into the termination message"
+    );
 }

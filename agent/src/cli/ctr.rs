@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
-use ironlet_runtime::local::logs::{parse_record, LogStream};
+use ironlet_runtime::local::logs::{open_log_for_reading, parse_record, LogStream};
 use ironlet_runtime::types::{
     ContainerConfig, ContainerFilter, ContainerId, ContainerState, ContainerStatus, LinuxResources,
     PodSandboxConfig, SandboxId,
@@ -372,7 +372,12 @@ async fn ps(runtime: &LocalRuntime, all: bool, quiet: bool) -> anyhow::Result<Ex
 
 async fn logs(runtime: &LocalRuntime, id: &str) -> anyhow::Result<ExitCode> {
     let status = resolve(runtime, id).await?;
-    let text = match std::fs::read_to_string(&status.log_path) {
+    let read = |path: &Path| -> std::io::Result<String> {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut open_log_for_reading(path)?, &mut text)?;
+        Ok(text)
+    };
+    let text = match read(&status.log_path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
         Err(e) => return Err(e).with_context(|| format!("reading {}", status.log_path.display())),

@@ -45,7 +45,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::mpsc;
 
 use open::{open_log_file, LogTarget};
-pub use open::{LogOpen, LOG_DIR_MODE, LOG_FILE_MODE};
+pub use open::{open_log_for_reading, LogOpen, LOG_DIR_MODE, LOG_FILE_MODE};
 use plan::{plan, Op, OpenRecord};
 
 /// containerd's default maximum log line size before splitting.

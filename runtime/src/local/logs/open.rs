@@ -156,6 +156,24 @@ pub fn open_log_file(target: &LogTarget<'_>, how: LogOpen) -> std::io::Result<Fi
     Ok(file)
 }
 
+/// Opens a log file for reading (termination messages, `ctr logs`): a symlink in its place
+/// is refused, as is anything but a regular file, so a container cannot have the agent
+/// read a host file into a pod's status.
+pub fn open_log_for_reading(path: &Path) -> std::io::Result<File> {
+    let fd = open_at(None, path, OFlag::O_RDONLY | OFlag::O_NONBLOCK, 0).map_err(|e| {
+        // The kind is kept: a file not written yet is no error for a reader.
+        std::io::Error::new(
+            std::io::Error::from(e).kind(),
+            refused(path, &e.to_string()).to_string(),
+        )
+    })?;
+    let file = File::from(fd);
+    if !file.metadata()?.file_type().is_file() {
+        return Err(refused(path, "not a regular file"));
+    }
+    Ok(file)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -222,6 +240,8 @@ mod tests {
         .is_err());
         assert_eq!(std::fs::read(&host).unwrap(), b"host\n");
         assert!(open_log_file(&target(&pod, "../x.log"), LogOpen::New).is_err());
+        assert!(open_log_for_reading(&pod.join("c/1.log")).is_err());
+        assert!(open_log_for_reading(&pod.join("c")).is_err());
     }
 
     #[test]
