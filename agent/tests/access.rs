@@ -78,6 +78,22 @@ fn readable_by_stranger(dir: &Path, skip: &[&str]) -> (Vec<String>, String) {
     (names, contents.to_owned())
 }
 
+/// An agent, and a host directory holding `file` with `content` that a pod's containers
+/// try to have the agent write or read through symlinks.
+fn start_with_host_file(content: &str) -> (Agent, tempfile::TempDir) {
+    let agent = Agent::start();
+    let host = tempfile::tempdir().expect("temp dir");
+    std::fs::write(host.path().join("file"), content).expect("host file");
+    (agent, host)
+}
+
+/// `manifest` with HOST and LOGS replaced by the host directory and the pod logs directory.
+fn with_paths(manifest: &str, agent: &Agent, host: &tempfile::TempDir) -> String {
+    manifest
+        .replace("HOST", &host.path().to_string_lossy())
+        .replace("LOGS", &agent.logs.to_string_lossy())
+}
+
 const LOG_LEAK: &str = r#"
 apiVersion: v1
 kind: Pod
@@ -101,14 +117,9 @@ fn a_log_file_or_directory_replaced_by_a_symlink_is_not_followed() {
     if !support::is_root() {
         return;
     }
-    let agent = Agent::start();
-    let host = tempfile::tempdir().expect("temp dir");
-    std::fs::write(host.path().join("file"), "precious\n").expect("host file");
+    let (agent, host) = start_with_host_file("precious\n");
     std::fs::create_dir(host.path().join("dir")).expect("host dir");
-    let manifest = LOG_LEAK
-        .replace("HOST", &host.path().to_string_lossy())
-        .replace("LOGS", &agent.logs.to_string_lossy());
-    agent.write_manifest("logleak.yaml", &manifest);
+    agent.write_manifest("logleak.yaml", &with_paths(LOG_LEAK, &agent, &host));
     agent.wait_pod(
         "logleak",
         "both containers running",
@@ -276,17 +287,9 @@ fn a_termination_message_is_never_read_through_a_symlinked_log_file() {
     if !support::is_root() {
         return;
     }
-    let agent = Agent::start();
-    let host = tempfile::tempdir().expect("temp dir");
-    std::fs::write(
-        host.path().join("file"),
-        "2026-01-01T00:00:00.000000000Z stdout F host-only-line\n",
-    )
-    .expect("host file");
-    let manifest = TAIL_LEAK
-        .replace("HOST", &host.path().to_string_lossy())
-        .replace("LOGS", &agent.logs.to_string_lossy());
-    agent.write_manifest("tail.yaml", &manifest);
+    let (agent, host) =
+        start_with_host_file("2026-01-01T00:00:00.000000000Z stdout F host-only-line\n");
+    agent.write_manifest("tail.yaml", &with_paths(TAIL_LEAK, &agent, &host));
     let pod = agent.wait_pod(
         "tail",
         "its container exited",
