@@ -72,3 +72,42 @@ pub fn write_atomic_mode(path: &Path, bytes: &[u8], mode: u32) -> std::io::Resul
     std::fs::rename(&tmp, path)?;
     std::fs::File::open(dir)?.sync_all()
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    fn mode(path: &Path) -> u32 {
+        std::fs::metadata(path).unwrap().permissions().mode() & 0o7777
+    }
+
+    #[test]
+    fn a_private_dir_is_made_0700_and_an_older_wider_one_narrowed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let made = tmp.path().join("a/b");
+        private_dir(&made).unwrap();
+        assert_eq!(mode(&made), 0o700);
+        let old = tmp.path().join("old");
+        std::fs::create_dir(&old).unwrap();
+        std::fs::set_permissions(&old, std::fs::Permissions::from_mode(0o755)).unwrap();
+        private_dir(&old).unwrap();
+        assert_eq!(mode(&old), 0o700);
+        narrowed_dir(&old, 0o750).unwrap();
+        assert_eq!(mode(&old), 0o700, "a narrower directory is left alone");
+    }
+
+    #[test]
+    fn state_files_are_written_0600_even_over_a_wider_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("record.json");
+        std::fs::write(&path, b"old").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        write_atomic(&path, b"new").unwrap();
+        assert_eq!(mode(&path), 0o600);
+        assert_eq!(std::fs::read(&path).unwrap(), b"new");
+        write_atomic_mode(&path, b"conf", 0o644).unwrap();
+        assert_eq!(mode(&path), 0o644);
+    }
+}

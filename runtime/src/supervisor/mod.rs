@@ -117,7 +117,7 @@ pub fn run(config: SupervisorConfig) -> Result<std::convert::Infallible, Supervi
         return Err(SupervisorError::Threaded { threads });
     }
     let exit_dir = config.root_dir.join("exits");
-    std::fs::create_dir_all(&exit_dir).map_err(|source| SupervisorError::CreateDir {
+    crate::fsutil::private_dir(&exit_dir).map_err(|source| SupervisorError::CreateDir {
         path: exit_dir.clone(),
         source,
     })?;
