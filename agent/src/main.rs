@@ -12,6 +12,8 @@ fn main() -> ExitCode {
     init_logging(args.verbose);
     match cli::run(args) {
         Ok(code) => code,
+        // A reader that stops early (`| head -1`) is normal: see cli::output.
+        Err(err) if cli::output::is_stdout_closed(&err) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("ironlet: {}", error_chain(&err));
             ExitCode::from(1)

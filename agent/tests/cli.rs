@@ -87,6 +87,59 @@ fn images_import_list_and_remove_with_docker_style_references() {
     );
 }
 
+/// Runs `ironlet ARGS` on `node` with a stdout whose reader is already gone, as in
+/// `ironlet images ls | head -0` or `| grep -q` after its first match.
+fn into_closed_pipe(node: &Node, args: &[&str]) -> Output {
+    let (reader, writer) = nix::unistd::pipe().expect("pipe");
+    drop(reader);
+    node.cmd(args)
+        .stdout(writer)
+        .output()
+        .expect("ironlet runs")
+}
+
+#[test]
+fn every_listing_exits_quietly_with_status_zero_when_its_reader_closes_early() {
+    if !is_root() {
+        return;
+    }
+    let node = Node::new();
+    let run = node.ironlet(&["ctr", "run", "--name", "epipe", "busybox", "--", "true"]);
+    assert!(run.status.success(), "{}", text(&run.stderr));
+    for args in [
+        &["images", "ls"][..],
+        &["images", "ls", "-q"],
+        &["ctr", "ps", "-a"],
+        &["ctr", "ps", "-a", "-q"],
+    ] {
+        let out = into_closed_pipe(&node, args);
+        assert_eq!(
+            text(&out.stderr),
+            "",
+            "{args:?}: nothing on stderr (no panic, no backtrace)"
+        );
+        assert_eq!(out.status.code(), Some(0), "{args:?}");
+    }
+    // A reader that reads the first line, then goes (`| head -1`), with more to come.
+    let mut child = node
+        .cmd(&["images", "ls"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("ironlet runs");
+    let mut first = [0u8; 1];
+    std::io::Read::read_exact(child.stdout.as_mut().expect("stdout"), &mut first)
+        .expect("a first byte");
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("ironlet ends");
+    assert!(
+        !text(&out.stderr).contains("panicked"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+}
+
 #[test]
 fn ctr_run_streams_output_and_exits_with_the_container_exit_code() {
     if !is_root() {
@@ -371,6 +424,124 @@ fn a_rootless_container_runs_as_an_unprivileged_user() {
         text(&run.stderr).contains("NOT enforced"),
         "the missing-limits warning: {}",
         text(&run.stderr)
+    );
+    // `--rm` leaves nothing under the user's root, logs included (`<root>/logs`).
+    let root = work_path.join("root");
+    ctr_run_rm_leaves_nothing(&root, &root.join("logs"), "rootless-rm", 20, as_user);
+}
+
+/// Every path under `root` but the image store, relative to it.
+fn state_tree(root: &std::path::Path) -> std::collections::BTreeSet<PathBuf> {
+    fn walk(
+        dir: &std::path::Path,
+        root: &std::path::Path,
+        out: &mut std::collections::BTreeSet<PathBuf>,
+    ) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let path = e.path();
+            let rel = path.strip_prefix(root).unwrap_or(&path).to_owned();
+            if rel.starts_with("images") {
+                continue;
+            }
+            out.insert(rel);
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                walk(&path, root, out);
+            }
+        }
+    }
+    let mut out = std::collections::BTreeSet::new();
+    walk(root, root, &mut out);
+    out
+}
+
+/// The `ctr run` log directories of containers named `name` under `log_root`.
+fn ctr_log_dirs(log_root: &std::path::Path, name: &str) -> Vec<String> {
+    std::fs::read_dir(log_root)
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(&format!("ironlet-ctr_{name}_")))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Runs `ctr run --rm` `runs` times with `run` and checks that nothing of the containers
+/// is left: no log directory, no container, sandbox, exit or libcontainer state.
+fn ctr_run_rm_leaves_nothing(
+    root: &std::path::Path,
+    log_root: &std::path::Path,
+    name: &str,
+    runs: usize,
+    run: impl Fn(&[&str]) -> Output,
+) {
+    let args = [
+        "ctr", "run", "--rm", "--name", name, "busybox", "--", "echo", "hi",
+    ];
+    let first = run(&args);
+    assert_eq!(text(&first.stdout), "hi\n", "{}", text(&first.stderr));
+    let before = state_tree(root);
+    for dir in ["containers", "sandboxes", "exits", "libcontainer"] {
+        let left: Vec<_> = before
+            .iter()
+            .filter(|p| p.starts_with(dir) && p.as_path() != std::path::Path::new(dir))
+            .collect();
+        assert!(left.is_empty(), "--rm left state behind: {left:?}");
+    }
+    assert_eq!(
+        ctr_log_dirs(log_root, name),
+        Vec::<String>::new(),
+        "--rm left its log directory"
+    );
+    for _ in 0..runs {
+        let out = run(&args);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    }
+    assert_eq!(
+        ctr_log_dirs(log_root, name),
+        Vec::<String>::new(),
+        "--rm left log directories"
+    );
+    assert_eq!(
+        state_tree(root),
+        before,
+        "--rm left state under the root directory"
+    );
+}
+
+#[test]
+fn ctr_run_rm_removes_everything_the_container_had_as_root() {
+    if !is_root() {
+        return;
+    }
+    let node = Node::new();
+    let name = format!("rm-{}", std::process::id());
+    ctr_run_rm_leaves_nothing(
+        node.root.path(),
+        std::path::Path::new("/var/log/pods"),
+        &name,
+        20,
+        |args| node.ironlet(args),
+    );
+    // A run that fails after its sandbox was made leaves nothing either.
+    let failed = node.ironlet(&[
+        "ctr",
+        "run",
+        "--rm",
+        "--name",
+        &name,
+        "busybox",
+        "--",
+        "/no/such/binary",
+    ]);
+    assert_eq!(failed.status.code(), Some(1));
+    assert_eq!(
+        ctr_log_dirs(std::path::Path::new("/var/log/pods"), &name),
+        Vec::<String>::new()
     );
 }
 

@@ -336,3 +336,33 @@ fn healthz_and_metrics_reflect_the_agent_and_shutdown_removes_the_socket() {
         "the socket file is removed on shutdown"
     );
 }
+
+/// Runs `ironlet ARGS` with a stdout whose reader is already gone (`| head -0`).
+fn ironlet_into_closed_pipe(root: &Path, args: &[&str]) -> Output {
+    let (reader, writer) = nix::unistd::pipe().expect("pipe");
+    drop(reader);
+    Command::new(env!("CARGO_BIN_EXE_ironlet"))
+        .arg("--root-dir")
+        .arg(root)
+        .args(args)
+        .stdout(writer)
+        .output()
+        .expect("ironlet runs")
+}
+
+#[test]
+fn pods_exits_quietly_with_status_zero_when_its_reader_closes_early() {
+    let agent = Agent::start();
+    for args in [
+        &["pods", "-A"][..],
+        &["pods", "get", "web-node1", "-o", "yaml"],
+    ] {
+        let out = ironlet_into_closed_pipe(agent.root.path(), args);
+        assert_eq!(
+            text(&out.stderr),
+            "",
+            "{args:?}: nothing on stderr (no panic, no backtrace)"
+        );
+        assert_eq!(out.status.code(), Some(0), "{args:?}");
+    }
+}

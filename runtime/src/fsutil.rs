@@ -3,9 +3,50 @@
 use std::io::Write;
 use std::path::Path;
 
+/// Mode of the state directories (`<root-dir>` and what the runtime keeps in it): nothing
+/// for other users, whose environment variables and secrets the records hold.
+pub const PRIVATE_DIR_MODE: u32 = 0o700;
+/// Mode of state files.
+pub const PRIVATE_FILE_MODE: u32 = 0o600;
+
+/// Creates `path` (and missing parents) with mode 0700, and narrows an existing directory
+/// that other users can enter or read (an install made before the modes were set) to
+/// 0700. Symlinks to the directory are followed, as an admin may place the root elsewhere.
+pub fn private_dir(path: &Path) -> std::io::Result<()> {
+    narrowed_dir(path, PRIVATE_DIR_MODE)
+}
+
+/// Creates `path` (and missing parents) with `mode`, or narrows an existing directory to
+/// `mode` when it grants more.
+pub fn narrowed_dir(path: &Path, mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(mode)
+        .create(path)?;
+    let old = std::fs::metadata(path)?.permissions().mode() & 0o7777;
+    if old & !mode != 0 {
+        tracing::info!(
+            ?path,
+            from = format!("{old:o}"),
+            to = format!("{mode:o}"),
+            "narrowing the mode of a state directory"
+        );
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+    }
+    Ok(())
+}
+
 /// Writes `bytes` to `path` so that a crash leaves either the old or the new content:
-/// temp file in the same directory, fsync, rename, fsync of the directory.
+/// temp file in the same directory, fsync, rename, fsync of the directory. The file is
+/// private (0600): state records and bundle configs hold environment variables.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_atomic_mode(path, bytes, PRIVATE_FILE_MODE)
+}
+
+/// [`write_atomic`] with the file's mode given, for files others are meant to read.
+pub fn write_atomic_mode(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     let dir = path
         .parent()
         .ok_or_else(|| std::io::Error::other("path has no parent directory"))?;
@@ -17,10 +58,56 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         name.to_string_lossy(),
         std::process::id()
     ));
-    let mut file = std::fs::File::create(&tmp)?;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(mode)
+        .open(&tmp)?;
+    // A temp file left by a crash keeps its old mode through O_CREAT: set it.
+    file.set_permissions(std::fs::Permissions::from_mode(mode))?;
     file.write_all(bytes)?;
     file.sync_all()?;
     drop(file);
     std::fs::rename(&tmp, path)?;
     std::fs::File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    fn mode(path: &Path) -> u32 {
+        std::fs::metadata(path).unwrap().permissions().mode() & 0o7777
+    }
+
+    #[test]
+    fn a_private_dir_is_made_0700_and_an_older_wider_one_narrowed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let made = tmp.path().join("a/b");
+        private_dir(&made).unwrap();
+        assert_eq!(mode(&made), 0o700);
+        let old = tmp.path().join("old");
+        std::fs::create_dir(&old).unwrap();
+        std::fs::set_permissions(&old, std::fs::Permissions::from_mode(0o755)).unwrap();
+        private_dir(&old).unwrap();
+        assert_eq!(mode(&old), 0o700);
+        narrowed_dir(&old, 0o750).unwrap();
+        assert_eq!(mode(&old), 0o700, "a narrower directory is left alone");
+    }
+
+    #[test]
+    fn state_files_are_written_0600_even_over_a_wider_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("record.json");
+        std::fs::write(&path, b"old").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        write_atomic(&path, b"new").unwrap();
+        assert_eq!(mode(&path), 0o600);
+        assert_eq!(std::fs::read(&path).unwrap(), b"new");
+        write_atomic_mode(&path, b"conf", 0o644).unwrap();
+        assert_eq!(mode(&path), 0o644);
+    }
 }

@@ -4,17 +4,18 @@
 //! Each container made by `ctr run` gets a sandbox of its own in the `ironlet-ctr`
 //! namespace; `ctr rm` removes the sandbox with its last container.
 
+use super::output::{outln, stdout_error};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
-use ironlet_runtime::local::logs::{parse_record, LogStream};
+use ironlet_runtime::local::logs::{open_log_for_reading, parse_record, LogStream};
 use ironlet_runtime::types::{
     ContainerConfig, ContainerFilter, ContainerId, ContainerState, ContainerStatus, LinuxResources,
-    PodSandboxConfig,
+    PodSandboxConfig, SandboxId,
 };
 use ironlet_runtime::{LocalRuntime, LocalRuntimeConfig, Runtime};
 use tokio::io::AsyncWriteExt;
@@ -228,10 +229,13 @@ async fn run_container(runtime: &LocalRuntime, args: RunArgs) -> anyhow::Result<
         ..ContainerConfig::default()
     };
     config.security.read_only_rootfs = args.read_only;
+    let log_dir = &sandbox_config.log_directory;
     let id = match runtime.create_container(&sandbox, &config).await {
         Ok(id) => id,
         Err(err) => {
-            let _ = runtime.remove_pod_sandbox(&sandbox).await;
+            if let Err(cleanup) = remove_sandbox(runtime, &sandbox, log_dir).await {
+                tracing::warn!(sandbox_id = %sandbox, err = %format!("{cleanup:#}"), "removing the sandbox of a failed run");
+            }
             return Err(err).with_context(|| format!("creating container from {}", args.image));
         }
     };
@@ -265,11 +269,30 @@ async fn run_container(runtime: &LocalRuntime, args: RunArgs) -> anyhow::Result<
     }
     if args.rm {
         runtime.remove_container(&id).await?;
-        runtime.remove_pod_sandbox(&sandbox).await?;
+        remove_sandbox(runtime, &sandbox, log_dir).await?;
     } else {
         println_stderr_id(&id);
     }
     Ok(ExitCode::from(code.clamp(0, 255) as u8))
+}
+
+/// Removes a `ctr run` sandbox and its log directory, which `ctr run` made for it: after
+/// `--rm`, `ctr rm` or a failed run nothing of the container is left.
+async fn remove_sandbox(
+    runtime: &LocalRuntime,
+    sandbox: &SandboxId,
+    log_dir: &Path,
+) -> anyhow::Result<()> {
+    runtime
+        .remove_pod_sandbox(sandbox)
+        .await
+        .with_context(|| format!("removing sandbox {}", sandbox.short()))?;
+    // remove_dir_all does not follow symlinks: a link planted inside stays a link.
+    match std::fs::remove_dir_all(log_dir) {
+        Ok(()) => Ok(()),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(err) => Err(err).with_context(|| format!("removing {}", log_dir.display())),
+    }
 }
 
 fn println_stderr_id(id: &ContainerId) {
@@ -313,21 +336,27 @@ async fn ps(runtime: &LocalRuntime, all: bool, quiet: bool) -> anyhow::Result<Ex
     };
     let containers = runtime.list_containers(&filter).await?;
     if !quiet {
-        println!(
+        outln!(
             "{:<14} {:<30} {:<16} {:<9} {:<20} {:<8} {:<14}",
-            "CONTAINER", "IMAGE", "CREATED", "STATE", "NAME", "ATTEMPT", "POD ID"
-        );
+            "CONTAINER",
+            "IMAGE",
+            "CREATED",
+            "STATE",
+            "NAME",
+            "ATTEMPT",
+            "POD ID"
+        )?;
     }
     for c in containers.iter().rev() {
         if quiet {
-            println!("{}", c.id);
+            outln!("{}", c.id)?;
             continue;
         }
         let state = match (c.state, c.exit_code) {
             (ContainerState::Exited, Some(code)) => format!("Exited({code})"),
             (s, _) => s.as_str().to_owned(),
         };
-        println!(
+        outln!(
             "{:<14} {:<30} {:<16} {:<9} {:<20} {:<8} {:<14}",
             c.id.short(),
             c.image,
@@ -336,14 +365,19 @@ async fn ps(runtime: &LocalRuntime, all: bool, quiet: bool) -> anyhow::Result<Ex
             c.name,
             c.attempt,
             c.sandbox_id.short()
-        );
+        )?;
     }
     Ok(ExitCode::SUCCESS)
 }
 
 async fn logs(runtime: &LocalRuntime, id: &str) -> anyhow::Result<ExitCode> {
     let status = resolve(runtime, id).await?;
-    let text = match std::fs::read_to_string(&status.log_path) {
+    let read = |path: &Path| -> std::io::Result<String> {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut open_log_for_reading(path)?, &mut text)?;
+        Ok(text)
+    };
+    let text = match read(&status.log_path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
         Err(e) => return Err(e).with_context(|| format!("reading {}", status.log_path.display())),
@@ -361,10 +395,10 @@ async fn logs(runtime: &LocalRuntime, id: &str) -> anyhow::Result<ExitCode> {
         if stream == "stderr" {
             stderr.write_all(&bytes).await?;
         } else {
-            stdout.write_all(&bytes).await?;
+            stdout.write_all(&bytes).await.map_err(stdout_error)?;
         }
     }
-    stdout.flush().await?;
+    stdout.flush().await.map_err(stdout_error)?;
     stderr.flush().await?;
     Ok(ExitCode::SUCCESS)
 }
@@ -377,9 +411,9 @@ async fn exec(runtime: &LocalRuntime, id: &str, command: Vec<String>) -> anyhow:
         .with_context(|| format!("exec in {}", status.id.short()))?;
     let mut stdout = tokio::io::stdout();
     let mut stderr = tokio::io::stderr();
-    stdout.write_all(&out.stdout).await?;
+    stdout.write_all(&out.stdout).await.map_err(stdout_error)?;
     stderr.write_all(&out.stderr).await?;
-    stdout.flush().await?;
+    stdout.flush().await.map_err(stdout_error)?;
     stderr.flush().await?;
     Ok(ExitCode::from(out.exit_code.clamp(0, 255) as u8))
 }
@@ -404,18 +438,19 @@ async fn rm(runtime: &LocalRuntime, force: bool, ids: Vec<String>) -> anyhow::Re
                 .await?;
             if left.is_empty() {
                 let sandbox = runtime.pod_sandbox_status(&status.sandbox_id).await.ok();
-                if sandbox.is_some_and(|s| s.config.namespace == CTR_NAMESPACE) {
-                    runtime.remove_pod_sandbox(&status.sandbox_id).await?;
-                    if let Some(dir) = status.log_path.parent().and_then(|p| p.parent()) {
-                        let _ = std::fs::remove_dir_all(dir);
-                    }
+                if let Some(sandbox) = sandbox.filter(|s| s.config.namespace == CTR_NAMESPACE) {
+                    remove_sandbox(runtime, &status.sandbox_id, &sandbox.config.log_directory)
+                        .await?;
                 }
             }
-            println!("{}", status.id);
+            outln!("{}", status.id)?;
             Ok(())
         }
         .await;
         if let Err(err) = result {
+            if super::output::is_stdout_closed(&err) {
+                return Err(err);
+            }
             eprintln!("ironlet: {err:#}");
             failed = true;
         }

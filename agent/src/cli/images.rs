@@ -1,5 +1,6 @@
 //! `ironlet images import|ls|rm`: the image store from the command line.
 
+use super::output::outln;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -37,23 +38,26 @@ pub async fn run(root: &Path, cmd: ImagesCommand) -> anyhow::Result<ExitCode> {
                 .with_context(|| format!("importing {}", path.display()))?;
             for image in images {
                 let name = image.repo_tags.first().cloned().unwrap_or_default();
-                println!("imported {name} {}", image.id);
+                outln!("imported {name} {}", image.id)?;
             }
         }
         ImagesCommand::Ls { quiet } => {
             let mut images = service.list_images().await.context("listing images")?;
             images.sort_by(|a, b| a.repo_tags.cmp(&b.repo_tags));
             if !quiet {
-                println!(
+                outln!(
                     "{:<50} {:<20} {:<15} {:>10}",
-                    "IMAGE", "TAG", "IMAGE ID", "SIZE"
-                );
+                    "IMAGE",
+                    "TAG",
+                    "IMAGE ID",
+                    "SIZE"
+                )?;
             }
             for image in images {
                 let short = image.id.trim_start_matches("sha256:");
                 let short = &short[..short.len().min(13)];
                 if quiet {
-                    println!("{}", image.id);
+                    outln!("{}", image.id)?;
                     continue;
                 }
                 let tags = if image.repo_tags.is_empty() {
@@ -63,10 +67,10 @@ pub async fn run(root: &Path, cmd: ImagesCommand) -> anyhow::Result<ExitCode> {
                 };
                 for tag in tags {
                     let (repo, t) = tag.rsplit_once(':').unwrap_or((tag.as_str(), "<none>"));
-                    println!(
+                    outln!(
                         "{repo:<50} {t:<20} {short:<15} {:>10}",
                         human_size(image.size)
-                    );
+                    )?;
                 }
             }
         }
@@ -89,7 +93,7 @@ pub async fn run(root: &Path, cmd: ImagesCommand) -> anyhow::Result<ExitCode> {
                     }
                 }
                 match service.remove_image(&reference).await {
-                    Ok(()) => println!("Deleted: {reference}"),
+                    Ok(()) => outln!("Deleted: {reference}")?,
                     Err(err) => {
                         eprintln!("ironlet: removing image {reference}: {err}");
                         failed = true;

@@ -8,6 +8,7 @@
 
 mod ctr;
 mod images;
+pub mod output;
 mod pods;
 mod run;
 
@@ -79,6 +80,9 @@ pub fn root_dir(flag: &Option<PathBuf>, rootless: bool) -> PathBuf {
 }
 
 pub fn open_images(root: &std::path::Path) -> anyhow::Result<Arc<ImageStore>> {
+    // Made private before anything is put in it (the runtime narrows an older one too).
+    ironlet_runtime::fsutil::private_dir(root)
+        .with_context(|| format!("creating the data root {}", root.display()))?;
     let dir = root.join("images");
     let store = ImageStore::open_with(&dir, ImageStoreConfig::default())
         .with_context(|| format!("opening the image store at {}", dir.display()))?;

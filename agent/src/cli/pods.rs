@@ -5,6 +5,7 @@
 //! `pkg/printers/internalversion`), AGE its `HumanDuration`; RESTARTS omits kubectl's
 //! "(5m ago)" suffix.
 
+use super::output::out;
 use std::path::Path;
 use std::process::ExitCode;
 
@@ -80,10 +81,10 @@ pub fn run(root: &Path, args: PodsArgs) -> anyhow::Result<ExitCode> {
                 items: pods,
                 metadata: list.metadata,
             };
-            print!(
+            out!(
                 "{}",
                 render(&list, &list.items, args.output, namespace.is_none(), now)?
-            );
+            )?;
         }
         Some(PodsCommand::Get {
             name,
@@ -95,10 +96,10 @@ pub fn run(root: &Path, args: PodsArgs) -> anyhow::Result<ExitCode> {
                 .unwrap_or_else(|| DEFAULT_NAMESPACE.into());
             let pod: Pod = fetch(&socket, &format!("/pods/{namespace}/{name}"))?;
             let pods = std::slice::from_ref(&pod);
-            print!(
+            out!(
                 "{}",
                 render(&pod, pods, output.or(args.output), false, now)?
-            );
+            )?;
         }
     }
     Ok(ExitCode::SUCCESS)

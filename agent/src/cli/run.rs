@@ -183,7 +183,7 @@ pub fn run(root_flag: Option<PathBuf>, args: RunArgs) -> anyhow::Result<ExitCode
 
 /// Becomes the supervisor; returns only if that failed.
 fn supervise(root_dir: PathBuf, args: &RunArgs) -> anyhow::Result<ExitCode> {
-    std::fs::create_dir_all(&root_dir)
+    ironlet_runtime::fsutil::private_dir(&root_dir)
         .with_context(|| format!("creating the data root {}", root_dir.display()))?;
     let mut config = ironlet_runtime::supervisor::SupervisorConfig::for_current_process(root_dir)
         .context("finding the ironlet binary")?;

@@ -110,12 +110,15 @@ impl Kubelet {
         images: Arc<dyn ImageService>,
         api: Option<kube::Client>,
     ) -> Result<Self, StartError> {
-        for dir in [config.root_dir.clone(), config.pods_dir()] {
-            std::fs::create_dir_all(&dir).map_err(|source| StartError::CreateDir {
-                path: dir.clone(),
+        // Other users get nothing from the root (0700); the pods directory has kubelet's
+        // 0750. Older installs are narrowed.
+        let pods_dir = config.pods_dir();
+        ironlet_runtime::fsutil::private_dir(&config.root_dir)
+            .and_then(|()| ironlet_runtime::fsutil::narrowed_dir(&pods_dir, 0o750))
+            .map_err(|source| StartError::CreateDir {
+                path: config.root_dir.clone(),
                 source,
             })?;
-        }
         let (cgroups, capacity) = node_cgroups(&config)?;
         let allocatable = NodeAllocatable {
             cpu_milli: capacity.cpu_milli.saturating_sub(config.reserved_cpu_milli),

@@ -5,7 +5,7 @@
 //! on any later failure, and a failed undo is reported together with the original error.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use tokio::sync::watch;
@@ -53,7 +53,7 @@ impl Inner {
 
         let id = ContainerId::random();
         let dir = self.container_dir(&id);
-        std::fs::create_dir_all(&dir).map_err(|e| RuntimeError::io("create", &dir, e))?;
+        crate::fsutil::private_dir(&dir).map_err(|e| RuntimeError::io("create", &dir, e))?;
         let cgroups_path = self.cgroups_path_for(&sandbox.config.cgroup_parent, &id);
         let log_path = sandbox.config.log_directory.join(&config.log_path);
         let mut rec = ContainerRecord {
@@ -82,7 +82,12 @@ impl Inner {
                     state.early_exits.remove(id.as_str())
                 };
                 self.persist(&rec);
-                self.spawn_log_pump(&id, rec.log_path.clone(), stdout, stderr);
+                let log = logs::LogFile {
+                    path: rec.log_path.clone(),
+                    relative: config.log_path.clone(),
+                    open: logs::LogOpen::New,
+                };
+                self.spawn_log_pump(&id, log, stdout, stderr);
                 if let Some((status, at)) = early {
                     self.record_exit(&id, status, at);
                 }
@@ -198,7 +203,7 @@ impl Inner {
     pub(super) fn spawn_log_pump(
         &self,
         id: &ContainerId,
-        log_path: PathBuf,
+        log: logs::LogFile,
         stdout: std::os::fd::OwnedFd,
         stderr: std::os::fd::OwnedFd,
     ) {
@@ -218,7 +223,7 @@ impl Inner {
             entry.logs_written.send_replace(false);
         }
         tokio::spawn(async move {
-            logs::pump(log_path, stdout, stderr, Some(tap)).await;
+            logs::pump(log, stdout, stderr, Some(tap)).await;
             if let Some(inner) = inner.upgrade() {
                 if let Some(entry) = inner.lock().containers.get(&id) {
                     entry.logs_written.send_replace(true);

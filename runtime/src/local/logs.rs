@@ -33,16 +33,19 @@
 //! opened without `O_APPEND` (splice refuses it) and written at the pump's own offset; the
 //! pump is the file's only writer.
 
+mod open;
 mod plan;
 
 use std::io::Read;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use nix::fcntl::SpliceFFlags;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::mpsc;
 
+use open::{open_log_file, LogTarget};
+pub use open::{open_log_for_reading, LogOpen, LOG_DIR_MODE, LOG_FILE_MODE};
 use plan::{plan, Op, OpenRecord};
 
 /// containerd's default maximum log line size before splitting.
@@ -81,6 +84,16 @@ pub type OutputChunk = (LogStream, Vec<u8>);
 /// Yields the tap to copy output to; asked once, when the first output arrives.
 pub type TapSource = Box<dyn FnOnce() -> Option<mpsc::UnboundedSender<OutputChunk>> + Send>;
 
+/// A container's log file: `<pod log dir>/<relative>` at `path`, and whether it is new.
+#[derive(Debug, Clone)]
+pub struct LogFile {
+    pub path: PathBuf,
+    /// The part of `path` below the pod's log directory (`<container>/<n>.log`): nothing
+    /// from the pod log directory down is followed if it is a symlink.
+    pub relative: PathBuf,
+    pub open: LogOpen,
+}
+
 /// The log file, written at our own offset.
 struct LogWriter {
     file: std::fs::File,
@@ -89,22 +102,21 @@ struct LogWriter {
 }
 
 impl LogWriter {
-    /// Opens (creating) the file and repairs a torn last record: returns the record to
-    /// continue, if its prefix is complete.
-    fn open(path: &Path) -> std::io::Result<(Self, Option<OpenRecord>)> {
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent)?;
-        }
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .read(true)
-            .write(true)
-            .open(path)?;
+    /// Opens (creating) the file without following symlinks (see [`open`]) and repairs a
+    /// torn last record: returns the record to continue, if its prefix is complete.
+    fn open(log: &LogFile) -> std::io::Result<(Self, Option<OpenRecord>)> {
+        let target = LogTarget::split(&log.path, &log.relative).ok_or_else(|| {
+            std::io::Error::other(format!(
+                "log path {} does not end with {}",
+                log.path.display(),
+                log.relative.display()
+            ))
+        })?;
+        let file = open_log_file(&target, log.open)?;
         let len = file.metadata()?.len();
         let mut writer = Self {
             file,
-            path: path.to_owned(),
+            path: log.path.clone(),
             offset: len,
         };
         let open = writer.repair()?;
@@ -388,13 +400,9 @@ fn discard(pipe: &OwnedFd, mut len: usize) -> std::io::Result<()> {
 /// Copies both pipes into the log file until both reach end of stream, continuing the
 /// file where an earlier pump stopped; tapped chunks go to `tap` too. Returns when the
 /// container's last writer has closed its pipes and everything is in the file.
-pub async fn pump(
-    log_path: PathBuf,
-    stdout: OwnedFd,
-    stderr: OwnedFd,
-    tap_source: Option<TapSource>,
-) {
-    let (writer, open) = match LogWriter::open(&log_path) {
+pub async fn pump(log: LogFile, stdout: OwnedFd, stderr: OwnedFd, tap_source: Option<TapSource>) {
+    let log_path = &log.path;
+    let (writer, open) = match LogWriter::open(&log) {
         Ok((w, open)) => (Some(w), open),
         Err(err) => {
             tracing::error!(path = ?log_path, %err, "cannot open container log; output is drained");
@@ -489,6 +497,8 @@ pub fn parse_record(line: &str) -> Option<(&str, bool, &str)> {
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use super::*;
 
     use LogStream::Stderr;
@@ -523,6 +533,21 @@ mod tests {
             .collect()
     }
 
+    fn new_file(dir: &Path, relative: &str) -> LogFile {
+        LogFile {
+            path: dir.join(relative),
+            relative: relative.into(),
+            open: LogOpen::New,
+        }
+    }
+
+    fn continued(dir: &Path, relative: &str) -> LogFile {
+        LogFile {
+            open: LogOpen::Continue,
+            ..new_file(dir, relative)
+        }
+    }
+
     fn full(stream: &str, content: &str) -> (String, bool, String) {
         (stream.to_owned(), false, content.to_owned())
     }
@@ -533,7 +558,7 @@ mod tests {
         let log = dir.path().join("c/0.log");
         let (out_r, out_w) = nix::unistd::pipe().expect("pipe");
         let (err_r, err_w) = nix::unistd::pipe().expect("pipe");
-        let task = tokio::spawn(pump(log.clone(), out_r, err_r, None));
+        let task = tokio::spawn(pump(new_file(dir.path(), "c/0.log"), out_r, err_r, None));
         write_pipe(&out_w, b"one\ntw");
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         write_pipe(&err_w, b"oops\n");
@@ -573,7 +598,7 @@ mod tests {
         drop((out_w, err_w));
         tokio::time::timeout(
             std::time::Duration::from_secs(5),
-            pump(log.clone(), out_r, err_r, None),
+            pump(continued(dir.path(), "0.log"), out_r, err_r, None),
         )
         .await
         .expect("pump ends");
@@ -605,7 +630,7 @@ mod tests {
         drop((out_w, err_w));
         tokio::time::timeout(
             std::time::Duration::from_secs(5),
-            pump(log.clone(), out_r, err_r, None),
+            pump(continued(dir.path(), "0.log"), out_r, err_r, None),
         )
         .await
         .expect("pump ends");

@@ -158,13 +158,16 @@ impl LocalRuntime {
         zygote: ZygoteHandle,
         images: Arc<ImageStore>,
     ) -> Result<Self, RuntimeError> {
+        // The root first: other users get nothing from it (records hold environment
+        // variables, bundles the containers' configs); existing installs are narrowed.
         for dir in [
+            config.root_dir.clone(),
             config.containers_dir(),
             config.sandboxes_dir(),
             config.exits_dir(),
             config.libcontainer_root(),
         ] {
-            std::fs::create_dir_all(&dir).map_err(|e| RuntimeError::io("create", &dir, e))?;
+            crate::fsutil::private_dir(&dir).map_err(|e| RuntimeError::io("create", &dir, e))?;
         }
         let (event_tx, event_rx) = mpsc::unbounded_channel();
         let zygote = ZygoteClient::new(zygote, event_tx)?;

@@ -25,7 +25,7 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::watch;
 
 use super::record::{self, ContainerPhase, ContainerRecord};
-use super::{Entry, Inner};
+use super::{logs, Entry, Inner};
 use crate::types::ContainerId;
 use crate::zygote::{Event, Hello, WireExit};
 
@@ -173,18 +173,22 @@ impl Inner {
         for id in &hello.held_logs {
             let known = ContainerId::parse(id).and_then(|cid| {
                 let state = self.lock();
-                state
-                    .containers
-                    .get(&cid)
-                    .map(|e| (cid.clone(), e.record.log_path.clone()))
+                state.containers.get(&cid).map(|e| {
+                    let log = logs::LogFile {
+                        path: e.record.log_path.clone(),
+                        relative: e.record.config.log_path.clone(),
+                        open: logs::LogOpen::Continue,
+                    };
+                    (cid.clone(), log)
+                })
             });
-            let Some((cid, log_path)) = known else {
+            let Some((cid, log)) = known else {
                 let _ = self.zygote.release_logs(id).await;
                 continue;
             };
             match self.zygote.take_logs(id).await {
                 Ok((stdout, stderr)) => {
-                    self.spawn_log_pump(&cid, log_path, stdout, stderr);
+                    self.spawn_log_pump(&cid, log, stdout, stderr);
                     resumed += 1;
                 }
                 Err(err) => {

@@ -10,6 +10,8 @@
 
 use std::time::{Duration, SystemTime};
 
+use std::os::unix::fs::DirBuilderExt;
+
 use nix::mount::MntFlags;
 
 use super::record::{self, SandboxRecord};
@@ -30,7 +32,7 @@ impl Inner {
         }
         let id = SandboxId::random();
         let dir = self.config.sandboxes_dir().join(id.as_str());
-        std::fs::create_dir_all(&dir).map_err(|e| RuntimeError::io("create", &dir, e))?;
+        crate::fsutil::private_dir(&dir).map_err(|e| RuntimeError::io("create", &dir, e))?;
         let share = !self.config.rootless;
         let (net, ipc, uts) = (
             share && !config.host_network,
@@ -70,9 +72,14 @@ impl Inner {
     async fn make_sandbox(&self, rec: &mut SandboxRecord) -> Result<(), RuntimeError> {
         let dir = self.config.sandboxes_dir().join(rec.id.as_str());
         if !rec.config.log_directory.as_os_str().is_empty() {
-            std::fs::create_dir_all(&rec.config.log_directory).map_err(|e| {
-                RuntimeError::io("create log directory", &rec.config.log_directory, e)
-            })?;
+            // kubelet's mode for pod log directories; the files are 0640 (see logs::open).
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(super::logs::LOG_DIR_MODE)
+                .create(&rec.config.log_directory)
+                .map_err(|e| {
+                    RuntimeError::io("create log directory", &rec.config.log_directory, e)
+                })?;
         }
         if rec.net || rec.ipc || rec.uts {
             let ns_dir = dir.join("ns");

@@ -265,7 +265,8 @@ fn write_default(config: &CniConfig, root_dir: &Path) -> Result<PathBuf> {
         })?;
     let write = || -> std::io::Result<()> {
         std::fs::create_dir_all(&config.conf_dir)?;
-        crate::fsutil::write_atomic(&path, &bytes)
+        // Network configuration, not state: readable like the distribution's own files.
+        crate::fsutil::write_atomic_mode(&path, &bytes, 0o644)
     };
     write().map_err(|source| NetworkError::WriteDefault {
         path: path.clone(),

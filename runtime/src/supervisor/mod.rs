@@ -39,6 +39,7 @@ mod process;
 
 use std::ffi::OsString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -116,7 +117,7 @@ pub fn run(config: SupervisorConfig) -> Result<std::convert::Infallible, Supervi
         return Err(SupervisorError::Threaded { threads });
     }
     let exit_dir = config.root_dir.join("exits");
-    std::fs::create_dir_all(&exit_dir).map_err(|source| SupervisorError::CreateDir {
+    crate::fsutil::private_dir(&exit_dir).map_err(|source| SupervisorError::CreateDir {
         path: exit_dir.clone(),
         source,
     })?;
@@ -135,6 +136,7 @@ fn lock_root(root: &std::path::Path) -> Result<std::fs::File, SupervisorError> {
         .create(true)
         .truncate(false)
         .write(true)
+        .mode(crate::fsutil::PRIVATE_FILE_MODE)
         .open(&path)
         .map_err(|source| SupervisorError::Lock {
             path: path.clone(),

@@ -216,7 +216,7 @@ fn read_capped(path: &Path, max: u64) -> Option<String> {
 
 /// The last lines of a CRI log file, without the CRI prefixes, capped as kubelet caps them.
 fn log_tail(path: &Path) -> Option<String> {
-    let mut file = std::fs::File::open(path).ok()?;
+    let mut file = ironlet_runtime::local::logs::open_log_for_reading(path).ok()?;
     let len = file.metadata().ok()?.len();
     // CRI prefixes roughly double short lines; read enough raw bytes for the cap.
     let start = len.saturating_sub(MAX_LOG_TAIL_BYTES * 4);
