@@ -68,7 +68,7 @@ fn creds(reg: &TestRegistry, password: &str) -> PullRequest {
     );
     PullRequest {
         keyring,
-        platform: None,
+        ..PullRequest::default()
     }
 }
 
@@ -152,6 +152,10 @@ async fn a_single_arch_image_is_pulled_over_tls_with_basic_auth_and_matches_the_
         .iter()
         .any(|s| s.path().join("fs/bin/busybox").is_file()));
     assert_clean_staging(tmp.path());
+    // Pulled, so an Always policy re-pulls it; an import of the same name is local again.
+    assert!(svc.is_pulled(&reference).await.unwrap());
+    svc.import(&layout).await.unwrap();
+    assert!(!svc.is_pulled("busybox:latest").await.unwrap());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -374,4 +378,20 @@ async fn a_stopped_registry_fails_the_pull_with_its_endpoint_named() {
     svc.pull_image(&reference, PullRequest::default())
         .await
         .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pull_with_wrong_credentials_never_joins_one_with_the_right_ones() {
+    let (reg, _tmp, svc, reference) = pushed(true, "layered");
+    let right = {
+        let (svc, reference, req) = (svc.clone(), reference.clone(), creds(&reg, PASS));
+        tokio::spawn(async move { svc.pull_image(&reference, req).await })
+    };
+    let wrong = {
+        let (svc, reference, req) = (svc.clone(), reference.clone(), creds(&reg, "wrong"));
+        tokio::spawn(async move { svc.pull_image(&reference, req).await })
+    };
+    assert!(right.await.unwrap().is_ok());
+    let err = wrong.await.unwrap().unwrap_err();
+    assert!(matches!(err, ImageError::Unauthorized { .. }), "{err:?}");
 }

@@ -108,6 +108,12 @@ pub struct RunArgs {
     /// Longest delay before the supervisor restarts a crashed agent.
     #[arg(long = "agent-restart-backoff-max", value_parser = parse_duration, default_value = "10s")]
     pub agent_restart_backoff_max: Duration,
+    /// Registry mirrors, rewrites, TLS and credentials, in k3s' registries.yaml schema.
+    #[arg(long = "registry-config")]
+    pub registry_config: Option<PathBuf>,
+    /// Layers of one image downloaded (and unpacked) at once; containerd's default is 3.
+    #[arg(long = "max-concurrent-downloads", default_value_t = 3)]
+    pub max_concurrent_downloads: usize,
 }
 
 /// CPU and memory set aside from allocatable.
@@ -262,7 +268,12 @@ fn run_agent(
         if let Some(recovery) = runtime.recovery() {
             tracing::info!(?recovery, "agent started under the supervisor");
         }
-        let images = Arc::new(LocalImageService::new(store));
+        let pull = super::pull_config(
+            &root_dir,
+            args.registry_config.as_deref(),
+            args.max_concurrent_downloads,
+        )?;
+        let images = Arc::new(LocalImageService::with_pull_config(store, pull));
         let socket = config.socket_path();
         let client = match &args.kubeconfig {
             Some(path) => Some(kube_client(path).await?),

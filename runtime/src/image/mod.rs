@@ -43,8 +43,8 @@ mod whiteout;
 pub use error::{ImageError, UnsafeEntryReason};
 pub use gc::GcReport;
 pub use pull::{
-    Credentials, Endpoint, Keyring, PlatformSpec, PullConfig, PullReport, PullRequest, Puller,
-    RegistriesConfig,
+    Credentials, Endpoint, Keyring, PlatformSpec, PullConfig, PullProgress, PullReport,
+    PullRequest, Puller, RegistriesConfig,
 };
 pub use reference::Reference;
 pub use rootfs::{ImageSelector, PreparedRootfs, RootfsMode};

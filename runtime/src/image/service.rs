@@ -81,6 +81,11 @@ impl ImageService for LocalImageService {
         self.blocking(|s| s.image_stats()).await
     }
 
+    async fn is_pulled(&self, reference: &str) -> Result<bool, ImageError> {
+        let reference = reference.to_owned();
+        self.blocking(move |s| s.is_pulled(&reference)).await
+    }
+
     async fn pull_image(
         &self,
         reference: &str,

@@ -79,6 +79,21 @@ impl Keyring {
         self.entries.is_empty()
     }
 
+    /// A digest of every entry: pulls share a download only when their credentials are
+    /// the same, so a pod with wrong or no credentials never gets an image by joining the
+    /// pull of a pod that has the right ones.
+    pub(crate) fn fingerprint(&self) -> String {
+        use sha2::{Digest as _, Sha256};
+        let mut h = Sha256::new();
+        for (pattern, c) in &self.entries {
+            for part in [pattern, &c.username, &c.password] {
+                h.update(part.len().to_le_bytes());
+                h.update(part.as_bytes());
+            }
+        }
+        hex::encode(h.finalize())
+    }
+
     /// A `config.json` (`kubernetes.io/dockerconfigjson`): `{"auths": {host: entry}}`.
     pub fn from_config_json(bytes: &[u8], origin: &str) -> Result<Self, ImageError> {
         let cfg: ConfigJson = serde_json::from_slice(bytes).map_err(|e| bad(origin, &e))?;

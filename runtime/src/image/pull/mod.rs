@@ -15,5 +15,5 @@ mod remote;
 
 pub use credentials::{Credentials, Keyring};
 pub use platform::PlatformSpec;
-pub use puller::{PullConfig, PullReport, PullRequest, Puller};
+pub use puller::{PullConfig, PullProgress, PullReport, PullRequest, Puller};
 pub use registries::{Endpoint, RegistriesConfig};

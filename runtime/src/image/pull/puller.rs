@@ -1,7 +1,7 @@
 //! [`Puller`]: one image pull, end to end, and the sharing of concurrent pulls.
 //!
 //! ```text
-//!  pull(ref) ─► in flight for (ref, platform)? ─► yes: wait for that pull's result
+//!  pull(ref) ─► in flight for (ref, platform, credentials)? ─► yes: wait for its result
 //!            └► no: spawn ─► endpoints (mirrors…, registry) ─► first that serves the manifest
 //!                        ─► index? pick the platform's manifest ─► config (verified)
 //!                        ─► gc lock shared ─► layers not yet unpacked, N at a time, each
@@ -67,6 +67,24 @@ pub struct PullRequest {
     pub keyring: Keyring,
     /// Another platform than the node's (`ironlet images pull --platform`).
     pub platform: Option<PlatformSpec>,
+    /// Receives progress as the pull goes (the CLI prints it); only the caller that
+    /// starts a pull gets its progress.
+    pub progress: Option<tokio::sync::mpsc::UnboundedSender<PullProgress>>,
+}
+
+/// A step of a pull, for progress displays.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PullProgress {
+    /// The manifest was found at `endpoint`.
+    Resolved {
+        manifest: String,
+        endpoint: String,
+        layers: usize,
+    },
+    /// A layer is already unpacked in the store.
+    LayerReused { digest: String },
+    /// A layer was downloaded, verified and unpacked.
+    LayerDone { digest: String, bytes: u64 },
 }
 
 /// What a pull did.
@@ -78,6 +96,8 @@ pub struct PullReport {
     pub layers_fetched: usize,
     pub layers_reused: usize,
     pub bytes_fetched: u64,
+    /// How long the pull itself took (not the wait to join it).
+    pub duration: std::time::Duration,
     /// `false` when this call joined a pull already in flight.
     pub led: bool,
 }
@@ -112,8 +132,8 @@ impl Puller {
         &self.config
     }
 
-    /// Pulls `reference`; a pull of the same reference and platform already in flight is
-    /// joined instead of started again.
+    /// Pulls `reference`; a pull of the same reference and platform with the same
+    /// credentials already in flight is joined instead of started again.
     pub async fn pull(
         &self,
         reference: &str,
@@ -124,7 +144,7 @@ impl Puller {
             .platform
             .clone()
             .unwrap_or_else(|| self.config.platform.clone());
-        let key = format!("{parsed} {platform}");
+        let key = format!("{parsed} {platform} {}", request.keyring.fingerprint());
         let (shared, led) = {
             let mut map = self
                 .in_flight
@@ -139,6 +159,7 @@ impl Puller {
                         reference: parsed,
                         platform,
                         keyring: request.keyring,
+                        progress: request.progress,
                     };
                     // The task, not the caller, leaves the table: a caller may be dropped.
                     let table = Arc::clone(&self.in_flight);
@@ -182,6 +203,7 @@ struct Job {
     reference: Reference,
     platform: PlatformSpec,
     keyring: Keyring,
+    progress: Option<tokio::sync::mpsc::UnboundedSender<PullProgress>>,
 }
 
 /// A manifest found at an endpoint.
@@ -233,8 +255,24 @@ impl Job {
             .iter()
             .cloned()
             .partition(|l| self.store.snapshot(&l.chain_id).is_none());
+        self.report(PullProgress::Resolved {
+            manifest: manifest_digest.to_string(),
+            endpoint: remote.endpoint.host.clone(),
+            layers: record.layers.len(),
+        });
+        for l in &reused {
+            self.report(PullProgress::LayerReused {
+                digest: l.digest.to_string(),
+            });
+        }
         let bytes_fetched: u64 = futures_util::stream::iter(todo.iter().cloned())
-            .map(|layer| fetch_layer(Arc::clone(&self.store), Arc::clone(&remote), layer))
+            .map(|layer| async {
+                let digest = layer.digest.to_string();
+                let bytes =
+                    fetch_layer(Arc::clone(&self.store), Arc::clone(&remote), layer).await?;
+                self.report(PullProgress::LayerDone { digest, bytes });
+                Ok::<_, ImageError>(bytes)
+            })
             .buffer_unordered(self.config.max_concurrent_layers.max(1))
             .try_fold(0u64, |acc, n| async move { Ok(acc + n) })
             .await?;
@@ -254,8 +292,10 @@ impl Job {
             store.blobs.write_bytes(&manifest_bytes, &location)?;
             store.index.update(|file| {
                 file.images.insert(manifest_key.clone(), record.clone());
-                file.tag(reference.to_string(), manifest_key.clone());
-                file.tag(reference.repo_digest(&manifest_key), manifest_key.clone());
+                for r in [reference.to_string(), reference.repo_digest(&manifest_key)] {
+                    file.tag(r.clone(), manifest_key.clone());
+                    file.pulled.insert(r);
+                }
                 Ok(image_of(file, &record.config_digest))
             })
         })
@@ -271,8 +311,16 @@ impl Job {
             layers_fetched: todo.len(),
             layers_reused: reused.len(),
             bytes_fetched,
+            duration: started.elapsed(),
             led: true,
         })
+    }
+
+    fn report(&self, p: PullProgress) {
+        if let Some(tx) = &self.progress {
+            // A caller that stopped listening does not stop the pull.
+            let _ = tx.send(p);
+        }
     }
 
     /// Tries each endpoint in turn; the error reported is the registry's own (the last).
