@@ -247,6 +247,13 @@ fn run_agent(
         .context("starting the async runtime")?;
     rt.block_on(async move {
         let store = super::open_images(&root_dir)?;
+        // Staging left by a pull or import that a crash interrupted (`ingest/*`,
+        // `snapshots/tmp-*`) goes now; gc waits for pulls of other processes in flight.
+        let gc_store = store.clone();
+        tokio::task::spawn_blocking(move || match gc_store.gc() {
+            Ok(report) => tracing::info!(?report, "image store cleaned at start-up"),
+            Err(err) => tracing::warn!(%err, "image store clean-up at start-up failed"),
+        });
         let cni = (!rootless && !args.no_pod_network).then(|| CniConfig {
             conf_dir: args.cni_conf_dir.clone(),
             bin_dirs: args.cni_bin_dir.clone(),
