@@ -395,3 +395,34 @@ async fn a_pull_with_wrong_credentials_never_joins_one_with_the_right_ones() {
     let err = wrong.await.unwrap().unwrap_err();
     assert!(matches!(err, ImageError::Unauthorized { .. }), "{err:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mirror_that_is_down_falls_back_and_a_rewrite_maps_the_repository() {
+    let reg = registry(false);
+    let layout = test_images().unwrap().join("busybox");
+    reg.push(&layout, "hub/busybox:1", &[]).unwrap();
+    // Port 1 on loopback refuses connections: the first mirror is down.
+    let yaml = format!(
+        "mirrors:\n  example.invalid:\n    endpoint: [\"https://127.0.0.1:1\", \"https://{host}\"]\n    \
+         rewrite: {{\"^library/(.*)\": \"hub/$1\"}}\n\
+         configs:\n  \"{host}\":\n    tls:\n      ca_file: {ca}\n",
+        host = reg.host(),
+        ca = reg.ca_file().display()
+    );
+    let registries = RegistriesConfig::parse(&yaml, Path::new("test.yaml")).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let svc = LocalImageService::with_pull_config(
+        Arc::new(ImageStore::open(tmp.path()).unwrap()),
+        PullConfig {
+            registries,
+            ..PullConfig::default()
+        },
+    );
+    let reference = "example.invalid/library/busybox:1";
+    let report = svc
+        .pull_image(reference, PullRequest::default())
+        .await
+        .unwrap();
+    assert_eq!(report.image.id, imported_id(&layout));
+    assert!(svc.get_image(reference).await.unwrap().is_some());
+}
