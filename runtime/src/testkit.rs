@@ -5,6 +5,8 @@
 
 use std::path::{Path, PathBuf};
 
+pub mod registry;
+
 /// `images/build` could not produce the test images.
 #[derive(Debug, thiserror::Error)]
 pub enum TestImagesError {

@@ -14,6 +14,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::error::{ImageError, RuntimeError};
+use crate::image::{PullReport, PullRequest};
 use crate::types::{
     ContainerConfig, ContainerFilter, ContainerId, ContainerStatus, ExecOutput, GcPolicy, Image,
     ImageStats, PodSandboxConfig, PodSandboxStatus, PodStatus, SandboxId,
@@ -106,4 +107,14 @@ pub trait ImageService: Send + Sync {
     /// Removes a tag; the image's blobs go when no tag refers to them and no container uses it.
     async fn remove_image(&self, reference: &str) -> Result<(), ImageError>;
     async fn image_stats(&self) -> Result<ImageStats, ImageError>;
+    /// Whether the local image `reference` names came from a registry pull; an imported
+    /// image is the node's own copy, which an `Always` pull policy does not replace.
+    async fn is_pulled(&self, reference: &str) -> Result<bool, ImageError>;
+    /// Pulls `reference` from its registry (CRI `PullImage`), trying `request`'s
+    /// credentials before the node's; concurrent pulls of one image share one download.
+    async fn pull_image(
+        &self,
+        reference: &str,
+        request: PullRequest,
+    ) -> Result<PullReport, ImageError>;
 }

@@ -67,6 +67,16 @@ pub fn images_out() -> Result<PathBuf> {
 impl ClusterAgent {
     /// Imports busybox and starts `ironlet run --kubeconfig <kubeconfig>` as `node_name`.
     pub fn start(kubeconfig: &Path, node_name: &str, slot: u32) -> Result<Self> {
+        Self::start_with_args(kubeconfig, node_name, slot, &[])
+    }
+
+    /// [`Self::start`] with more `ironlet run` flags (`--registry-config FILE`).
+    pub fn start_with_args(
+        kubeconfig: &Path,
+        node_name: &str,
+        slot: u32,
+        extra: &[&std::ffi::OsStr],
+    ) -> Result<Self> {
         let built = ironlet_binary()?;
         let root = std::env::temp_dir().join(format!("ironlet-e2e-{node_name}"));
         let _ = std::fs::remove_dir_all(&root);
@@ -129,6 +139,7 @@ impl ClusterAgent {
             .arg(&cgroup_root)
             .arg("--cni-conf-dir")
             .arg(&cni)
+            .args(extra)
             .env("IRONLET_LOG", "info,libcontainer=off,libcgroups=off")
             .stdin(Stdio::null())
             .stdout(log.try_clone().context("log fd")?)

@@ -6,7 +6,10 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Subcommand;
-use ironlet_runtime::image::LocalImageService;
+use ironlet_runtime::image::{
+    Credentials, Keyring, LocalImageService, PlatformSpec, PullConfig, PullProgress, PullRequest,
+    Reference,
+};
 use ironlet_runtime::ImageService;
 
 #[derive(Debug, Subcommand)]
@@ -20,6 +23,23 @@ pub enum ImagesCommand {
         #[arg(short, long)]
         quiet: bool,
     },
+    /// Pull an image from its registry (mirrors, TLS and credentials as the agent uses
+    /// them: --registry-config, <root-dir>/config.json, ~/.docker/config.json).
+    Pull {
+        reference: String,
+        /// Credentials for the image's registry, USER:PASS (tried before the node's).
+        #[arg(long)]
+        creds: Option<String>,
+        /// Platform to take from a multi-platform image, os/arch[/variant].
+        #[arg(long)]
+        platform: Option<String>,
+        /// Registry mirrors, TLS and credentials (k3s' registries.yaml schema).
+        #[arg(long = "registry-config")]
+        registry_config: Option<PathBuf>,
+        /// Layers downloaded at once.
+        #[arg(long = "max-concurrent-downloads", default_value_t = 3)]
+        max_concurrent_downloads: usize,
+    },
     /// Remove an image reference.
     #[command(alias = "remove")]
     Rm {
@@ -29,8 +49,22 @@ pub enum ImagesCommand {
 }
 
 pub async fn run(root: &Path, cmd: ImagesCommand) -> anyhow::Result<ExitCode> {
-    let service = LocalImageService::new(super::open_images(root)?);
+    let pull_config = match &cmd {
+        ImagesCommand::Pull {
+            registry_config,
+            max_concurrent_downloads,
+            ..
+        } => super::pull_config(root, registry_config.as_deref(), *max_concurrent_downloads)?,
+        _ => PullConfig::default(),
+    };
+    let service = LocalImageService::with_pull_config(super::open_images(root)?, pull_config);
     match cmd {
+        ImagesCommand::Pull {
+            reference,
+            creds,
+            platform,
+            ..
+        } => return pull(&service, &reference, creds.as_deref(), platform.as_deref()).await,
         ImagesCommand::Import { path } => {
             let images = service
                 .import(&path)
@@ -105,6 +139,54 @@ pub async fn run(root: &Path, cmd: ImagesCommand) -> anyhow::Result<ExitCode> {
             }
         }
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `ironlet images pull`: one plain line per step (resolved, each layer, done).
+async fn pull(
+    service: &LocalImageService,
+    reference: &str,
+    creds: Option<&str>,
+    platform: Option<&str>,
+) -> anyhow::Result<ExitCode> {
+    let mut keyring = Keyring::default();
+    if let Some(c) = creds {
+        let creds = Credentials::parse_user_pass(c).context("--creds must be USER:PASS")?;
+        let parsed = Reference::parse(reference)?;
+        keyring.add(parsed.domain(), creds);
+    }
+    let platform = platform.map(PlatformSpec::parse).transpose()?;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let request = PullRequest {
+        keyring,
+        platform,
+        progress: Some(tx),
+    };
+    let printer = async {
+        while let Some(p) = rx.recv().await {
+            match p {
+                PullProgress::Resolved {
+                    manifest,
+                    endpoint,
+                    layers,
+                } => println!("{reference}: manifest {manifest} from {endpoint}, {layers} layers"),
+                PullProgress::LayerReused { digest } => println!("{digest}: already present"),
+                PullProgress::LayerDone { digest, bytes } => {
+                    println!("{digest}: pulled {}", human_size(bytes))
+                }
+            }
+        }
+    };
+    let (result, ()) = tokio::join!(service.pull_image(reference, request), printer);
+    let report = result.with_context(|| format!("pulling {reference}"))?;
+    println!(
+        "pulled {reference} {} ({}, {} layers fetched, {} reused, {:.3}s)",
+        report.image.id,
+        human_size(report.image.size),
+        report.layers_fetched,
+        report.layers_reused,
+        report.duration.as_secs_f64()
+    );
     Ok(ExitCode::SUCCESS)
 }
 

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use ironlet_runtime::image::{ImageStore, ImageStoreConfig};
+use ironlet_runtime::image::{ImageStore, ImageStoreConfig, Keyring, PullConfig, RegistriesConfig};
 use ironlet_runtime::LocalRuntimeConfig;
 
 #[derive(Debug, Parser)]
@@ -77,6 +77,27 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 pub fn root_dir(flag: &Option<PathBuf>, rootless: bool) -> PathBuf {
     flag.clone()
         .unwrap_or_else(|| LocalRuntimeConfig::default_root_dir(rootless))
+}
+
+/// Pull settings: `--registry-config` (registries.yaml) and the node's docker config files
+/// (`<root-dir>/config.json`, `~/.docker/config.json`).
+pub fn pull_config(
+    root: &std::path::Path,
+    registry_config: Option<&std::path::Path>,
+    max_concurrent_layers: usize,
+) -> anyhow::Result<PullConfig> {
+    let registries = match registry_config {
+        Some(path) => RegistriesConfig::load(path)
+            .with_context(|| format!("reading --registry-config {}", path.display()))?,
+        None => RegistriesConfig::default(),
+    };
+    let node_keyring = Keyring::node_files(root).context("reading the node's docker config")?;
+    Ok(PullConfig {
+        registries,
+        node_keyring,
+        max_concurrent_layers: max_concurrent_layers.max(1),
+        ..PullConfig::default()
+    })
 }
 
 pub fn open_images(root: &std::path::Path) -> anyhow::Result<Arc<ImageStore>> {

@@ -108,6 +108,12 @@ pub struct RunArgs {
     /// Longest delay before the supervisor restarts a crashed agent.
     #[arg(long = "agent-restart-backoff-max", value_parser = parse_duration, default_value = "10s")]
     pub agent_restart_backoff_max: Duration,
+    /// Registry mirrors, rewrites, TLS and credentials, in k3s' registries.yaml schema.
+    #[arg(long = "registry-config")]
+    pub registry_config: Option<PathBuf>,
+    /// Layers of one image downloaded (and unpacked) at once; containerd's default is 3.
+    #[arg(long = "max-concurrent-downloads", default_value_t = 3)]
+    pub max_concurrent_downloads: usize,
 }
 
 /// CPU and memory set aside from allocatable.
@@ -241,6 +247,13 @@ fn run_agent(
         .context("starting the async runtime")?;
     rt.block_on(async move {
         let store = super::open_images(&root_dir)?;
+        // Staging left by a pull or import that a crash interrupted (`ingest/*`,
+        // `snapshots/tmp-*`) goes now; gc waits for pulls of other processes in flight.
+        let gc_store = store.clone();
+        tokio::task::spawn_blocking(move || match gc_store.gc() {
+            Ok(report) => tracing::info!(?report, "image store cleaned at start-up"),
+            Err(err) => tracing::warn!(%err, "image store clean-up at start-up failed"),
+        });
         let cni = (!rootless && !args.no_pod_network).then(|| CniConfig {
             conf_dir: args.cni_conf_dir.clone(),
             bin_dirs: args.cni_bin_dir.clone(),
@@ -262,7 +275,12 @@ fn run_agent(
         if let Some(recovery) = runtime.recovery() {
             tracing::info!(?recovery, "agent started under the supervisor");
         }
-        let images = Arc::new(LocalImageService::new(store));
+        let pull = super::pull_config(
+            &root_dir,
+            args.registry_config.as_deref(),
+            args.max_concurrent_downloads,
+        )?;
+        let images = Arc::new(LocalImageService::with_pull_config(store, pull));
         let socket = config.socket_path();
         let client = match &args.kubeconfig {
             Some(path) => Some(kube_client(path).await?),

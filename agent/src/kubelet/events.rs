@@ -24,7 +24,10 @@ impl EventType {
 
 /// kubelet's event reasons (`pkg/kubelet/events`), as values to match.
 pub mod reason {
+    pub const PULLING: &str = "Pulling";
     pub const PULLED: &str = "Pulled";
+    /// The waiting reason of a container whose image pull is in back-off.
+    pub const IMAGE_PULL_BACK_OFF: &str = "ImagePullBackOff";
     pub const FAILED: &str = "Failed";
     pub const CREATED: &str = "Created";
     pub const STARTED: &str = "Started";

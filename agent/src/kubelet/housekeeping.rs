@@ -33,6 +33,11 @@ impl Kubelet {
             .collect();
         let states = self.workers.sync_known_pods(&desired);
         self.syncer.lock_backoff().gc(std::time::SystemTime::now());
+        self.syncer
+            .pull_backoff
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain_pods(|uid| desired.contains(uid));
 
         let all = ContainerFilter::default();
         let (sandboxes, containers) = match tokio::try_join!(

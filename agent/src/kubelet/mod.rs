@@ -193,6 +193,7 @@ impl Kubelet {
             },
             termination_messages: Mutex::new(HashMap::new()),
             image_refs: Mutex::new(Default::default()),
+            pull_backoff: Mutex::new(Default::default()),
             waiting: Mutex::new(HashMap::new()),
         });
         let workers = PodWorkers::new(

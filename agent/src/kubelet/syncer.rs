@@ -32,6 +32,7 @@ use crate::sync::{
 use crate::volumes::VolumeManager;
 
 mod kill;
+mod pull;
 mod start;
 mod status;
 
@@ -66,6 +67,8 @@ pub struct NodeSyncer {
     pub(crate) waiting: Mutex<HashMap<String, WaitingReasons>>,
     /// Image id → repo digest, for `imageID` in container statuses.
     pub(crate) image_refs: Mutex<ImageRefs>,
+    /// Failed image pulls in back-off, by pod UID and image.
+    pub(crate) pull_backoff: Mutex<pull::PullBackoff>,
 }
 
 impl NodeSyncer {

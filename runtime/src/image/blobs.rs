@@ -12,7 +12,7 @@ use std::fs::File;
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
-use super::digest::{Digest, Hasher, HashingWriter};
+use super::digest::{Digest, Hasher};
 use super::error::ImageError;
 use super::fsx;
 
@@ -63,64 +63,30 @@ impl Blobs {
         expected: Option<Expected<'_>>,
         location: &str,
     ) -> Result<(Digest, u64), ImageError> {
-        let tmp = self.ingest.join(fsx::unique_name("blob-"));
-        let result = self.write_via(&tmp, reader, expected, location);
-        if tmp.exists() {
-            let _ = std::fs::remove_file(&tmp);
-        }
-        result
-    }
-
-    fn write_via(
-        &self,
-        tmp: &Path,
-        reader: &mut dyn Read,
-        expected: Option<Expected<'_>>,
-        location: &str,
-    ) -> Result<(Digest, u64), ImageError> {
-        let file = File::create(tmp).map_err(|e| ImageError::io("creating", tmp, e))?;
-        let mut w = HashingWriter {
-            inner: file,
-            hasher: Hasher::default(),
-        };
-        if let Err(e) = io::copy(reader, &mut w) {
+        let mut ingest = self.begin()?;
+        if let Err(e) = io::copy(reader, &mut ingest) {
             // A write failure is about our disk; a read failure about the source.
             return Err(if super::sys::is_disk_full(&e) {
                 ImageError::DiskFull {
-                    path: tmp.to_path_buf(),
+                    path: ingest.tmp.clone(),
                 }
             } else {
                 ImageError::io("reading blob from", location, e)
             });
         }
-        let HashingWriter {
-            inner: file,
-            hasher,
-        } = w;
-        let (digest, size) = hasher.finish();
-        if let Some(exp) = expected {
-            if &digest != exp.digest || exp.size.is_some_and(|s| s != size) {
-                tracing::warn!(%location, expected = %exp.digest, actual = %digest, size, "corrupt blob refused");
-                return Err(ImageError::DigestMismatch {
-                    location: location.to_owned(),
-                    expected: exp.digest.to_string(),
-                    actual: digest.to_string(),
-                    expected_size: exp.size,
-                    actual_size: size,
-                });
-            }
-        }
-        let dest = self.path(&digest);
-        if dest.is_file() {
-            return Ok((digest, size));
-        }
-        file.sync_all()
-            .map_err(|e| ImageError::io("syncing", tmp, e))?;
-        drop(file);
-        std::fs::rename(tmp, &dest).map_err(|e| ImageError::io("renaming into", &dest, e))?;
-        fsx::sync_dir(&self.dir)?;
-        tracing::debug!(%digest, size, %location, "blob stored");
-        Ok((digest, size))
+        ingest.commit(expected, location)
+    }
+
+    /// A blob being written piece by piece (a download); see [`BlobIngest::commit`].
+    pub(crate) fn begin(&self) -> Result<BlobIngest, ImageError> {
+        let tmp = self.ingest.join(fsx::unique_name("blob-"));
+        let file = File::create(&tmp).map_err(|e| ImageError::io("creating", &tmp, e))?;
+        Ok(BlobIngest {
+            blobs: self.clone(),
+            tmp,
+            file: Some(file),
+            hasher: Hasher::default(),
+        })
     }
 
     /// Stores a small in-memory blob.
@@ -180,6 +146,79 @@ impl Blobs {
             .flatten()
             .filter_map(|e| e.file_name().to_str().and_then(Digest::from_hex))
             .collect())
+    }
+}
+
+/// A blob in `ingest/`: hashed as it is written, renamed into `blobs/` only by
+/// [`Self::commit`] when it matches; dropped uncommitted, its temp file is removed (and a
+/// crash leaves it to gc).
+pub(crate) struct BlobIngest {
+    blobs: Blobs,
+    tmp: PathBuf,
+    file: Option<File>,
+    hasher: Hasher,
+}
+
+impl io::Write for BlobIngest {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let file = self
+            .file
+            .as_mut()
+            .ok_or_else(|| io::Error::other("blob already committed"))?;
+        let n = file.write(buf)?;
+        self.hasher.update(&buf[..n]);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.file.as_mut().map_or(Ok(()), File::flush)
+    }
+}
+
+impl BlobIngest {
+    /// The digest and size of what was written, dropping the temp file.
+    pub(crate) fn discard(mut self) -> (Digest, u64) {
+        std::mem::take(&mut self.hasher).finish()
+    }
+
+    /// Checks the content against `expected`, then fsyncs and renames it into place.
+    pub(crate) fn commit(
+        mut self,
+        expected: Option<Expected<'_>>,
+        location: &str,
+    ) -> Result<(Digest, u64), ImageError> {
+        let (digest, size) = std::mem::take(&mut self.hasher).finish();
+        if let Some(exp) = expected {
+            if &digest != exp.digest || exp.size.is_some_and(|s| s != size) {
+                tracing::warn!(%location, expected = %exp.digest, actual = %digest, size, "corrupt blob refused");
+                return Err(ImageError::DigestMismatch {
+                    location: location.to_owned(),
+                    expected: exp.digest.to_string(),
+                    actual: digest.to_string(),
+                    expected_size: exp.size,
+                    actual_size: size,
+                });
+            }
+        }
+        let dest = self.blobs.path(&digest);
+        if dest.is_file() {
+            return Ok((digest, size));
+        }
+        if let Some(file) = self.file.take() {
+            file.sync_all()
+                .map_err(|e| ImageError::io("syncing", &self.tmp, e))?;
+        }
+        std::fs::rename(&self.tmp, &dest).map_err(|e| ImageError::io("renaming into", &dest, e))?;
+        fsx::sync_dir(&self.blobs.dir)?;
+        tracing::debug!(%digest, size, %location, "blob stored");
+        Ok((digest, size))
+    }
+}
+
+impl Drop for BlobIngest {
+    fn drop(&mut self) {
+        // After a successful rename the temp name is gone and this fails harmlessly.
+        let _ = std::fs::remove_file(&self.tmp);
     }
 }
 

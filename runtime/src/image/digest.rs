@@ -5,7 +5,7 @@
 //! shape, so its hex part is safe to use as a file name. Other algorithms are refused.
 
 use std::fmt;
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
@@ -119,24 +119,6 @@ impl<R: Read> Read for HashingReader<R> {
         let n = self.inner.read(buf)?;
         self.hasher.update(&buf[..n]);
         Ok(n)
-    }
-}
-
-/// Hashes everything written through it.
-pub(crate) struct HashingWriter<W> {
-    pub(crate) inner: W,
-    pub(crate) hasher: Hasher,
-}
-
-impl<W: Write> Write for HashingWriter<W> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let n = self.inner.write(buf)?;
-        self.hasher.update(&buf[..n]);
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        self.inner.flush()
     }
 }
 

@@ -187,6 +187,35 @@ pub enum ImageError {
     },
     #[error("image store task failed: {0}")]
     Task(String),
+
+    // ---- pulls ----
+    /// The registry (or every endpoint of its mirrors) refused or failed the request; the
+    /// message is the registry's own.
+    #[error("pulling {reference} from {endpoint}: {message}")]
+    Registry {
+        reference: String,
+        endpoint: String,
+        message: String,
+    },
+    /// The registry asked for credentials and refused the ones given (or none were).
+    #[error("pulling {reference} from {endpoint}: authorization failed: {message}")]
+    Unauthorized {
+        reference: String,
+        endpoint: String,
+        message: String,
+    },
+    /// A foreign (non-distributable) layer: its content lives elsewhere by design.
+    #[error("{reference}: layer {digest} is a foreign/non-distributable layer ({media_type}); ironlet does not fetch those")]
+    ForeignLayer {
+        reference: String,
+        digest: String,
+        media_type: String,
+    },
+    #[error("{path}: {message}")]
+    RegistryConfig { path: PathBuf, message: String },
+    /// Another pull of the same image, that this one joined, failed.
+    #[error(transparent)]
+    Shared(std::sync::Arc<ImageError>),
 }
 
 impl ImageError {
@@ -226,6 +255,7 @@ impl ImageError {
             | Self::Mount { .. }
             | Self::MountOptionsTooLong { .. }
             | Self::Unmount { .. } => "CreateContainerError",
+            Self::Shared(inner) => inner.kubelet_reason(),
             _ => "ErrImagePull",
         }
     }

@@ -157,14 +157,7 @@ impl ImageStore {
         let bytes = self
             .blobs
             .read_verified(&desc.digest, oci::MAX_METADATA_BYTES)?;
-        let manifest: Manifest = oci::parse_json(&bytes, "image manifest", &location)?;
-        if manifest.schema_version != 2 {
-            return Err(ImageError::invalid(
-                location,
-                "image manifest",
-                format!("schemaVersion {} is not 2", manifest.schema_version),
-            ));
-        }
+        let manifest = oci::parse_manifest(&bytes, &location)?;
         src.ingest_blob(self, &manifest.config)?;
         let config_bytes = self
             .blobs
@@ -277,7 +270,7 @@ impl ImageStore {
 
 /// The index record of a manifest whose config bytes are `config_bytes`. For uncompressed
 /// layers the blob digest must already equal the diff_id.
-fn record_of(
+pub(crate) fn record_of(
     manifest: &Manifest,
     config_bytes: &[u8],
     location: &str,

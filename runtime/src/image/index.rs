@@ -53,6 +53,10 @@ pub(crate) struct IndexFile {
     pub refs: BTreeMap<String, Digest>,
     /// Manifest digest → record.
     pub images: BTreeMap<Digest, ImageRecord>,
+    /// References whose current target came from a registry pull (not an import); an
+    /// `Always` pull policy re-pulls only these (imported images are the node's own copy).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
+    pub pulled: std::collections::BTreeSet<String>,
 }
 
 impl IndexFile {
@@ -66,6 +70,7 @@ impl IndexFile {
 
     /// Removes a reference; drops the manifest it pointed at when nothing else does.
     pub(crate) fn untag(&mut self, reference: &str) -> Option<Digest> {
+        self.pulled.remove(reference);
         let manifest = self.refs.remove(reference)?;
         if self.refs_to(&manifest).next().is_none() {
             self.images.remove(&manifest);
@@ -75,6 +80,7 @@ impl IndexFile {
 
     /// Points `reference` at `manifest`, dropping the previous target if it lost its last ref.
     pub(crate) fn tag(&mut self, reference: String, manifest: Digest) {
+        self.pulled.remove(&reference);
         if let Some(old) = self.refs.insert(reference, manifest.clone()) {
             if old != manifest && self.refs_to(&old).next().is_none() {
                 self.images.remove(&old);

@@ -29,6 +29,7 @@ mod import;
 mod index;
 mod mount;
 mod oci;
+mod pull;
 mod reference;
 mod rootfs;
 mod service;
@@ -41,6 +42,10 @@ mod whiteout;
 
 pub use error::{ImageError, UnsafeEntryReason};
 pub use gc::GcReport;
+pub use pull::{
+    Credentials, Endpoint, Keyring, PlatformSpec, PullConfig, PullProgress, PullReport,
+    PullRequest, Puller, RegistriesConfig,
+};
 pub use reference::Reference;
 pub use rootfs::{ImageSelector, PreparedRootfs, RootfsMode};
 pub use service::LocalImageService;

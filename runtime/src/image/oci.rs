@@ -17,6 +17,7 @@ pub(crate) const MT_OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+
 pub(crate) const MT_OCI_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
 pub(crate) const MT_OCI_LAYER: &str = "application/vnd.oci.image.layer.v1.tar";
 pub(crate) const MT_OCI_LAYER_GZIP: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
+pub(crate) const MT_OCI_LAYER_ZSTD: &str = "application/vnd.oci.image.layer.v1.tar+zstd";
 pub(crate) const MT_DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
 pub(crate) const MT_DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
 
@@ -126,15 +127,16 @@ pub(crate) struct DockerArchiveEntry {
 pub(crate) enum Compression {
     None,
     Gzip,
+    Zstd,
 }
 
 impl Compression {
-    /// From the first bytes of a blob: gzip magic or plain tar; zstd is refused by the caller.
+    /// From the first bytes of a blob: gzip or zstd magic, or plain tar.
     pub(crate) fn sniff(head: &[u8]) -> Option<Self> {
         if head.starts_with(&[0x1f, 0x8b]) {
             Some(Self::Gzip)
         } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
-            None
+            Some(Self::Zstd)
         } else {
             Some(Self::None)
         }
@@ -144,6 +146,7 @@ impl Compression {
         match self {
             Self::None => MT_OCI_LAYER,
             Self::Gzip => MT_OCI_LAYER_GZIP,
+            Self::Zstd => MT_OCI_LAYER_ZSTD,
         }
     }
 }
@@ -155,6 +158,7 @@ pub(crate) fn is_supported_layer(media_type: &str) -> bool {
         media_type,
         "application/vnd.oci.image.layer.v1.tar"
             | "application/vnd.oci.image.layer.v1.tar+gzip"
+            | "application/vnd.oci.image.layer.v1.tar+zstd"
             | "application/vnd.oci.image.layer.nondistributable.v1.tar"
             | "application/vnd.oci.image.layer.nondistributable.v1.tar+gzip"
             | "application/vnd.docker.image.rootfs.diff.tar"
@@ -182,6 +186,19 @@ pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(
         what,
         source,
     })
+}
+
+/// Parses an image manifest and checks it is schema version 2.
+pub(crate) fn parse_manifest(bytes: &[u8], location: &str) -> Result<Manifest, ImageError> {
+    let manifest: Manifest = parse_json(bytes, "image manifest", location)?;
+    if manifest.schema_version != 2 {
+        return Err(ImageError::invalid(
+            location,
+            "image manifest",
+            format!("schemaVersion {} is not 2", manifest.schema_version),
+        ));
+    }
+    Ok(manifest)
 }
 
 /// The platform of this host as OCI names it (`linux`/`amd64`).
@@ -230,6 +247,9 @@ mod tests {
             Some(Compression::Gzip)
         );
         assert_eq!(Compression::sniff(b"etc/\0\0"), Some(Compression::None));
-        assert_eq!(Compression::sniff(&[0x28, 0xb5, 0x2f, 0xfd]), None);
+        assert_eq!(
+            Compression::sniff(&[0x28, 0xb5, 0x2f, 0xfd]),
+            Some(Compression::Zstd)
+        );
     }
 }

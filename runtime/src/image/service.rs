@@ -12,6 +12,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use super::error::ImageError;
+use super::pull::{PullConfig, PullReport, PullRequest, Puller};
 use super::store::ImageStore;
 use crate::traits::ImageService;
 use crate::types::{Image, ImageStats};
@@ -20,11 +21,18 @@ use crate::types::{Image, ImageStats};
 #[derive(Debug, Clone)]
 pub struct LocalImageService {
     store: Arc<ImageStore>,
+    puller: Arc<Puller>,
 }
 
 impl LocalImageService {
     pub fn new(store: Arc<ImageStore>) -> Self {
-        Self { store }
+        Self::with_pull_config(store, PullConfig::default())
+    }
+
+    /// With registries, node credentials and pull concurrency set.
+    pub fn with_pull_config(store: Arc<ImageStore>, config: PullConfig) -> Self {
+        let puller = Arc::new(Puller::new(Arc::clone(&store), config));
+        Self { store, puller }
     }
 
     pub fn store(&self) -> &Arc<ImageStore> {
@@ -71,5 +79,18 @@ impl ImageService for LocalImageService {
 
     async fn image_stats(&self) -> Result<ImageStats, ImageError> {
         self.blocking(|s| s.image_stats()).await
+    }
+
+    async fn is_pulled(&self, reference: &str) -> Result<bool, ImageError> {
+        let reference = reference.to_owned();
+        self.blocking(move |s| s.is_pulled(&reference)).await
+    }
+
+    async fn pull_image(
+        &self,
+        reference: &str,
+        request: PullRequest,
+    ) -> Result<PullReport, ImageError> {
+        self.puller.pull(reference, request).await
     }
 }

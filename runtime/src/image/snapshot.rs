@@ -96,6 +96,20 @@ impl ImageStore {
     }
 
     fn unpack_snapshot(&self, layer: &LayerRecord) -> Result<Snapshot, ImageError> {
+        let blob = self.blobs.open(&layer.digest)?;
+        self.unpack_snapshot_from(layer, blob, || Ok(()))
+    }
+
+    /// Unpacks `layer` from `blob` (its compressed stream, as stored or as it downloads)
+    /// into its snapshot. `verify` runs after the whole stream was read and the diff_id
+    /// checked, before the snapshot is renamed into place: a pull checks the blob digest
+    /// there, so a snapshot never appears for a blob that did not verify.
+    pub(crate) fn unpack_snapshot_from(
+        &self,
+        layer: &LayerRecord,
+        blob: impl Read,
+        verify: impl FnOnce() -> Result<(), ImageError>,
+    ) -> Result<Snapshot, ImageError> {
         let final_dir = self.snapshot_dir(&layer.chain_id);
         if final_dir.exists() {
             tracing::warn!(chain_id = %layer.chain_id, dir = ?final_dir, "incomplete snapshot found; unpacking again");
@@ -105,7 +119,9 @@ impl ImageStore {
             "tmp-{}-",
             &layer.chain_id.hex()[..12]
         )));
-        let result = self.unpack_into(layer, &tmp);
+        let result = self
+            .unpack_into(layer, blob, &tmp)
+            .and_then(|m| verify().map(|()| m));
         let marker = match result {
             Ok(m) => m,
             Err(e) => {
@@ -133,18 +149,15 @@ impl ImageStore {
         })
     }
 
-    fn unpack_into(&self, layer: &LayerRecord, tmp: &Path) -> Result<Marker, ImageError> {
+    fn unpack_into(
+        &self,
+        layer: &LayerRecord,
+        blob: impl Read,
+        tmp: &Path,
+    ) -> Result<Marker, ImageError> {
         let fs = tmp.join(FS);
         fsx::ensure_dir(&fs)?;
         let name = layer.digest.to_string();
-        if layer.media_type.contains("zstd") {
-            return Err(ImageError::UnsupportedMediaType {
-                location: self.blobs.path(&layer.digest).display().to_string(),
-                media_type: layer.media_type.clone(),
-                digest: name,
-            });
-        }
-        let blob = self.blobs.open(&layer.digest)?;
         let mut buffered = BufReader::with_capacity(1 << 16, blob);
         let head = buffered
             .fill_buf()
@@ -155,14 +168,15 @@ impl ImageStore {
             .to_vec();
         let decoded: Box<dyn Read> = match Compression::sniff(&head) {
             Some(Compression::Gzip) => Box::new(flate2::read::MultiGzDecoder::new(buffered)),
-            Some(Compression::None) => Box::new(buffered),
-            None => {
-                return Err(ImageError::UnsupportedMediaType {
-                    location: self.blobs.path(&layer.digest).display().to_string(),
-                    media_type: "zstd (by content)".into(),
-                    digest: name,
-                })
+            Some(Compression::Zstd) => {
+                Box::new(zstd::Decoder::with_buffer(buffered).map_err(|e| {
+                    ImageError::ReadLayer {
+                        layer: name.clone(),
+                        source: e,
+                    }
+                })?)
             }
+            Some(Compression::None) | None => Box::new(buffered),
         };
         let mut hashing = HashingReader::new(decoded);
         let whiteouts = if self.config.privileged {

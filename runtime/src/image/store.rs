@@ -187,6 +187,16 @@ impl ImageStore {
     }
 
     /// Bytes used by blobs and snapshots.
+    /// Whether `reference` names an image that a registry pull put there (`false` for
+    /// imports and for references that name nothing).
+    pub fn is_pulled(&self, reference: &str) -> Result<bool, ImageError> {
+        let file = self.index.load()?;
+        Ok(match resolve(&file, reference)? {
+            Some(Target::Ref(key)) => file.pulled.contains(&key),
+            _ => false,
+        })
+    }
+
     pub fn image_stats(&self) -> Result<ImageStats, ImageError> {
         Ok(ImageStats {
             total_storage_bytes: fsx::disk_usage(self.blobs.dir())

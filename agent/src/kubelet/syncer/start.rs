@@ -115,55 +115,6 @@ impl NodeSyncer {
             .await
     }
 
-    /// Image presence: ironlet has no registry client yet, so an absent image cannot be
-    /// pulled whatever the policy; the reason tells which case it is.
-    async fn ensure_image(
-        &self,
-        pod: &Pod,
-        container: &Container,
-        image: &str,
-    ) -> Result<(), SyncError> {
-        match self.images.get_image(image).await {
-            Ok(Some(found)) => {
-                if let Some(digest) = found.repo_digests.first() {
-                    self.image_refs
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .insert(found.id.clone(), digest.clone());
-                }
-                self.event(
-                    pod,
-                    EventType::Normal,
-                    reason::PULLED,
-                    format!("Container image \"{image}\" already present on machine"),
-                );
-                Ok(())
-            }
-            Ok(None) => {
-                let never = container.image_pull_policy.as_deref() == Some("Never");
-                let (reason_, message) = if never {
-                    (
-                        reason::ERR_IMAGE_NEVER_PULL,
-                        format!(
-                            "Container image \"{image}\" is not present with pull policy of Never"
-                        ),
-                    )
-                } else {
-                    (
-                        "ErrImagePull",
-                        format!("Container image \"{image}\" is not present and ironlet cannot pull images yet; import it with `ironlet images import`"),
-                    )
-                };
-                self.event(pod, EventType::Warning, reason::FAILED, message.clone());
-                Err(SyncError::new(reason_, message))
-            }
-            Err(err) => Err(SyncError::new(
-                "ImageInspectError",
-                format!("Failed to inspect image \"{image}\": {err}"),
-            )),
-        }
-    }
-
     fn config_error(&self, pod: &Pod, message: String) -> SyncError {
         self.event(
             pod,

@@ -1,0 +1,265 @@
+//! [`Remote`]: one repository at one endpoint, spoken to with oci-client (auth challenges,
+//! Bearer tokens, manifests, blob streams). Only this file knows oci-client's types; its
+//! errors become [`ImageError::Registry`] / [`ImageError::Unauthorized`] carrying the
+//! registry's own message, which is what the pod's waiting message shows.
+
+use futures_util::stream::BoxStream;
+use oci_client::client::{Certificate, CertificateEncoding, ClientConfig, ClientProtocol};
+use oci_client::errors::OciDistributionError;
+use oci_client::manifest::OciDescriptor;
+use oci_client::secrets::RegistryAuth;
+use oci_client::{Client, Reference as OciReference, RegistryOperation};
+
+use super::credentials::Credentials;
+use super::registries::Endpoint;
+use crate::image::digest::Digest;
+use crate::image::error::ImageError;
+use crate::image::oci;
+
+/// Manifest media types a pull accepts.
+const ACCEPT: [&str; 4] = [
+    oci::MT_OCI_MANIFEST,
+    oci::MT_OCI_INDEX,
+    oci::MT_DOCKER_MANIFEST,
+    oci::MT_DOCKER_LIST,
+];
+
+/// A repository at one endpoint, with the credentials chosen for it.
+pub(crate) struct Remote {
+    client: Client,
+    auth: RegistryAuth,
+    pub(crate) endpoint: Endpoint,
+    /// The reference the user asked for (for error messages).
+    pub(crate) display: String,
+}
+
+impl Remote {
+    pub(crate) fn new(
+        endpoint: Endpoint,
+        creds: Option<&Credentials>,
+        display: String,
+    ) -> Result<Self, ImageError> {
+        let config = ClientConfig {
+            protocol: if endpoint.plain_http {
+                ClientProtocol::Http
+            } else {
+                ClientProtocol::Https
+            },
+            accept_invalid_certificates: endpoint.insecure_skip_verify,
+            extra_root_certificates: endpoint
+                .ca_pem
+                .iter()
+                .map(|pem| Certificate {
+                    encoding: CertificateEncoding::Pem,
+                    data: pem.clone(),
+                })
+                .collect(),
+            connect_timeout: Some(std::time::Duration::from_secs(30)),
+            read_timeout: Some(std::time::Duration::from_secs(60)),
+            user_agent: concat!("ironlet/", env!("CARGO_PKG_VERSION")),
+            platform_resolver: None,
+            ..ClientConfig::default()
+        };
+        let client = Client::try_from(config).map_err(|e| ImageError::Registry {
+            reference: display.clone(),
+            endpoint: endpoint.host.clone(),
+            message: format!("setting up the client: {e}"),
+        })?;
+        let auth = match creds {
+            Some(c) => RegistryAuth::Basic(c.username.clone(), c.password.clone()),
+            None => RegistryAuth::Anonymous,
+        };
+        Ok(Self {
+            client,
+            auth,
+            endpoint,
+            display,
+        })
+    }
+
+    fn by_tag(&self, tag: &str) -> OciReference {
+        OciReference::with_tag(
+            self.endpoint.host.clone(),
+            self.endpoint.repository.clone(),
+            tag.to_owned(),
+        )
+    }
+
+    fn by_digest(&self, digest: &str) -> OciReference {
+        OciReference::with_digest(
+            self.endpoint.host.clone(),
+            self.endpoint.repository.clone(),
+            digest.to_owned(),
+        )
+    }
+
+    /// Authenticates (Basic, or the Bearer token flow the registry's challenge asks for).
+    pub(crate) async fn authenticate(&self, tag_or_digest: &str) -> Result<(), ImageError> {
+        let r = self.reference(tag_or_digest);
+        self.client
+            .auth(&r, &self.auth, RegistryOperation::Pull)
+            .await
+            .map(drop)
+            .map_err(|e| self.error(e))
+    }
+
+    fn reference(&self, tag_or_digest: &str) -> OciReference {
+        if tag_or_digest.starts_with(Digest::PREFIX) {
+            self.by_digest(tag_or_digest)
+        } else {
+            self.by_tag(tag_or_digest)
+        }
+    }
+
+    /// A manifest or index by tag or digest; its bytes are verified against the digest
+    /// when one was asked for. Returns the bytes and their digest.
+    pub(crate) async fn manifest(
+        &self,
+        tag_or_digest: &str,
+    ) -> Result<(Vec<u8>, Digest), ImageError> {
+        let r = self.reference(tag_or_digest);
+        let (bytes, _) = self
+            .client
+            .pull_manifest_raw(&r, &self.auth, &ACCEPT)
+            .await
+            .map_err(|e| self.error(e))?;
+        if bytes.len() as u64 > oci::MAX_METADATA_BYTES {
+            return Err(self.protocol(format!(
+                "manifest larger than {} bytes",
+                oci::MAX_METADATA_BYTES
+            )));
+        }
+        let actual = Digest::of_bytes(&bytes);
+        if let Some(want) = Digest::parse(tag_or_digest) {
+            if want != actual {
+                return Err(ImageError::DigestMismatch {
+                    location: format!("{}/{}@{want}", self.endpoint.host, self.endpoint.repository),
+                    expected: want.to_string(),
+                    actual: actual.to_string(),
+                    expected_size: None,
+                    actual_size: bytes.len() as u64,
+                });
+            }
+        }
+        Ok((bytes, actual))
+    }
+
+    /// A small blob (the image config), verified.
+    pub(crate) async fn small_blob(&self, desc: &oci::Descriptor) -> Result<Vec<u8>, ImageError> {
+        if desc.size > oci::MAX_METADATA_BYTES {
+            return Err(self.protocol(format!(
+                "config blob {} is {} bytes",
+                desc.digest, desc.size
+            )));
+        }
+        let mut out = Vec::with_capacity(desc.size as usize);
+        self.client
+            .pull_blob(
+                &self.by_digest(&desc.digest.to_string()),
+                &oci_desc(desc),
+                &mut out,
+            )
+            .await
+            .map_err(|e| self.error(e))?;
+        let actual = Digest::of_bytes(&out);
+        if actual != desc.digest || out.len() as u64 != desc.size {
+            return Err(ImageError::DigestMismatch {
+                location: self.location(&desc.digest),
+                expected: desc.digest.to_string(),
+                actual: actual.to_string(),
+                expected_size: Some(desc.size),
+                actual_size: out.len() as u64,
+            });
+        }
+        Ok(out)
+    }
+
+    /// A layer blob as a stream of chunks (verified by the caller as it is consumed).
+    pub(crate) async fn blob_stream(
+        &self,
+        desc: &oci::Descriptor,
+    ) -> Result<BoxStream<'static, std::io::Result<bytes::Bytes>>, ImageError> {
+        let s = self
+            .client
+            .pull_blob_stream(&self.by_digest(&desc.digest.to_string()), &oci_desc(desc))
+            .await
+            .map_err(|e| self.error(e))?;
+        Ok(s.stream)
+    }
+
+    pub(crate) fn location(&self, digest: &Digest) -> String {
+        format!(
+            "{}/{}@{digest}",
+            self.endpoint.host, self.endpoint.repository
+        )
+    }
+
+    fn protocol(&self, message: String) -> ImageError {
+        ImageError::Registry {
+            reference: self.display.clone(),
+            endpoint: self.endpoint.host.clone(),
+            message,
+        }
+    }
+
+    fn error(&self, e: OciDistributionError) -> ImageError {
+        let reference = self.display.clone();
+        let endpoint = self.endpoint.host.clone();
+        match e {
+            OciDistributionError::AuthenticationFailure(message) => ImageError::Unauthorized {
+                reference,
+                endpoint,
+                message,
+            },
+            OciDistributionError::UnauthorizedError { url } => ImageError::Unauthorized {
+                reference,
+                endpoint,
+                message: format!("401 Unauthorized from {url}"),
+            },
+            OciDistributionError::RegistryError { envelope, .. }
+                if envelope.errors.iter().any(|e| {
+                    matches!(
+                        e.code,
+                        oci_client::errors::OciErrorCode::Unauthorized
+                            | oci_client::errors::OciErrorCode::Denied
+                    )
+                }) =>
+            {
+                ImageError::Unauthorized {
+                    reference,
+                    endpoint,
+                    message: envelope.to_string(),
+                }
+            }
+            other => ImageError::Registry {
+                reference,
+                endpoint,
+                message: error_chain(&other),
+            },
+        }
+    }
+}
+
+/// The error and its causes (reqwest hides "connection refused" in a source).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        cur = s.source();
+    }
+    out
+}
+
+fn oci_desc(d: &oci::Descriptor) -> OciDescriptor {
+    OciDescriptor {
+        media_type: d.media_type.clone(),
+        digest: d.digest.to_string(),
+        size: i64::try_from(d.size).unwrap_or(i64::MAX),
+        ..OciDescriptor::default()
+    }
+}

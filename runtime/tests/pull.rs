@@ -1,0 +1,428 @@
+//! Pulls against a real registry (Debian's docker-registry on loopback, TLS from a test CA,
+//! htpasswd basic auth), filled with skopeo from the test images: single- and multi-arch,
+//! gzip/zstd/uncompressed layers, wrong passwords, tampered and truncated blobs, shared
+//! layers and concurrent pulls.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use ironlet_runtime::image::{
+    Credentials, ImageError, ImageStore, Keyring, LocalImageService, PlatformSpec, PullConfig,
+    PullRequest, RegistriesConfig,
+};
+use ironlet_runtime::testkit::registry::{make_multi_arch_layout, RegistryOptions, TestRegistry};
+use ironlet_runtime::testkit::test_images;
+use ironlet_runtime::ImageService;
+
+const USER: &str = "puller";
+const PASS: &str = "right-password";
+
+fn registry(auth: bool) -> TestRegistry {
+    TestRegistry::start(RegistryOptions {
+        basic_auth: auth.then(|| (USER.to_owned(), PASS.to_owned())),
+    })
+    .expect("start docker-registry (scripts/install-deps installs it)")
+}
+
+fn service(reg: &TestRegistry, root: &Path) -> LocalImageService {
+    let yaml = format!(
+        "configs:\n  \"{}\":\n    tls:\n      ca_file: {}\n",
+        reg.host(),
+        reg.ca_file().display()
+    );
+    let registries = RegistriesConfig::parse(&yaml, Path::new("test.yaml")).unwrap();
+    let store = Arc::new(ImageStore::open(root).unwrap());
+    LocalImageService::with_pull_config(
+        store,
+        PullConfig {
+            registries,
+            ..PullConfig::default()
+        },
+    )
+}
+
+/// A registry holding `image` (a test image) as `name:1`, an empty store and its service,
+/// and the reference to pull.
+fn pushed(auth: bool, image: &str) -> (TestRegistry, tempfile::TempDir, LocalImageService, String) {
+    let reg = registry(auth);
+    reg.push(
+        &test_images().unwrap().join(image),
+        &format!("{image}:1"),
+        &[],
+    )
+    .unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let svc = service(&reg, tmp.path());
+    let reference = format!("{}/{image}:1", reg.host());
+    (reg, tmp, svc, reference)
+}
+
+fn creds(reg: &TestRegistry, password: &str) -> PullRequest {
+    let mut keyring = Keyring::default();
+    keyring.add(
+        &reg.host(),
+        Credentials {
+            username: USER.into(),
+            password: password.into(),
+        },
+    );
+    PullRequest {
+        keyring,
+        ..PullRequest::default()
+    }
+}
+
+/// The image id the same layout gets when imported (the reference result).
+fn imported_id(layout: &Path) -> String {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = ImageStore::open(tmp.path()).unwrap();
+    store.import(layout).unwrap()[0].id.clone()
+}
+
+/// No staging leftovers and no snapshot or blob beyond what the index references.
+fn assert_clean_staging(root: &Path) {
+    let ingest: Vec<_> = std::fs::read_dir(root.join("ingest"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(ingest.is_empty(), "ingest leftovers: {ingest:?}");
+    let tmp: Vec<_> = std::fs::read_dir(root.join("snapshots"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("tmp-"))
+        .collect();
+    assert!(tmp.is_empty(), "snapshot leftovers: {tmp:?}");
+}
+
+/// After a failed busybox pull: no image, no layer blob, no staging leftovers.
+async fn assert_busybox_not_registered(svc: &LocalImageService, root: &Path) {
+    assert!(svc.list_images().await.unwrap().is_empty());
+    let blob = root.join("blobs/sha256").join(busybox_layer_hex());
+    assert!(!blob.exists(), "{blob:?} was stored");
+    assert_clean_staging(root);
+}
+
+fn blob_count(root: &Path) -> usize {
+    std::fs::read_dir(root.join("blobs/sha256"))
+        .unwrap()
+        .count()
+}
+
+/// The (only) layer digest of busybox's manifest in the registry.
+fn busybox_layer_hex() -> String {
+    let layout = test_images().unwrap().join("busybox");
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(layout.join("index.json")).unwrap()).unwrap();
+    let m = index["manifests"][0]["digest"].as_str().unwrap();
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(layout.join("blobs/sha256").join(&m[7..])).unwrap())
+            .unwrap();
+    manifest["layers"][0]["digest"].as_str().unwrap()[7..].to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_arch_image_is_pulled_over_tls_with_basic_auth_and_matches_the_import() {
+    let reg = registry(true);
+    let layout = test_images().unwrap().join("busybox");
+    reg.push(&layout, "busybox:1", &[]).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let svc = service(&reg, tmp.path());
+    let reference = format!("{}/busybox:1", reg.host());
+    let report = svc.pull_image(&reference, creds(&reg, PASS)).await.unwrap();
+    assert_eq!(report.image.id, imported_id(&layout));
+    assert_eq!(report.layers_fetched, 1);
+    let got = svc
+        .get_image(&reference)
+        .await
+        .unwrap()
+        .expect("pulled image is listed");
+    assert_eq!(got.id, report.image.id);
+    assert!(got
+        .repo_digests
+        .iter()
+        .any(|d| d.ends_with(&report.manifest)));
+    // The layer really is unpacked: busybox is in a snapshot.
+    let snaps: Vec<_> = std::fs::read_dir(tmp.path().join("snapshots"))
+        .unwrap()
+        .flatten()
+        .collect();
+    assert!(snaps
+        .iter()
+        .any(|s| s.path().join("fs/bin/busybox").is_file()));
+    assert_clean_staging(tmp.path());
+    // Pulled, so an Always policy re-pulls it; an import of the same name is local again.
+    assert!(svc.is_pulled(&reference).await.unwrap());
+    svc.import(&layout).await.unwrap();
+    assert!(!svc.is_pulled("busybox:latest").await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_password_fails_with_an_authorization_error_and_stores_nothing() {
+    let (reg, tmp, svc, reference) = pushed(true, "busybox");
+    let err = svc
+        .pull_image(&reference, creds(&reg, "wrong"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ImageError::Unauthorized { .. }), "{err:?}");
+    assert_eq!(err.kubelet_reason(), "ErrImagePull");
+    assert!(err.to_string().contains(&reg.host()), "{err}");
+    let anonymous = svc
+        .pull_image(&reference, PullRequest::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(anonymous, ImageError::Unauthorized { .. }),
+        "{anonymous:?}"
+    );
+    assert!(svc.list_images().await.unwrap().is_empty());
+    assert_eq!(blob_count(tmp.path()), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_arch_index_yields_the_nodes_platform_or_the_one_asked_for() {
+    let reg = registry(false);
+    let work = tempfile::tempdir().unwrap();
+    let multi = make_multi_arch_layout(
+        &test_images().unwrap().join("busybox"),
+        &work.path().join("multi"),
+    )
+    .unwrap();
+    reg.push(&work.path().join("multi"), "multi:1", &["--all"])
+        .unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let svc = service(&reg, tmp.path());
+    let reference = format!("{}/multi:1", reg.host());
+    let host = svc
+        .pull_image(&reference, PullRequest::default())
+        .await
+        .unwrap();
+    assert_eq!(host.image.id, multi.host_config);
+    let other = svc
+        .pull_image(
+            &reference,
+            PullRequest {
+                platform: Some(PlatformSpec::parse(&multi.other_platform).unwrap()),
+                ..PullRequest::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(other.image.id, multi.other_config);
+    // Same layers: the second platform fetched nothing.
+    assert_eq!(other.layers_fetched, 0);
+    let none = svc
+        .pull_image(
+            &reference,
+            PullRequest {
+                platform: Some(PlatformSpec::parse("linux/s390x").unwrap()),
+                ..PullRequest::default()
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(none, ImageError::NoMatchingPlatform { .. }),
+        "{none:?}"
+    );
+    // By index digest too.
+    let by_digest = format!("{}/multi@{}", reg.host(), multi.index_digest);
+    let r = svc
+        .pull_image(&by_digest, PullRequest::default())
+        .await
+        .unwrap();
+    assert_eq!(r.image.id, multi.host_config);
+    assert!(svc.get_image(&by_digest).await.unwrap().is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zstd_and_uncompressed_layers_unpack_to_the_same_image() {
+    let reg = registry(false);
+    let layout = test_images().unwrap().join("layered");
+    let want = imported_id(&layout);
+    reg.push(
+        &layout,
+        "zstd:1",
+        &["--dest-compress-format", "zstd", "--dest-compress"],
+    )
+    .unwrap();
+    reg.push(&layout, "plain:1", &["--dest-decompress"])
+        .unwrap();
+    for (tag, media) in [("zstd:1", "zstd"), ("plain:1", ".tar")] {
+        let tmp = tempfile::tempdir().unwrap();
+        let svc = service(&reg, tmp.path());
+        let report = svc
+            .pull_image(&format!("{}/{tag}", reg.host()), PullRequest::default())
+            .await
+            .unwrap();
+        assert_eq!(report.image.id, want, "{tag}");
+        assert_eq!(report.layers_fetched, 4, "{tag}");
+        let manifest = std::fs::read_to_string(
+            tmp.path()
+                .join("blobs/sha256")
+                .join(&report.manifest["sha256:".len()..]),
+        )
+        .unwrap();
+        assert!(manifest.contains(media), "{tag}: {manifest}");
+        assert_clean_staging(tmp.path());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_layers_are_not_fetched_again() {
+    let reg = registry(false);
+    let images = test_images().unwrap();
+    reg.push(&images.join("busybox"), "busybox:1", &[]).unwrap();
+    reg.push(&images.join("layered"), "layered:1", &[]).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let svc = service(&reg, tmp.path());
+    svc.pull_image(&format!("{}/busybox:1", reg.host()), PullRequest::default())
+        .await
+        .unwrap();
+    let layered = svc
+        .pull_image(&format!("{}/layered:1", reg.host()), PullRequest::default())
+        .await
+        .unwrap();
+    assert_eq!((layered.layers_fetched, layered.layers_reused), (3, 1));
+    // Pulling again fetches no layer at all.
+    let again = svc
+        .pull_image(&format!("{}/layered:1", reg.host()), PullRequest::default())
+        .await
+        .unwrap();
+    assert_eq!((again.layers_fetched, again.bytes_fetched), (0, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_pulls_of_one_image_share_one_download() {
+    let (_reg, _tmp, svc, reference) = pushed(false, "layered");
+    let pulls: Vec<_> = (0..4)
+        .map(|_| {
+            let svc = svc.clone();
+            let reference = reference.clone();
+            tokio::spawn(async move { svc.pull_image(&reference, PullRequest::default()).await })
+        })
+        .collect();
+    let mut reports = Vec::new();
+    for p in pulls {
+        reports.push(p.await.unwrap().unwrap());
+    }
+    let leaders = reports.iter().filter(|r| r.led).count();
+    let fetched: usize = reports
+        .iter()
+        .filter(|r| r.led)
+        .map(|r| r.layers_fetched)
+        .sum();
+    assert_eq!(leaders, 1, "exactly one pull downloads");
+    assert_eq!(fetched, 4);
+    assert!(reports.iter().all(|r| r.image.id == reports[0].image.id));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tampered_blob_is_refused_and_nothing_is_registered() {
+    let (reg, tmp, svc, reference) = pushed(false, "busybox");
+    let data = reg.blob_file(&busybox_layer_hex());
+    let mut bytes = std::fs::read(&data).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xff;
+    std::fs::write(&data, &bytes).unwrap();
+    let err = svc
+        .pull_image(&reference, PullRequest::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ImageError::DigestMismatch { .. }), "{err:?}");
+    assert!(err.to_string().contains(&busybox_layer_hex()), "{err}");
+    assert_busybox_not_registered(&svc, tmp.path()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_download_registers_nothing_and_a_repull_gets_identical_digests() {
+    let (reg, tmp, svc, reference) = pushed(false, "busybox");
+    let data = reg.blob_file(&busybox_layer_hex());
+    let whole = std::fs::read(&data).unwrap();
+    // The registry serves half the blob and ends the response: a dropped connection.
+    std::fs::write(&data, &whole[..whole.len() / 2]).unwrap();
+    let err = svc
+        .pull_image(&reference, PullRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(err.kubelet_reason(), "ErrImagePull", "{err}");
+    assert_busybox_not_registered(&svc, tmp.path()).await;
+    std::fs::write(&data, &whole).unwrap();
+    let report = svc
+        .pull_image(&reference, PullRequest::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        report.image.id,
+        imported_id(&test_images().unwrap().join("busybox"))
+    );
+    assert!(tmp
+        .path()
+        .join("blobs/sha256")
+        .join(busybox_layer_hex())
+        .exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_registry_fails_the_pull_with_its_endpoint_named() {
+    let (mut reg, _tmp, svc, reference) = pushed(false, "busybox");
+    reg.stop();
+    let err = svc
+        .pull_image(&reference, PullRequest::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ImageError::Registry { .. }), "{err:?}");
+    assert!(err.to_string().contains(&reg.host()), "{err}");
+    reg.restart().unwrap();
+    svc.pull_image(&reference, PullRequest::default())
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pull_with_wrong_credentials_never_joins_one_with_the_right_ones() {
+    let (reg, _tmp, svc, reference) = pushed(true, "layered");
+    let right = {
+        let (svc, reference, req) = (svc.clone(), reference.clone(), creds(&reg, PASS));
+        tokio::spawn(async move { svc.pull_image(&reference, req).await })
+    };
+    let wrong = {
+        let (svc, reference, req) = (svc.clone(), reference.clone(), creds(&reg, "wrong"));
+        tokio::spawn(async move { svc.pull_image(&reference, req).await })
+    };
+    assert!(right.await.unwrap().is_ok());
+    let err = wrong.await.unwrap().unwrap_err();
+    assert!(matches!(err, ImageError::Unauthorized { .. }), "{err:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mirror_that_is_down_falls_back_and_a_rewrite_maps_the_repository() {
+    let reg = registry(false);
+    let layout = test_images().unwrap().join("busybox");
+    reg.push(&layout, "hub/busybox:1", &[]).unwrap();
+    // Port 1 on loopback refuses connections: the first mirror is down.
+    let yaml = format!(
+        "mirrors:\n  example.invalid:\n    endpoint: [\"https://127.0.0.1:1\", \"https://{host}\"]\n    \
+         rewrite: {{\"^library/(.*)\": \"hub/$1\"}}\n\
+         configs:\n  \"{host}\":\n    tls:\n      ca_file: {ca}\n",
+        host = reg.host(),
+        ca = reg.ca_file().display()
+    );
+    let registries = RegistriesConfig::parse(&yaml, Path::new("test.yaml")).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let svc = LocalImageService::with_pull_config(
+        Arc::new(ImageStore::open(tmp.path()).unwrap()),
+        PullConfig {
+            registries,
+            ..PullConfig::default()
+        },
+    );
+    let reference = "example.invalid/library/busybox:1";
+    let report = svc
+        .pull_image(reference, PullRequest::default())
+        .await
+        .unwrap();
+    assert_eq!(report.image.id, imported_id(&layout));
+    assert!(svc.get_image(reference).await.unwrap().is_some());
+}
