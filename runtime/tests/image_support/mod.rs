@@ -262,6 +262,48 @@ impl TestImage {
     }
 }
 
+impl TestImage {
+    /// Writes a docker-archive in directory form (an unpacked `docker save`) at `dir`.
+    pub fn write_docker_dir(&self, dir: &Path, repo_tags: &[&str]) -> PathBuf {
+        let archive = dir.with_extension("staging.tar");
+        self.write_docker_archive(&archive, repo_tags);
+        std::fs::create_dir_all(dir).expect("create docker dir");
+        let bytes = std::fs::read(&archive).expect("read staging archive");
+        tar::Archive::new(&bytes[..])
+            .unpack(dir)
+            .expect("unpack staging archive");
+        std::fs::remove_file(&archive).expect("remove staging archive");
+        dir.to_path_buf()
+    }
+
+    /// The docker-archive member name of layer `i` (`<diff_id hex>/layer.tar`).
+    pub fn docker_layer_name(&self, i: usize) -> String {
+        format!("{}/layer.tar", hex_of(&sha256(&self.layers[i])))
+    }
+
+    /// The docker-archive member name of the config (`<id hex>.json`).
+    pub fn docker_config_name(&self) -> String {
+        format!("{}.json", hex_of(&self.id()))
+    }
+}
+
+/// Every blob file in a store: name and content.
+pub fn blob_files(store: &ironlet_runtime::image::ImageStore) -> Vec<(String, Vec<u8>)> {
+    let dir = store.root().join("blobs/sha256");
+    let mut out: Vec<(String, Vec<u8>)> = std::fs::read_dir(&dir)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    (name, std::fs::read(e.path()).unwrap_or_default())
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    out.sort();
+    out
+}
+
 /// Tars the content of `dir` (paths relative to it) into `out`.
 pub fn tar_dir(dir: &Path, out: &Path) {
     let mut b = tar::Builder::new(Vec::new());
