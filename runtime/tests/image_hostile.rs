@@ -163,3 +163,129 @@ fn a_failed_import_leaves_no_blob_behind() {
     // The good image is intact.
     assert_eq!(store.list_images().unwrap().len(), 1);
 }
+
+/// A layer `depth` directories deep (`d/d/…`), with a directory entry (mode 0750) every
+/// `every` levels, a file `f` every 1 000 levels and `bottom` in the deepest directory.
+fn deep_layer(depth: usize, every: usize) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    let mut path = String::new();
+    for level in 1..=depth {
+        path.push_str("d/");
+        if level % every == 0 {
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(tar::EntryType::Directory);
+            h.set_mode(0o750);
+            h.set_mtime(1_600_000_000 + level as u64);
+            h.set_size(0);
+            b.append_data(&mut h, &path, &[][..]).unwrap();
+        }
+        if level % 1000 == 0 || level == depth {
+            let name = if level == depth { "bottom" } else { "f" };
+            let data = format!("level {level}\n");
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(tar::EntryType::Regular);
+            h.set_mode(0o644);
+            h.set_size(data.len() as u64);
+            b.append_data(&mut h, format!("{path}{name}"), data.as_bytes())
+                .unwrap();
+        }
+    }
+    b.into_inner().unwrap()
+}
+
+/// Opens `name` in the directory `dir` through /proc (paths this deep exceed PATH_MAX).
+fn open_in(dir: &std::fs::File, name: &str) -> std::fs::File {
+    use std::os::fd::AsRawFd;
+    std::fs::File::open(format!("/proc/self/fd/{}/{name}", dir.as_raw_fd()))
+        .unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+/// Walks the deep tree of [`deep_layer`] in `fs` and checks every level.
+fn assert_deep_tree(fs: &Path, depth: usize, every: usize) {
+    use std::io::Read;
+    use std::os::unix::fs::MetadataExt;
+    let mut dir = std::fs::File::open(fs).unwrap();
+    for level in 1..=depth {
+        dir = open_in(&dir, "d");
+        let meta = dir.metadata().unwrap();
+        if level % every == 0 {
+            assert_eq!(meta.mode() & 0o7777, 0o750, "level {level}");
+            assert_eq!(meta.mtime(), 1_600_000_000 + level as i64, "level {level}");
+        }
+        if level % 1000 == 0 || level == depth {
+            let name = if level == depth { "bottom" } else { "f" };
+            let mut s = String::new();
+            open_in(&dir, name).read_to_string(&mut s).unwrap();
+            assert_eq!(s, format!("level {level}\n"));
+        }
+    }
+    // Nothing deeper.
+    let entries: Vec<_> = std::fs::read_dir(format!("/proc/self/fd/{}", {
+        use std::os::fd::AsRawFd;
+        dir.as_raw_fd()
+    }))
+    .unwrap()
+    .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+    .collect();
+    assert_eq!(entries, vec!["bottom"]);
+}
+
+fn import_timed(store: &ImageStore, source: &Path) -> std::time::Duration {
+    let start = std::time::Instant::now();
+    store.import(source).unwrap();
+    let took = start.elapsed();
+    eprintln!("import of {} took {took:?}", source.display());
+    took
+}
+
+fn snapshot_fs(store: &ImageStore, img: &TestImage) -> std::path::PathBuf {
+    // One layer: its chain id is its diff_id.
+    let diff_id = image_support::sha256(&img.layers[0]);
+    store
+        .root()
+        .join("snapshots")
+        .join(&diff_id["sha256:".len()..])
+        .join("fs")
+}
+
+/// Complexity, not a benchmark: resolving every entry from the layer root made this
+/// quadratic (and paths past PATH_MAX failed); the bound is generous for a debug build.
+#[test]
+fn a_ten_thousand_deep_layer_imports_in_linear_time_and_intact() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_d, store) = store();
+    let img = TestImage::new(vec![deep_layer(10_000, 10)]);
+    let source = img.write_layout(&tmp.path().join("deep"), Some("deep:1"));
+    let took = import_timed(&store, &source);
+    assert!(took.as_secs() < 10, "import took {took:?}");
+    assert_deep_tree(&snapshot_fs(&store, &img), 10_000, 10);
+}
+
+/// The hostile corpus's case: a directory entry at each of 2 000 levels (133 s before).
+#[test]
+fn a_layer_with_two_thousand_nested_directory_entries_imports_quickly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_d, store) = store();
+    let img = TestImage::new(vec![deep_layer(2_000, 1)]);
+    let source = img.write_layout(&tmp.path().join("nested"), Some("nested:1"));
+    let took = import_timed(&store, &source);
+    assert!(took.as_secs() < 10, "import took {took:?}");
+    assert_deep_tree(&snapshot_fs(&store, &img), 2_000, 1);
+}
+
+/// Removing a refused deep snapshot recursed once per level and overflowed the stack.
+#[test]
+fn a_refused_ten_thousand_deep_layer_is_removed_without_crashing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_d, store) = store();
+    let img = TestImage::with_diff_ids(
+        vec![deep_layer(10_000, 100)],
+        vec![image_support::sha256(b"a lie")],
+    );
+    let err = store
+        .import(&img.write_layout(&tmp.path().join("deep-lie"), Some("lie:1")))
+        .unwrap_err();
+    assert!(matches!(err, ImageError::DiffIdMismatch { .. }), "{err}");
+    assert_eq!(image_support::count(&store.root().join("snapshots")), 0);
+    assert!(blob_files(&store).is_empty());
+}

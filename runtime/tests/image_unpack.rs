@@ -596,3 +596,70 @@ fn an_image_with_an_escaping_layer_is_refused_unindexed_and_leaves_no_snapshot()
     assert!(!store.root().join("snapshots/escape").exists());
     assert_eq!(std::fs::read(&canary).unwrap(), CANARY);
 }
+
+/// The unpacker caches the directories of the last path; an entry that replaces one of them
+/// (or what a cached symlink led to) must be seen by the next entries.
+#[test]
+fn entries_after_a_directory_is_replaced_follow_the_new_tree() {
+    let a = Arena::new();
+    let layer = LayerBuilder::new()
+        .dir("a/", 0o755)
+        .dir("a/b/", 0o755)
+        .file("a/b/f1", b"1", 0o644)
+        .dir("c/", 0o755)
+        // The directory a/b becomes a symlink to c: a/b/f2 lands in c.
+        .symlink("a/b", "../c")
+        .file("a/b/f2", b"2", 0o644)
+        // s leads to p/q/r; through s/up (p/q/r/../.. = p), p/q is replaced by a file, so
+        // s now dangles: s/w must not land in the deleted p/q/r.
+        .dir("p/q/r/", 0o755)
+        .symlink("s", "p/q/r")
+        .symlink("s/up", "../..")
+        .file("s/up/x", b"x", 0o644)
+        .file("s/up/q", b"now a file", 0o644)
+        .file("s/w", b"w", 0o644)
+        .build();
+    let err = a.unpack(&layer, &opts()).unwrap_err();
+    assert_refused(err, "s/w", UnsafeEntryReason::ParentNotDirectory);
+    let t = a.target();
+    assert_eq!(std::fs::read(t.join("c/f2")).unwrap(), b"2");
+    assert!(!t.join("c/f1").exists());
+    assert!(std::fs::symlink_metadata(t.join("a/b"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert_eq!(std::fs::read(t.join("p/x")).unwrap(), b"x");
+    assert_eq!(std::fs::read(t.join("p/q")).unwrap(), b"now a file");
+    a.assert_untouched();
+}
+
+#[test]
+fn symlinks_inside_are_followed_through_dot_dot_and_chains_but_never_out() {
+    let a = Arena::new();
+    let layer = LayerBuilder::new()
+        .dir("usr/lib/", 0o755)
+        .dir("x/y/", 0o755)
+        .symlink("x/y/up", "../../usr")
+        .symlink("chain", "x/y/up/lib")
+        .file("chain/ok", b"ok", 0o644)
+        .symlink("x/y/out", "../../..")
+        .file("x/y/out/escape", b"pwned", 0o644)
+        .build();
+    let err = a.unpack(&layer, &opts()).unwrap_err();
+    assert_refused(err, "x/y/out/escape", UnsafeEntryReason::SymlinkEscape);
+    assert_eq!(std::fs::read(a.target().join("usr/lib/ok")).unwrap(), b"ok");
+    a.assert_untouched();
+}
+
+#[test]
+fn a_symlink_loop_is_refused_as_not_a_directory() {
+    let a = Arena::new();
+    let layer = LayerBuilder::new()
+        .symlink("loop1", "loop2")
+        .symlink("loop2", "loop1")
+        .file("loop1/x", b"x", 0o644)
+        .build();
+    let err = a.unpack(&layer, &opts()).unwrap_err();
+    assert_refused(err, "loop1/x", UnsafeEntryReason::ParentNotDirectory);
+    a.assert_untouched();
+}
