@@ -289,3 +289,81 @@ fn a_refused_ten_thousand_deep_layer_is_removed_without_crashing() {
     assert_eq!(image_support::count(&store.root().join("snapshots")), 0);
     assert!(blob_files(&store).is_empty());
 }
+
+/// `tar` followed by `mib` MiB of zeros, as gzip: one member per MiB of zeros (about 1 KB
+/// each), so that gigabytes cost little to build.
+fn gzip_with_trailing_zeros(tar: &[u8], mib: usize) -> Vec<u8> {
+    let mut out = image_support::gzip(tar);
+    let member = image_support::gzip(&vec![0u8; 1 << 20]);
+    for _ in 0..mib {
+        out.extend_from_slice(&member);
+    }
+    out
+}
+
+/// The diff_id of `tar` followed by `bytes` zeros (the whole uncompressed stream).
+fn diff_id_with_zeros(tar: &[u8], bytes: usize) -> String {
+    use sha2::Digest as _;
+    let mut h = sha2::Sha256::new();
+    h.update(tar);
+    let zeros = vec![0u8; 1 << 20];
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(zeros.len());
+        h.update(&zeros[..n]);
+        left -= n;
+    }
+    format!("sha256:{}", hex::encode(h.finalize()))
+}
+
+#[test]
+fn record_padding_after_the_end_of_a_layer_is_hashed_into_its_diff_id_like_containerd() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_d, store) = store();
+    let tar = LayerBuilder::new().file("f", b"padded", 0o644).build();
+    // GNU tar pads to 10 KiB records; the diff_id covers the padding.
+    let padded = [tar.clone(), vec![0u8; 10 << 10]].concat();
+    let img = TestImage::new(vec![padded.clone()]);
+    let gz = vec![image_support::gzip(&padded)];
+    store
+        .import(&img.write_layout_gz(&tmp.path().join("padded"), Some("padded:1"), &gz))
+        .unwrap();
+    // A diff_id of the archive alone (without what follows it) is refused.
+    let img = TestImage::with_diff_ids(vec![padded], vec![image_support::sha256(&tar)]);
+    let err = store
+        .import(&img.write_layout_gz(&tmp.path().join("short"), Some("short:1"), &gz))
+        .unwrap_err();
+    assert!(matches!(err, ImageError::DiffIdMismatch { .. }), "{err}");
+}
+
+#[test]
+fn data_after_the_end_of_a_layer_is_refused_past_a_bound_without_decompressing_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_d, store) = store();
+    let tar = LayerBuilder::new().file("f", b"x", 0o644).build();
+    // 16 MiB after the end, with an honest diff_id: containerd would accept it after
+    // decompressing everything; refused here, past 1 MiB.
+    let mib = 16;
+    let img =
+        TestImage::with_diff_ids(vec![tar.clone()], vec![diff_id_with_zeros(&tar, mib << 20)]);
+    let gz = vec![gzip_with_trailing_zeros(&tar, mib)];
+    let err = store
+        .import(&img.write_layout_gz(&tmp.path().join("trailing"), Some("t:1"), &gz))
+        .unwrap_err();
+    assert!(
+        matches!(err, ImageError::TrailingData { limit, .. } if limit == 1 << 20),
+        "{err}"
+    );
+    assert!(store.list_images().unwrap().is_empty());
+    assert!(blob_files(&store).is_empty());
+    // 10 GiB of zeros (10 MB of gzip) cost nothing: the stream is not read past the bound.
+    let gz = vec![gzip_with_trailing_zeros(&tar, 10 << 10)];
+    let img = TestImage::new(vec![tar]);
+    let start = std::time::Instant::now();
+    let err = store
+        .import(&img.write_layout_gz(&tmp.path().join("bomb"), Some("b:1"), &gz))
+        .unwrap_err();
+    let took = start.elapsed();
+    assert!(matches!(err, ImageError::TrailingData { .. }), "{err}");
+    assert!(took.as_secs() < 10, "import took {took:?}");
+}

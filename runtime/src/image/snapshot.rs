@@ -33,6 +33,13 @@ use super::sys;
 use super::unpack::{self, UnpackLimits, UnpackOptions};
 use super::whiteout::{Changes, WhiteoutFormat};
 
+/// Most uncompressed bytes read after a layer's end-of-archive marker. Tar writers pad to a
+/// record: Go's archive/tar (docker, containerd, buildkit) to 1 KiB, GNU tar and bsdtar to
+/// 10 KiB by default; 1 MiB is 100 times that and costs about a millisecond. The diff_id
+/// must cover everything (a snapshot is keyed by it), so a layer with more is refused
+/// rather than decompressed without end (10 GiB of zeros are 10 MB of gzip).
+pub(crate) const MAX_TRAILING_BYTES: u64 = 1 << 20;
+
 const DONE: &str = "done";
 const CHANGES: &str = "changes.json";
 const FS: &str = "fs";
@@ -179,11 +186,17 @@ impl ImageStore {
             preserve_owner: self.config.privileged,
         };
         let report = unpack::unpack_layer(&mut hashing, &fs, &opts, &name)?;
+        // The diff_id covers the whole uncompressed stream, as containerd computes it
+        // (it reads to the end, however far); we stop at a bound (see MAX_TRAILING_BYTES).
         let (diff_id, _) = hashing
-            .drain_and_finish()
+            .drain_within(MAX_TRAILING_BYTES)
             .map_err(|e| ImageError::ReadLayer {
                 layer: name.clone(),
                 source: e,
+            })?
+            .ok_or_else(|| ImageError::TrailingData {
+                layer: name.clone(),
+                limit: MAX_TRAILING_BYTES,
             })?;
         if diff_id != layer.diff_id {
             return Err(ImageError::DiffIdMismatch {

@@ -182,16 +182,20 @@ impl TestImage {
 
     /// Writes an OCI layout with gzip layers; `ref_name` goes into the index annotation.
     pub fn write_layout(&self, dir: &Path, ref_name: Option<&str>) -> PathBuf {
+        let gz: Vec<Vec<u8>> = self.layers.iter().map(|l| gzip(l)).collect();
+        self.write_layout_gz(dir, ref_name, &gz)
+    }
+
+    /// [`Self::write_layout`] with the given gzip blobs as layers (e.g. with data appended).
+    pub fn write_layout_gz(&self, dir: &Path, ref_name: Option<&str>, gz: &[Vec<u8>]) -> PathBuf {
         std::fs::create_dir_all(dir).expect("create layout dir");
         std::fs::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#)
             .expect("write oci-layout");
         let config = write_blob(dir, &self.config);
-        let layers: Vec<serde_json::Value> = self
-            .layers
+        let layers: Vec<serde_json::Value> = gz
             .iter()
-            .map(|l| {
-                let gz = gzip(l);
-                let d = write_blob(dir, &gz);
+            .map(|gz| {
+                let d = write_blob(dir, gz);
                 serde_json::json!({
                     "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
                     "digest": d, "size": gz.len()
