@@ -663,3 +663,92 @@ fn a_symlink_loop_is_refused_as_not_a_directory() {
     assert_refused(err, "loop1/x", UnsafeEntryReason::ParentNotDirectory);
     a.assert_untouched();
 }
+
+/// `security.capability` values: v2 (cap_net_bind_service, effective) is valid; a v1-sized
+/// value is refused by the kernel with EINVAL.
+fn caps_v2() -> Vec<u8> {
+    [0x0200_0001u32, 1 << 10, 0, 0, 0]
+        .iter()
+        .flat_map(|w| w.to_le_bytes())
+        .collect()
+}
+
+fn caps_invalid() -> Vec<u8> {
+    [0x0100_0001u32, 1 << 10, 0]
+        .iter()
+        .flat_map(|w| w.to_le_bytes())
+        .collect()
+}
+
+/// File capabilities only act on executed regular files: on a directory (where the kernel
+/// may refuse the value) they are applied when accepted and otherwise skipped with a
+/// warning, instead of failing the layer; on a file they are applied.
+#[test]
+fn a_capability_xattr_on_a_directory_does_not_fail_the_layer() {
+    let a = Arena::new();
+    let (valid, invalid) = (caps_v2(), caps_invalid());
+    let cap = "security.capability";
+    let layer = LayerBuilder::new()
+        .with_xattrs(
+            "capdir/",
+            tar::EntryType::Directory,
+            &[(cap, &invalid)],
+            &[],
+            0o750,
+        )
+        .with_xattrs(
+            "okdir/",
+            tar::EntryType::Directory,
+            &[(cap, &valid)],
+            &[],
+            0o755,
+        )
+        .with_xattrs(
+            "bin/ping",
+            tar::EntryType::Regular,
+            &[(cap, &valid)],
+            b"elf",
+            0o755,
+        )
+        .file("capdir/inside", b"i", 0o644)
+        .build();
+    a.unpack(&layer, &opts()).unwrap();
+    let t = a.target();
+    let meta = std::fs::metadata(t.join("capdir")).unwrap();
+    assert_eq!(meta.mode() & 0o7777, 0o750);
+    assert_eq!(std::fs::read(t.join("capdir/inside")).unwrap(), b"i");
+    if nix_is_root() {
+        assert_eq!(
+            xattr::get(t.join("bin/ping"), cap).unwrap(),
+            Some(valid.clone())
+        );
+        assert_eq!(xattr::get(t.join("okdir"), cap).unwrap(), Some(valid));
+        assert_eq!(xattr::get(t.join("capdir"), cap).unwrap(), None);
+    }
+}
+
+/// As containerd: an xattr the kernel refuses on a regular file fails the layer, naming
+/// the entry (the file would otherwise run without the capabilities the image gave it).
+#[test]
+fn an_invalid_capability_on_a_file_is_refused_naming_the_entry() {
+    if !nix_is_root() {
+        eprintln!("skipped: unprivileged unpacks skip security xattrs");
+        return;
+    }
+    let a = Arena::new();
+    let layer = LayerBuilder::new()
+        .with_xattrs(
+            "bin/bad",
+            tar::EntryType::Regular,
+            &[("security.capability", &caps_invalid())],
+            b"elf",
+            0o755,
+        )
+        .build();
+    let err = a.unpack(&layer, &opts()).unwrap_err();
+    assert!(
+        matches!(&err, ImageError::WriteEntry { entry, .. } if entry == "bin/bad"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("security.capability"), "{err}");
+}

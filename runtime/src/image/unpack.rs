@@ -22,7 +22,9 @@
 //!   linear in the layer whatever its depth (no depth limit: a 10 000-deep layer unpacks in
 //!   about a second; paths longer than `PATH_MAX` work, as every call is relative);
 //! - `trusted.overlay.*`/`user.overlay.*` xattrs in the tar are dropped, so a layer cannot
-//!   forge overlay state (opaque dirs, redirects).
+//!   forge overlay state (opaque dirs, redirects); other xattrs are applied as containerd
+//!   applies them (see `set_xattrs`: unsupported ones and capabilities on directories are
+//!   skipped with a warning, other refusals fail the entry as root).
 //!
 //! Whiteouts (see `whiteout.rs`) are always returned in [`Changes`]; with
 //! [`WhiteoutFormat::Overlay`] they are also written as overlayfs expects them. Ownership is applied only with `preserve_owner` (root);
@@ -310,7 +312,7 @@ impl<'a> Unpacker<'a> {
         if !meta.xattrs.is_empty() {
             let fd = sys::open_dir_beneath(dir, Path::new(name), libc::RESOLVE_NO_SYMLINKS)
                 .map_err(|e| self.write_err(entry, rel, e))?;
-            self.set_xattrs(entry, rel, fd.as_fd(), &meta)?;
+            self.set_xattrs(entry, rel, fd.as_fd(), &meta, false)?;
         }
         self.dirs.push((rel.to_path_buf(), meta));
         Ok(())
@@ -359,7 +361,7 @@ impl<'a> Unpacker<'a> {
         }
         // chmod after chown: chown clears setuid/setgid bits.
         sys::fchmod(fd, meta.mode).map_err(|e| self.write_err(entry_name, rel, e))?;
-        self.set_xattrs(entry_name, rel, fd, &meta)?;
+        self.set_xattrs(entry_name, rel, fd, &meta, true)?;
         sys::set_times(fd, meta.mtime, 0).map_err(|e| self.write_err(entry_name, rel, e))
     }
 
@@ -474,20 +476,32 @@ impl<'a> Unpacker<'a> {
         Ok(())
     }
 
+    /// Applies the entry's xattrs as containerd does: what the file system refuses as
+    /// unsupported is skipped with a warning, anything else refused fails the entry, except
+    /// `security.capability` on a non-regular file (capabilities only act on executed
+    /// files; the kernel refuses some values there) and, unprivileged, anything refused
+    /// (`trusted.*` and `security.*` need root).
     fn set_xattrs(
         &self,
         entry: &str,
         rel: &Path,
         fd: BorrowedFd<'_>,
         meta: &Meta,
+        regular: bool,
     ) -> Result<(), ImageError> {
         for (key, value) in &meta.xattrs {
-            if let Err(e) = sys::fsetxattr(fd, key, value) {
-                let unsupported = e.raw_os_error() == Some(libc::EOPNOTSUPP);
-                if self.opts.preserve_owner && !unsupported {
-                    return Err(self.write_err(entry, rel, e));
-                }
-                tracing::debug!(layer = %self.layer, %entry, xattr = %key, err = %e, "xattr not applied");
+            let Err(e) = sys::fsetxattr(fd, key, value) else {
+                continue;
+            };
+            let unsupported = e.raw_os_error() == Some(libc::EOPNOTSUPP);
+            let inert_caps = key == "security.capability" && !regular;
+            if unsupported || inert_caps {
+                tracing::warn!(layer = %self.layer, %entry, xattr = %key, err = %e, "xattr in layer ignored");
+            } else if self.opts.preserve_owner {
+                let e = io::Error::new(e.kind(), format!("setting xattr {key}: {e}"));
+                return Err(self.write_err(entry, rel, e));
+            } else {
+                tracing::debug!(layer = %self.layer, %entry, xattr = %key, err = %e, "xattr not applied (unprivileged)");
             }
         }
         Ok(())

@@ -94,6 +94,35 @@ impl LayerBuilder {
         self
     }
 
+    /// An entry preceded by a PAX header carrying `SCHILY.xattr.<key>` records.
+    pub fn with_xattrs(
+        mut self,
+        name: &str,
+        kind: tar::EntryType,
+        xattrs: &[(&str, &[u8])],
+        data: &[u8],
+        mode: u32,
+    ) -> Self {
+        let records: Vec<(String, &[u8])> = xattrs
+            .iter()
+            .map(|(k, v)| (format!("SCHILY.xattr.{k}"), *v))
+            .collect();
+        self.builder
+            .append_pax_extensions(records.iter().map(|(k, v)| (k.as_str(), *v)))
+            .expect("append pax records");
+        let mut h = tar::Header::new_ustar();
+        h.set_path(name).expect("valid test path");
+        h.set_entry_type(kind);
+        h.set_size(data.len() as u64);
+        h.set_mode(mode);
+        h.set_mtime(1_700_000_000);
+        h.set_cksum();
+        self.builder
+            .append(&h, data)
+            .expect("append to in-memory tar");
+        self
+    }
+
     pub fn symlink(self, name: &str, target: &str) -> Self {
         self.raw(name, tar::EntryType::Symlink, Some(target), &[], 0o777)
     }
