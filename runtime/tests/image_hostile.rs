@@ -367,3 +367,90 @@ fn data_after_the_end_of_a_layer_is_refused_past_a_bound_without_decompressing_i
     assert!(matches!(err, ImageError::TrailingData { .. }), "{err}");
     assert!(took.as_secs() < 10, "import took {took:?}");
 }
+
+/// Layer 1 has usr/bin/tool (0750) in usr/bin (0711); layer 2 hard-links it from `link` (layer 2
+/// itself has no usr/bin/tool); layer 2 also deletes etc/gone, which layer 3 links to.
+fn lower_link_image(link: &str) -> TestImage {
+    let l1 = LayerBuilder::new()
+        .dir("usr/", 0o755)
+        .dir("usr/bin/", 0o711)
+        .raw(
+            "usr/bin/tool",
+            tar::EntryType::Regular,
+            None,
+            b"#!tool\n",
+            0o750,
+        )
+        .file("etc/gone", b"gone\n", 0o644)
+        .build();
+    let l2 = LayerBuilder::new()
+        .hardlink(link, "usr/bin/tool")
+        .file("etc/.wh.gone", b"", 0o644)
+        .build();
+    TestImage::new(vec![l1, l2])
+}
+
+fn assert_linked_rootfs(rootfs: &Path, link: &str) {
+    use std::os::unix::fs::MetadataExt;
+    let tool = std::fs::metadata(rootfs.join("usr/bin/tool")).unwrap();
+    let linked = std::fs::metadata(rootfs.join(link)).unwrap();
+    assert_eq!(std::fs::read(rootfs.join(link)).unwrap(), b"#!tool\n");
+    assert_eq!(
+        std::fs::read(rootfs.join("usr/bin/tool")).unwrap(),
+        b"#!tool\n"
+    );
+    assert_eq!((tool.dev(), tool.ino()), (linked.dev(), linked.ino()));
+    assert_eq!(tool.nlink(), 2);
+    assert_eq!(tool.mode() & 0o7777, 0o750);
+    assert_eq!(tool.mtime(), 1_700_000_000);
+    // The copied-up parent keeps the lower directory's mode.
+    assert_eq!(
+        std::fs::metadata(rootfs.join("usr/bin")).unwrap().mode() & 0o7777,
+        0o711
+    );
+}
+
+/// containerd applies a layer onto a mount of its parents, so a hard link to a file of a
+/// lower layer works: the file is copied up into the layer's snapshot, then linked.
+#[test]
+fn a_hard_link_to_a_file_of_a_lower_layer_is_imported_and_both_names_share_it() {
+    use ironlet_runtime::image::RootfsMode;
+    let tmp = tempfile::tempdir().unwrap();
+    let (_d, store) = store();
+    for (n, link) in ["usr/bin/alias", "elsewhere/deep/alias"].iter().enumerate() {
+        let img = lower_link_image(link);
+        let source = img.write_layout(&tmp.path().join(format!("l{n}")), Some("links:1"));
+        store.import(&source).unwrap();
+        let mut modes = vec![RootfsMode::Copy];
+        if store.config().privileged {
+            modes.push(RootfsMode::Overlay);
+        }
+        for mode in modes {
+            let target = tmp.path().join(format!("bundle-{n}-{mode:?}"));
+            let prepared = store.prepare_rootfs(&img.id(), &target, mode).unwrap();
+            assert_linked_rootfs(&prepared.rootfs, link);
+            store.release_rootfs(&target).unwrap();
+        }
+    }
+}
+
+/// The lower file must be visible in the merged view: deleted by a whiteout, or never
+/// there, the link is refused as before.
+#[test]
+fn a_hard_link_to_a_deleted_or_absent_lower_file_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_d, store) = store();
+    let base = lower_link_image("usr/bin/alias");
+    for (n, target) in ["etc/gone", "etc/never", "usr/bin"].iter().enumerate() {
+        let l3 = LayerBuilder::new().hardlink("etc/link", target).build();
+        let img = TestImage::new([base.layers.clone(), vec![l3]].concat());
+        let err = store
+            .import(&img.write_layout(&tmp.path().join(format!("r{n}")), Some("r:1")))
+            .unwrap_err();
+        assert!(
+            matches!(err, ImageError::UnsafeEntry { ref entry, .. } if entry == "etc/link"),
+            "{target}: {err}"
+        );
+        assert!(store.list_images().unwrap().is_empty());
+    }
+}

@@ -62,6 +62,8 @@ struct Level {
 pub(crate) struct DirCache {
     root: OwnedFd,
     levels: Vec<Level>,
+    /// The first component the last `open` created (all after it were created too).
+    created_from: Option<usize>,
 }
 
 fn unsafe_or_io(e: io::Error) -> Resolve {
@@ -141,12 +143,14 @@ impl DirCache {
         Ok(Self {
             root: root.try_clone_to_owned()?,
             levels: Vec::new(),
+            created_from: None,
         })
     }
 
     /// Opens the directory `rel` beneath the root, creating missing components when
     /// `create`. The descriptor is valid until the next call.
     pub(crate) fn open(&mut self, rel: &Path, create: bool) -> Result<BorrowedFd<'_>, Resolve> {
+        self.created_from = None;
         let mut comps: Vec<&OsStr> = Vec::new();
         for comp in rel.components() {
             match comp {
@@ -169,6 +173,12 @@ impl DirCache {
             self.push(c, create)?;
         }
         self.top().map_err(Resolve::Io)
+    }
+
+    /// The index of the first path component the last [`Self::open`] created, if any: it
+    /// and every component after it are new, empty directories.
+    pub(crate) fn created_from(&self) -> Option<usize> {
+        self.created_from
     }
 
     /// To be called after an entry of the last directory opened was removed.
@@ -225,10 +235,11 @@ impl DirCache {
     fn push(&mut self, name: &OsStr, create: bool) -> Result<(), Resolve> {
         let (depth, links) = self.levels.last().map_or((0, 0), |l| (l.depth, l.links));
         let parent = self.top().map_err(Resolve::Io)?;
+        let mut created = false;
         let mut opened = open_child(parent, name);
         if create && matches!(&opened, Err(e) if e.raw_os_error() == Some(libc::ENOENT)) {
             match sys::mkdir_at(parent, name, 0o755) {
-                Ok(()) => {}
+                Ok(()) => created = true,
                 Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
                     return Err(Resolve::Unsafe(UnsafeEntryReason::ParentNotDirectory))
                 }
@@ -256,6 +267,9 @@ impl DirCache {
             }
             Err(e) => return Err(unsafe_or_io(e)),
         };
+        if created {
+            self.created_from.get_or_insert(self.levels.len());
+        }
         if level.plain {
             // `..` of the new level leads back to the old top.
             if let Some(top) = self.levels.last_mut() {

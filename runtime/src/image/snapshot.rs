@@ -15,8 +15,9 @@
 //! - two unpackers of the same chain id (two processes) both finish; the first rename wins
 //!   and the other discards its copy.
 //!
-//! A snapshot holds only its own layer's files (overlay semantics); it is keyed by chain id
-//! because its whiteouts only make sense on top of that exact parent chain.
+//! A snapshot holds only its own layer's files (overlay semantics), plus the lower files its
+//! hard links name (copied up, see `lower.rs`); it is keyed by chain id because its
+//! whiteouts and copied-up files only make sense on top of that exact parent chain.
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
@@ -27,6 +28,7 @@ use super::digest::{Digest, HashingReader};
 use super::error::ImageError;
 use super::fsx;
 use super::index::{ImageRecord, LayerRecord};
+use super::lower::LowerLayer;
 use super::oci::Compression;
 use super::store::ImageStore;
 use super::sys;
@@ -92,17 +94,23 @@ impl ImageStore {
         &self,
         record: &ImageRecord,
     ) -> Result<Vec<Snapshot>, ImageError> {
-        record
-            .layers
-            .iter()
-            .map(|layer| match self.snapshot(&layer.chain_id) {
-                Some(s) => Ok(s),
-                None => self.unpack_snapshot(layer),
-            })
-            .collect()
+        let mut snapshots: Vec<Snapshot> = Vec::with_capacity(record.layers.len());
+        for layer in &record.layers {
+            let snapshot = match self.snapshot(&layer.chain_id) {
+                Some(s) => s,
+                None => self.unpack_snapshot(layer, &snapshots)?,
+            };
+            snapshots.push(snapshot);
+        }
+        Ok(snapshots)
     }
 
-    fn unpack_snapshot(&self, layer: &LayerRecord) -> Result<Snapshot, ImageError> {
+    /// Unpacks `layer` onto `lowers`, the snapshots of the layers below it (bottom first).
+    fn unpack_snapshot(
+        &self,
+        layer: &LayerRecord,
+        lowers: &[Snapshot],
+    ) -> Result<Snapshot, ImageError> {
         let final_dir = self.snapshot_dir(&layer.chain_id);
         if final_dir.exists() {
             tracing::warn!(chain_id = %layer.chain_id, dir = ?final_dir, "incomplete snapshot found; unpacking again");
@@ -112,7 +120,7 @@ impl ImageStore {
             "tmp-{}-",
             &layer.chain_id.hex()[..12]
         )));
-        let result = self.unpack_into(layer, &tmp);
+        let result = self.unpack_into(layer, lowers, &tmp);
         let marker = match result {
             Ok(m) => m,
             Err(e) => {
@@ -140,7 +148,12 @@ impl ImageStore {
         })
     }
 
-    fn unpack_into(&self, layer: &LayerRecord, tmp: &Path) -> Result<Marker, ImageError> {
+    fn unpack_into(
+        &self,
+        layer: &LayerRecord,
+        lowers: &[Snapshot],
+        tmp: &Path,
+    ) -> Result<Marker, ImageError> {
         let fs = tmp.join(FS);
         fsx::ensure_dir(&fs)?;
         let name = layer.digest.to_string();
@@ -185,7 +198,19 @@ impl ImageStore {
             whiteouts,
             preserve_owner: self.config.privileged,
         };
-        let report = unpack::unpack_layer(&mut hashing, &fs, &opts, &name)?;
+        // For hard links to files of lower layers (copied up, as containerd's apply onto
+        // the parents' mount would).
+        let lower_fs: Vec<PathBuf> = lowers.iter().map(Snapshot::fs).collect();
+        let lower_changes = lowers
+            .iter()
+            .map(Snapshot::changes)
+            .collect::<Result<Vec<_>, _>>()?;
+        let lower_layers: Vec<LowerLayer<'_>> = lower_fs
+            .iter()
+            .zip(&lower_changes)
+            .map(|(fs, changes)| LowerLayer { fs, changes })
+            .collect();
+        let report = unpack::unpack_layer_onto(&mut hashing, &fs, &lower_layers, &opts, &name)?;
         // The diff_id covers the whole uncompressed stream, as containerd computes it
         // (it reads to the end, however far); we stop at a bound (see MAX_TRAILING_BYTES).
         let (diff_id, _) = hashing

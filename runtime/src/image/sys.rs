@@ -207,6 +207,15 @@ pub(crate) fn lstat_at(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<Option<l
     }
 }
 
+/// `fstat(fd)`.
+pub(crate) fn fstat(fd: BorrowedFd<'_>) -> io::Result<libc::stat> {
+    // SAFETY: an all-zero `stat` is a valid value to be overwritten by the kernel.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: st is valid for the call.
+    check(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) })?;
+    Ok(st)
+}
+
 /// `fchownat(dir, name, uid, gid, AT_SYMLINK_NOFOLLOW)`; an empty name means `dir` itself.
 pub(crate) fn lchown_at(dir: BorrowedFd<'_>, name: &OsStr, uid: u32, gid: u32) -> io::Result<()> {
     let n = cstr(name)?;

@@ -40,6 +40,7 @@ use std::path::{Path, PathBuf};
 
 use super::beneath::{clean_path, DirCache, Resolve};
 use super::error::{ImageError, UnsafeEntryReason};
+use super::lower::{self, LowerLayer};
 use super::sys;
 use super::whiteout::{self, Whiteout, OVERLAY_OPAQUE_XATTR};
 use super::whiteout::{Changes, WhiteoutFormat};
@@ -78,11 +79,24 @@ pub fn unpack_layer(
     opts: &UnpackOptions,
     layer: &str,
 ) -> Result<UnpackReport, ImageError> {
+    unpack_layer_onto(reader, target, &[], opts, layer)
+}
+
+/// [`unpack_layer`] for a layer that sits on `lowers` (bottom first): a hard link to a file
+/// only they have copies that file up first (see `lower.rs`).
+pub fn unpack_layer_onto(
+    reader: &mut dyn Read,
+    target: &Path,
+    lowers: &[LowerLayer<'_>],
+    opts: &UnpackOptions,
+    layer: &str,
+) -> Result<UnpackReport, ImageError> {
     let root = sys::open_dir(target).map_err(|e| ImageError::io("opening", target, e))?;
     let cache = || DirCache::new(root.as_fd()).map_err(|e| ImageError::io("opening", target, e));
     let mut u = Unpacker {
         parents: cache()?,
         link_targets: cache()?,
+        lowers,
         root,
         target,
         opts,
@@ -98,6 +112,29 @@ pub fn unpack_layer(
     }
     u.finish_dirs()?;
     Ok(u.report)
+}
+
+/// Deepest implicitly created directory that looks up its metadata in the lower layers.
+const MAX_INHERIT_DEPTH: usize = 256;
+
+/// Copies the xattrs of a copied-up file (but overlay's own); refusals are only logged, as
+/// the file system of the snapshot may support fewer.
+fn copy_xattrs(from: &std::fs::File, to: &std::fs::File) {
+    use xattr::FileExt;
+    let Ok(names) = from.list_xattr() else {
+        return;
+    };
+    for name in names {
+        let key = name.to_string_lossy();
+        if key.starts_with("trusted.overlay.") || key.starts_with("user.overlay.") {
+            continue;
+        }
+        if let Ok(Some(value)) = from.get_xattr(&name) {
+            if let Err(e) = to.set_xattr(&name, &value) {
+                tracing::debug!(xattr = %key, err = %e, "xattr of a copied-up file not copied");
+            }
+        }
+    }
 }
 
 /// Metadata of one entry, read from its header and PAX records.
@@ -116,6 +153,7 @@ struct Unpacker<'a> {
     /// Resolves hard-link targets' directories (a second path, so that links to one
     /// directory from entries in another stay cheap).
     link_targets: DirCache,
+    lowers: &'a [LowerLayer<'a>],
     target: &'a Path,
     opts: &'a UnpackOptions,
     layer: &'a str,
@@ -266,8 +304,39 @@ impl<'a> Unpacker<'a> {
     /// The directory `rel` (see [`DirCache`]), as a descriptor of its own so that the
     /// caches can move on.
     fn open_parent(&mut self, rel: &Path, create: bool) -> Result<OwnedFd, Resolve> {
-        let fd = self.parents.open(rel, create)?;
-        fd.try_clone_to_owned().map_err(Resolve::Io)
+        let fd = self
+            .parents
+            .open(rel, create)?
+            .try_clone_to_owned()
+            .map_err(Resolve::Io)?;
+        if let Some(from) = self.parents.created_from() {
+            self.inherit_lower_dirs(rel, from).map_err(Resolve::Io)?;
+        }
+        Ok(fd)
+    }
+
+    /// Directories created implicitly (for an entry whose parents the layer does not list)
+    /// take the metadata of the same directories below, as containerd's `mkparent` does
+    /// (else the merged view would show them 0755, root-owned and new). Skipped for paths
+    /// deeper than [`MAX_INHERIT_DEPTH`], which real layers never need.
+    fn inherit_lower_dirs(&mut self, rel: &Path, from: usize) -> io::Result<()> {
+        let comps: Vec<&OsStr> = rel.iter().collect();
+        if self.lowers.is_empty() || comps.len() > MAX_INHERIT_DEPTH {
+            return Ok(());
+        }
+        let stats = lower::dir_stats(self.lowers, &comps, from)?;
+        for (k, st) in (from..).zip(stats) {
+            let Some(st) = st else { continue };
+            let meta = Meta {
+                mode: st.st_mode & 0o7777,
+                uid: st.st_uid,
+                gid: st.st_gid,
+                mtime: st.st_mtime,
+                xattrs: Vec::new(),
+            };
+            self.dirs.push((comps[..=k].iter().collect(), meta));
+        }
+        Ok(())
     }
 
     /// Removes whatever is at `name` so that a new entry can take its place. A directory is
@@ -409,22 +478,16 @@ impl<'a> Unpacker<'a> {
         let Some(tname) = trel.file_name() else {
             return Err(self.unsafe_entry(entry, UnsafeEntryReason::HardLinkToDirectory));
         };
-        let tparent = self
-            .link_targets
-            .open(trel.parent().unwrap_or(Path::new("")), false)
-            .and_then(|fd| fd.try_clone_to_owned().map_err(Resolve::Io))
-            .map_err(|r| match r {
-                Resolve::Io(e) if e.kind() == io::ErrorKind::NotFound => {
+        let tparent_rel = trel.parent().unwrap_or(Path::new(""));
+        let (tparent, st) = match self.link_target(entry, rel, tparent_rel, tname)? {
+            Some(found) => found,
+            None if self.copy_up(entry, rel, &trel)? => self
+                .link_target(entry, rel, tparent_rel, tname)?
+                .ok_or_else(|| {
                     self.unsafe_entry(entry, UnsafeEntryReason::HardLinkTargetMissing)
-                }
-                Resolve::Unsafe(UnsafeEntryReason::SymlinkEscape) => {
-                    self.unsafe_entry(entry, UnsafeEntryReason::HardLinkOutside)
-                }
-                other => self.resolve_err(entry, rel, other),
-            })?;
-        let st = sys::lstat_at(tparent.as_fd(), tname)
-            .map_err(|e| self.write_err(entry, rel, e))?
-            .ok_or_else(|| self.unsafe_entry(entry, UnsafeEntryReason::HardLinkTargetMissing))?;
+                })?,
+            None => return Err(self.unsafe_entry(entry, UnsafeEntryReason::HardLinkTargetMissing)),
+        };
         if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
             return Err(self.unsafe_entry(entry, UnsafeEntryReason::HardLinkToDirectory));
         }
@@ -437,6 +500,99 @@ impl<'a> Unpacker<'a> {
         }
         self.replace(entry, rel, dir, name, false)?;
         sys::link_at(tparent.as_fd(), tname, dir, name).map_err(|e| self.write_err(entry, rel, e))
+    }
+
+    /// The directory holding a hard link's target in this layer, and the target's stat;
+    /// `None` if it is not (yet) in this layer.
+    fn link_target(
+        &mut self,
+        entry: &str,
+        rel: &Path,
+        tparent_rel: &Path,
+        tname: &OsStr,
+    ) -> Result<Option<(OwnedFd, libc::stat)>, ImageError> {
+        let tparent = match self.link_targets.open(tparent_rel, false) {
+            Ok(fd) => fd
+                .try_clone_to_owned()
+                .map_err(|e| self.write_err(entry, rel, e))?,
+            Err(Resolve::Io(e)) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(Resolve::Unsafe(UnsafeEntryReason::SymlinkEscape)) => {
+                return Err(self.unsafe_entry(entry, UnsafeEntryReason::HardLinkOutside))
+            }
+            Err(other) => return Err(self.resolve_err(entry, rel, other)),
+        };
+        let st =
+            sys::lstat_at(tparent.as_fd(), tname).map_err(|e| self.write_err(entry, rel, e))?;
+        Ok(st.map(|st| (tparent, st)))
+    }
+
+    /// Copies the file `trel` up from the lower layers into this one, with the parent
+    /// directories it lacks (their metadata from below), as overlayfs does before linking
+    /// a lower file. `false` when the merged view below has no regular file there (or this
+    /// layer already deleted it, or put something else on its path).
+    fn copy_up(&mut self, entry: &str, rel: &Path, trel: &Path) -> Result<bool, ImageError> {
+        if self.lowers.is_empty() || lower::hides(&self.report.changes, &trel.to_string_lossy()) {
+            return Ok(false);
+        }
+        let io_err = |e| self.write_err(entry, rel, e);
+        let Some(mut found) = lower::find(self.lowers, trel).map_err(io_err)? else {
+            return Ok(false);
+        };
+        let (Some(name), Some(parent)) = (trel.file_name(), trel.parent()) else {
+            return Ok(false);
+        };
+        let mut dir = self.root.try_clone().map_err(io_err)?;
+        let mut prefix = PathBuf::new();
+        let mut new_dirs = Vec::new();
+        for (c, st) in parent.iter().zip(&found.parents) {
+            prefix.push(c);
+            match sys::lstat_at(dir.as_fd(), c).map_err(io_err)? {
+                None => {
+                    sys::mkdir_at(dir.as_fd(), c, 0o700).map_err(io_err)?;
+                    if self.opts.preserve_owner {
+                        sys::lchown_at(dir.as_fd(), c, st.st_uid, st.st_gid).map_err(io_err)?;
+                    }
+                    let meta = Meta {
+                        mode: st.st_mode & 0o7777,
+                        uid: st.st_uid,
+                        gid: st.st_gid,
+                        mtime: st.st_mtime,
+                        xattrs: Vec::new(),
+                    };
+                    new_dirs.push((prefix.clone(), meta));
+                }
+                Some(st) if st.st_mode & libc::S_IFMT == libc::S_IFDIR => {}
+                Some(_) => return Ok(false),
+            }
+            dir = sys::open_dir_beneath(dir.as_fd(), Path::new(c), libc::RESOLVE_NO_SYMLINKS)
+                .map_err(io_err)?;
+        }
+        if sys::lstat_at(dir.as_fd(), name).map_err(io_err)?.is_some() {
+            return Ok(false);
+        }
+        let st = found.stat;
+        let size = u64::try_from(st.st_size).unwrap_or(0);
+        let total = self.report.bytes.saturating_add(size);
+        if total > self.opts.limits.max_bytes {
+            return Err(ImageError::LayerTooLarge {
+                layer: self.layer.to_owned(),
+                entry: entry.to_owned(),
+                limit: self.opts.limits.max_bytes,
+            });
+        }
+        let mut out = sys::create_file_at(dir.as_fd(), name).map_err(io_err)?;
+        io::copy(&mut (&mut found.file).take(size), &mut out).map_err(io_err)?;
+        if self.opts.preserve_owner {
+            sys::lchown_at(out.as_fd(), OsStr::new(""), st.st_uid, st.st_gid).map_err(io_err)?;
+        }
+        sys::fchmod(out.as_fd(), st.st_mode & 0o7777).map_err(io_err)?;
+        copy_xattrs(&found.file, &out);
+        let nanos = u32::try_from(st.st_mtime_nsec).unwrap_or(0);
+        sys::set_times(out.as_fd(), st.st_mtime, nanos).map_err(io_err)?;
+        self.report.bytes = total;
+        self.dirs.extend(new_dirs);
+        tracing::debug!(layer = %self.layer, %entry, target = ?trel, "hard link target copied up from a lower layer");
+        Ok(true)
     }
 
     fn whiteout(&mut self, entry: &str, parent: &Path, w: Whiteout<'_>) -> Result<(), ImageError> {
@@ -587,6 +743,9 @@ impl<'a> Unpacker<'a> {
             Some(sys::open_dotdot(fd.as_fd()).map_err(err)?)
         };
         if let Some(meta) = meta {
+            if self.opts.preserve_owner {
+                sys::lchown_at(fd.as_fd(), OsStr::new(""), meta.uid, meta.gid).map_err(err)?;
+            }
             sys::fchmod(fd.as_fd(), meta.mode).map_err(err)?;
             sys::set_times(fd.as_fd(), meta.mtime, 0).map_err(err)?;
         }
