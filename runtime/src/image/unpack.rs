@@ -146,6 +146,19 @@ struct Meta {
     xattrs: Vec<(String, Vec<u8>)>,
 }
 
+impl Meta {
+    /// The metadata of a directory of a lower layer, for its copy in this one.
+    fn of_dir(st: &libc::stat) -> Self {
+        Self {
+            mode: st.st_mode & 0o7777,
+            uid: st.st_uid,
+            gid: st.st_gid,
+            mtime: st.st_mtime,
+            xattrs: Vec::new(),
+        }
+    }
+}
+
 struct Unpacker<'a> {
     root: OwnedFd,
     /// Resolves entries' parent directories.
@@ -327,14 +340,8 @@ impl<'a> Unpacker<'a> {
         let stats = lower::dir_stats(self.lowers, &comps, from)?;
         for (k, st) in (from..).zip(stats) {
             let Some(st) = st else { continue };
-            let meta = Meta {
-                mode: st.st_mode & 0o7777,
-                uid: st.st_uid,
-                gid: st.st_gid,
-                mtime: st.st_mtime,
-                xattrs: Vec::new(),
-            };
-            self.dirs.push((comps[..=k].iter().collect(), meta));
+            self.dirs
+                .push((comps[..=k].iter().collect(), Meta::of_dir(&st)));
         }
         Ok(())
     }
@@ -552,14 +559,7 @@ impl<'a> Unpacker<'a> {
                     if self.opts.preserve_owner {
                         sys::lchown_at(dir.as_fd(), c, st.st_uid, st.st_gid).map_err(io_err)?;
                     }
-                    let meta = Meta {
-                        mode: st.st_mode & 0o7777,
-                        uid: st.st_uid,
-                        gid: st.st_gid,
-                        mtime: st.st_mtime,
-                        xattrs: Vec::new(),
-                    };
-                    new_dirs.push((prefix.clone(), meta));
+                    new_dirs.push((prefix.clone(), Meta::of_dir(st)));
                 }
                 Some(st) if st.st_mode & libc::S_IFMT == libc::S_IFDIR => {}
                 Some(_) => return Ok(false),
