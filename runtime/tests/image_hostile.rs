@@ -454,3 +454,58 @@ fn a_hard_link_to_a_deleted_or_absent_lower_file_is_refused() {
         assert!(store.list_images().unwrap().is_empty());
     }
 }
+
+/// JSON nested 100 000 deep in index.json, manifest.json or a config is refused with a
+/// parse error (serde_json's recursion limit), never a stack overflow.
+#[test]
+fn deeply_nested_json_is_refused_cleanly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_d, store) = store();
+    let deep = |depth: usize| format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+    let img = small_image();
+    let layout = img.write_layout(&tmp.path().join("deep-index"), Some("d:1"));
+    let index = format!(r#"{{"schemaVersion":2,"manifests":{}}}"#, deep(100_000));
+    std::fs::write(layout.join("index.json"), index).unwrap();
+    let err = store.import(&layout).unwrap_err();
+    assert!(matches!(err, ImageError::Json { .. }), "{err}");
+    let dir = img.write_docker_dir(&tmp.path().join("deep-docker"), &["d:1"]);
+    std::fs::write(dir.join("manifest.json"), deep(100_000)).unwrap();
+    let err = store.import(&dir).unwrap_err();
+    assert!(matches!(err, ImageError::Json { .. }), "{err}");
+    // A config nested deep: its digest is honest, its content is not an image config.
+    let config = format!(
+        r#"{{"rootfs":{{"diff_ids":[]}},"config":{}}}"#,
+        deep(100_000)
+    );
+    let mut liar = img.clone();
+    liar.config = config.into_bytes();
+    let err = store
+        .import(&liar.write_docker_archive(&tmp.path().join("deep-config.tar"), &["d:1"]))
+        .unwrap_err();
+    assert!(matches!(err, ImageError::Json { .. }), "{err}");
+    assert!(store.list_images().unwrap().is_empty());
+    assert!(blob_files(&store).is_empty());
+}
+
+/// Copy mode (rootless, or no overlayfs) recursed once per level and overflowed the stack
+/// on a deep layer: it now refuses trees deeper than it can copy, cleanly.
+#[test]
+fn copy_mode_refuses_a_ten_thousand_deep_layer_cleanly() {
+    use ironlet_runtime::image::RootfsMode;
+    let tmp = tempfile::tempdir().unwrap();
+    let (_d, store) = store();
+    let img = TestImage::new(vec![deep_layer(10_000, 100)]);
+    store
+        .import(&img.write_layout(&tmp.path().join("deep"), Some("deep:1")))
+        .unwrap();
+    let target = tmp.path().join("bundle");
+    let err = store
+        .prepare_rootfs(&img.id(), &target, RootfsMode::Copy)
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("copy mode cannot copy it"),
+        "{err}"
+    );
+    store.release_rootfs(&target).unwrap();
+    assert!(!target.join("rootfs").exists());
+}
