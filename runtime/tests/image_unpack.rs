@@ -596,3 +596,159 @@ fn an_image_with_an_escaping_layer_is_refused_unindexed_and_leaves_no_snapshot()
     assert!(!store.root().join("snapshots/escape").exists());
     assert_eq!(std::fs::read(&canary).unwrap(), CANARY);
 }
+
+/// The unpacker caches the directories of the last path; an entry that replaces one of them
+/// (or what a cached symlink led to) must be seen by the next entries.
+#[test]
+fn entries_after_a_directory_is_replaced_follow_the_new_tree() {
+    let a = Arena::new();
+    let layer = LayerBuilder::new()
+        .dir("a/", 0o755)
+        .dir("a/b/", 0o755)
+        .file("a/b/f1", b"1", 0o644)
+        .dir("c/", 0o755)
+        // The directory a/b becomes a symlink to c: a/b/f2 lands in c.
+        .symlink("a/b", "../c")
+        .file("a/b/f2", b"2", 0o644)
+        // s leads to p/q/r; through s/up (p/q/r/../.. = p), p/q is replaced by a file, so
+        // s now dangles: s/w must not land in the deleted p/q/r.
+        .dir("p/q/r/", 0o755)
+        .symlink("s", "p/q/r")
+        .symlink("s/up", "../..")
+        .file("s/up/x", b"x", 0o644)
+        .file("s/up/q", b"now a file", 0o644)
+        .file("s/w", b"w", 0o644)
+        .build();
+    let err = a.unpack(&layer, &opts()).unwrap_err();
+    assert_refused(err, "s/w", UnsafeEntryReason::ParentNotDirectory);
+    let t = a.target();
+    assert_eq!(std::fs::read(t.join("c/f2")).unwrap(), b"2");
+    assert!(!t.join("c/f1").exists());
+    assert!(std::fs::symlink_metadata(t.join("a/b"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert_eq!(std::fs::read(t.join("p/x")).unwrap(), b"x");
+    assert_eq!(std::fs::read(t.join("p/q")).unwrap(), b"now a file");
+    a.assert_untouched();
+}
+
+#[test]
+fn symlinks_inside_are_followed_through_dot_dot_and_chains_but_never_out() {
+    let a = Arena::new();
+    let layer = LayerBuilder::new()
+        .dir("usr/lib/", 0o755)
+        .dir("x/y/", 0o755)
+        .symlink("x/y/up", "../../usr")
+        .symlink("chain", "x/y/up/lib")
+        .file("chain/ok", b"ok", 0o644)
+        .symlink("x/y/out", "../../..")
+        .file("x/y/out/escape", b"pwned", 0o644)
+        .build();
+    let err = a.unpack(&layer, &opts()).unwrap_err();
+    assert_refused(err, "x/y/out/escape", UnsafeEntryReason::SymlinkEscape);
+    assert_eq!(std::fs::read(a.target().join("usr/lib/ok")).unwrap(), b"ok");
+    a.assert_untouched();
+}
+
+#[test]
+fn a_symlink_loop_is_refused_as_not_a_directory() {
+    let a = Arena::new();
+    let layer = LayerBuilder::new()
+        .symlink("loop1", "loop2")
+        .symlink("loop2", "loop1")
+        .file("loop1/x", b"x", 0o644)
+        .build();
+    let err = a.unpack(&layer, &opts()).unwrap_err();
+    assert_refused(err, "loop1/x", UnsafeEntryReason::ParentNotDirectory);
+    a.assert_untouched();
+}
+
+/// `security.capability` values: v2 (cap_net_bind_service, effective) is valid; a v1-sized
+/// value is refused by the kernel with EINVAL.
+fn caps_v2() -> Vec<u8> {
+    [0x0200_0001u32, 1 << 10, 0, 0, 0]
+        .iter()
+        .flat_map(|w| w.to_le_bytes())
+        .collect()
+}
+
+fn caps_invalid() -> Vec<u8> {
+    [0x0100_0001u32, 1 << 10, 0]
+        .iter()
+        .flat_map(|w| w.to_le_bytes())
+        .collect()
+}
+
+/// File capabilities only act on executed regular files: on a directory (where the kernel
+/// may refuse the value) they are applied when accepted and otherwise skipped with a
+/// warning, instead of failing the layer; on a file they are applied.
+#[test]
+fn a_capability_xattr_on_a_directory_does_not_fail_the_layer() {
+    let a = Arena::new();
+    let (valid, invalid) = (caps_v2(), caps_invalid());
+    let cap = "security.capability";
+    let layer = LayerBuilder::new()
+        .with_xattrs(
+            "capdir/",
+            tar::EntryType::Directory,
+            &[(cap, &invalid)],
+            &[],
+            0o750,
+        )
+        .with_xattrs(
+            "okdir/",
+            tar::EntryType::Directory,
+            &[(cap, &valid)],
+            &[],
+            0o755,
+        )
+        .with_xattrs(
+            "bin/ping",
+            tar::EntryType::Regular,
+            &[(cap, &valid)],
+            b"elf",
+            0o755,
+        )
+        .file("capdir/inside", b"i", 0o644)
+        .build();
+    a.unpack(&layer, &opts()).unwrap();
+    let t = a.target();
+    let meta = std::fs::metadata(t.join("capdir")).unwrap();
+    assert_eq!(meta.mode() & 0o7777, 0o750);
+    assert_eq!(std::fs::read(t.join("capdir/inside")).unwrap(), b"i");
+    if nix_is_root() {
+        assert_eq!(
+            xattr::get(t.join("bin/ping"), cap).unwrap(),
+            Some(valid.clone())
+        );
+        assert_eq!(xattr::get(t.join("okdir"), cap).unwrap(), Some(valid));
+        assert_eq!(xattr::get(t.join("capdir"), cap).unwrap(), None);
+    }
+}
+
+/// As containerd: an xattr the kernel refuses on a regular file fails the layer, naming
+/// the entry (the file would otherwise run without the capabilities the image gave it).
+#[test]
+fn an_invalid_capability_on_a_file_is_refused_naming_the_entry() {
+    if !nix_is_root() {
+        eprintln!("skipped: unprivileged unpacks skip security xattrs");
+        return;
+    }
+    let a = Arena::new();
+    let layer = LayerBuilder::new()
+        .with_xattrs(
+            "bin/bad",
+            tar::EntryType::Regular,
+            &[("security.capability", &caps_invalid())],
+            b"elf",
+            0o755,
+        )
+        .build();
+    let err = a.unpack(&layer, &opts()).unwrap_err();
+    assert!(
+        matches!(&err, ImageError::WriteEntry { entry, .. } if entry == "bin/bad"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("security.capability"), "{err}");
+}

@@ -33,17 +33,35 @@ pub(crate) struct CopyLayer {
     pub changes: Changes,
 }
 
-/// Copies `layers` (bottom first) into the existing empty directory `dest`.
+/// Copies `layers` (bottom first) into the existing empty directory `dest`, on a thread of
+/// its own whose stack fits [`MAX_COPY_DEPTH`] levels of the recursive walk.
 pub(crate) fn copy_layers(
     layers: &[CopyLayer],
     dest: &Path,
     preserve_owner: bool,
 ) -> Result<(), ImageError> {
+    std::thread::scope(|scope| {
+        std::thread::Builder::new()
+            .name("ironlet-copy".into())
+            .stack_size(COPY_STACK_BYTES)
+            .spawn_scoped(scope, || copy_here(layers, dest, preserve_owner))
+            .map_err(|e| ImageError::io("starting the copy of", dest, e))?
+            .join()
+            .unwrap_or_else(|_| Err(ImageError::Task(format!("copying into {dest:?} panicked"))))
+    })
+}
+
+/// Virtual size of the copy thread's stack (committed only as used): about 10 KiB per
+/// level in a debug build, 4 times that for [`MAX_COPY_DEPTH`].
+const COPY_STACK_BYTES: usize = 64 << 20;
+
+fn copy_here(layers: &[CopyLayer], dest: &Path, preserve_owner: bool) -> Result<(), ImageError> {
     for layer in layers {
         let mut c = Copier {
             changes: &layer.changes,
             preserve_owner,
             links: HashMap::new(),
+            depth: 0,
         };
         c.dir(&layer.fs, dest, Path::new(""))?;
     }
@@ -55,7 +73,13 @@ struct Copier<'a> {
     preserve_owner: bool,
     /// (dev, ino) of a multiply-linked source file → its first copy, for hard links.
     links: HashMap<(u64, u64), PathBuf>,
+    /// Directories entered (see [`MAX_COPY_DEPTH`]).
+    depth: usize,
 }
+
+/// Deepest directory tree copy mode copies (layers themselves unpack at any depth; paths
+/// this long already reach `PATH_MAX` in most stores).
+const MAX_COPY_DEPTH: usize = 1024;
 
 fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> ImageError + 'a {
     move |e| ImageError::io(op, path, e)
@@ -74,6 +98,22 @@ fn remove_any(path: &Path) -> Result<(), ImageError> {
 impl Copier<'_> {
     /// Copies the children of the layer directory `src` into `dst`, a real directory.
     fn dir(&mut self, src: &Path, dst: &Path, rel: &Path) -> Result<(), ImageError> {
+        self.depth += 1;
+        if self.depth > MAX_COPY_DEPTH {
+            // This walk recurses and uses whole paths: refuse cleanly what overlay mode
+            // (no depth limit) can still mount, rather than overflow the stack.
+            let e = io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("deeper than {MAX_COPY_DEPTH} directories: copy mode cannot copy it, overlay mode can"),
+            );
+            return Err(ImageError::io("copying", dst, e));
+        }
+        let result = self.dir_entries(src, dst, rel);
+        self.depth -= 1;
+        result
+    }
+
+    fn dir_entries(&mut self, src: &Path, dst: &Path, rel: &Path) -> Result<(), ImageError> {
         let rel_str = rel.to_string_lossy();
         if self.changes.opaque_dirs.contains(rel_str.as_ref()) {
             let fd = sys::open_dir(dst).map_err(io_err("opening", dst))?;

@@ -106,11 +106,15 @@ impl<R: Read> HashingReader<R> {
         }
     }
 
-    /// Reads the rest of the stream (e.g. tar padding after the end-of-archive marker) and
-    /// returns the digest and size of everything.
-    pub(crate) fn drain_and_finish(mut self) -> io::Result<(Digest, u64)> {
-        io::copy(&mut self, &mut io::sink())?;
-        Ok(self.hasher.finish())
+    /// Reads the rest of the stream (e.g. tar padding after the end-of-archive marker), at
+    /// most `limit` bytes of it, and returns the digest and size of everything; `None` when
+    /// more than `limit` bytes were left (the rest is not read).
+    pub(crate) fn drain_within(mut self, limit: u64) -> io::Result<Option<(Digest, u64)>> {
+        let left = io::copy(
+            &mut (&mut self).take(limit.saturating_add(1)),
+            &mut io::sink(),
+        )?;
+        Ok((left <= limit).then(|| self.hasher.finish()))
     }
 }
 
@@ -142,8 +146,11 @@ mod tests {
         let mut r = HashingReader::new(&data[..]);
         let mut first = [0u8; 100];
         r.read_exact(&mut first).unwrap();
-        let (d, n) = r.drain_and_finish().unwrap();
+        let (d, n) = r.drain_within(9_900).unwrap().unwrap();
         assert_eq!(n, 10_000);
         assert_eq!(d, Digest::of_bytes(&data));
+        let mut r = HashingReader::new(&data[..]);
+        r.read_exact(&mut first).unwrap();
+        assert_eq!(r.drain_within(9_899).unwrap(), None);
     }
 }

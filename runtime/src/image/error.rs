@@ -125,6 +125,11 @@ pub enum ImageError {
         entry: String,
         limit: u64,
     },
+    #[error(
+        "layer {layer}: more than {limit} bytes after the end of the tar archive \
+         (refused unread: its diff_id cannot be checked without decompressing it all)"
+    )]
+    TrailingData { layer: String, limit: u64 },
     #[error("layer {layer}: reading the tar stream: {source}")]
     ReadLayer {
         layer: String,

@@ -30,26 +30,7 @@ impl ImageStore {
     /// Deletes unreferenced blobs and snapshots.
     pub fn gc(&self) -> Result<GcReport, ImageError> {
         let _gc = self.gc_lock(LockKind::Exclusive)?;
-        let file = self.index.load()?;
-        let mut blobs: HashSet<Digest> = HashSet::new();
-        let mut chains: HashSet<String> = HashSet::new();
-        for (manifest, rec) in &file.images {
-            blobs.insert(manifest.clone());
-            blobs.insert(rec.config_digest.clone());
-            for l in &rec.layers {
-                blobs.insert(l.digest.clone());
-                chains.insert(l.chain_id.hex().to_owned());
-            }
-        }
-        for (path, lease) in self.leases()? {
-            if !lease.target_dir.exists() {
-                tracing::info!(target_dir = ?lease.target_dir, "dropping lease of a vanished rootfs");
-                let _ = std::fs::remove_file(&path);
-                continue;
-            }
-            chains.extend(lease.chain_ids.iter().map(|c| c.hex().to_owned()));
-        }
-
+        let (blobs, chains) = self.referenced()?;
         let mut report = GcReport::default();
         for digest in self.blobs.list()? {
             if blobs.contains(&digest) {
@@ -84,5 +65,58 @@ impl ImageStore {
             "image gc done"
         );
         Ok(report)
+    }
+
+    /// Every blob and snapshot (chain id hex) the index or a lease references. The caller
+    /// holds the gc lock exclusively.
+    fn referenced(&self) -> Result<(HashSet<Digest>, HashSet<String>), ImageError> {
+        let file = self.index.load()?;
+        let mut blobs: HashSet<Digest> = HashSet::new();
+        let mut chains: HashSet<String> = HashSet::new();
+        for (manifest, rec) in &file.images {
+            blobs.insert(manifest.clone());
+            blobs.insert(rec.config_digest.clone());
+            for l in &rec.layers {
+                blobs.insert(l.digest.clone());
+                chains.insert(l.chain_id.hex().to_owned());
+            }
+        }
+        for (path, lease) in self.leases()? {
+            if !lease.target_dir.exists() {
+                tracing::info!(target_dir = ?lease.target_dir, "dropping lease of a vanished rootfs");
+                let _ = std::fs::remove_file(&path);
+                continue;
+            }
+            chains.extend(lease.chain_ids.iter().map(|c| c.hex().to_owned()));
+        }
+        Ok((blobs, chains))
+    }
+
+    /// Removes what a failed import added: the blobs and snapshots in `added` that nothing
+    /// references once every import in flight is done (gc lock taken exclusively, after
+    /// the caller released its shared hold).
+    pub(crate) fn discard_unreferenced(
+        &self,
+        added_blobs: &[Digest],
+        added_snapshots: &[String],
+    ) -> Result<(), ImageError> {
+        if added_blobs.is_empty() && added_snapshots.is_empty() {
+            return Ok(());
+        }
+        let _gc = self.gc_lock(LockKind::Exclusive)?;
+        let (blobs, chains) = self.referenced()?;
+        for digest in added_blobs.iter().filter(|d| !blobs.contains(d)) {
+            let path = self.blobs.path(digest);
+            match std::fs::remove_file(&path) {
+                Ok(()) => tracing::debug!(%digest, "blob of a failed import removed"),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(ImageError::io("removing blob", &path, e)),
+            }
+        }
+        for name in added_snapshots.iter().filter(|c| !chains.contains(*c)) {
+            fsx::remove_tree(&self.snapshots_dir().join(name))?;
+            tracing::debug!(snapshot = %name, "snapshot of a failed import removed");
+        }
+        Ok(())
     }
 }

@@ -10,9 +10,10 @@
 //! Guarantees:
 //! - every blob is verified against its digest and size, every layer against its diff_id,
 //!   before the index changes; an image with a missing or corrupt blob (or an unsafe layer)
-//!   is refused and the index is left exactly as it was (verified blobs it brought stay
-//!   unreferenced until gc);
-//! - the whole import is one index update, so it is all-or-nothing for the index;
+//!   is refused and the index is left exactly as it was;
+//! - the whole import is one index update, so it is all-or-nothing for the index; a failed
+//!   import also removes the blobs and snapshots it added (unless another image references
+//!   them by then), so refused content does not linger in the store;
 //! - a docker-archive is converted to an OCI manifest (config verbatim, layers as they are,
 //!   `tar` or `tar+gzip` by content), so the same image has the same id (config digest)
 //!   from all three forms;
@@ -24,7 +25,7 @@
 //! with ref name `latest` → `busybox:latest`). An image without a usable name is imported
 //! untagged (listable and usable by id).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 
 use super::digest::Digest;
@@ -48,7 +49,37 @@ struct Staged {
 impl ImageStore {
     /// Imports every image in an OCI layout directory, OCI archive or docker-archive.
     pub fn import(&self, path: &Path) -> Result<Vec<Image>, ImageError> {
-        let _gc = self.gc_lock(LockKind::Shared)?;
+        let gc = self.gc_lock(LockKind::Shared)?;
+        let blobs_before: HashSet<Digest> = self.blobs.list()?.into_iter().collect();
+        let snapshots_before: HashSet<String> = self
+            .snapshot_entries()?
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
+        let result = self.import_locked(path);
+        drop(gc);
+        if result.is_err() {
+            let blobs: Vec<Digest> = self
+                .blobs
+                .list()?
+                .into_iter()
+                .filter(|d| !blobs_before.contains(d))
+                .collect();
+            let snapshots: Vec<String> = self
+                .snapshot_entries()?
+                .into_iter()
+                .map(|(n, _)| n)
+                .filter(|n| !snapshots_before.contains(n) && !n.starts_with("tmp-"))
+                .collect();
+            if let Err(e) = self.discard_unreferenced(&blobs, &snapshots) {
+                tracing::warn!(source = ?path, err = %e, "removing what a failed import added");
+            }
+        }
+        result
+    }
+
+    /// [`Self::import`] with the gc lock held shared.
+    fn import_locked(&self, path: &Path) -> Result<Vec<Image>, ImageError> {
         let source = Source::open(self, path)?;
         let staged = match source.format {
             Format::OciLayout => self.stage_layout(&source)?,

@@ -14,7 +14,7 @@
 //! [`ImageService`](crate::ImageService) the agent uses). Each file holds one concept and
 //! states its guarantees: `reference` (Docker-compatible names); `blobs`, `index` and
 //! `store` (the store on disk); `source` and `import` (the three import formats);
-//! `unpack`, `beneath` and `whiteout` (safe layer extraction); `snapshot`; `rootfs`,
+//! `unpack`, `beneath`, `lower` and `whiteout` (safe layer extraction); `snapshot`; `rootfs`,
 //! `mount` and `copy` (root file systems); `gc`; `service` (async); `sys` and `fsx`
 //! (system-call and file helpers).
 
@@ -27,6 +27,7 @@ mod fsx;
 mod gc;
 mod import;
 mod index;
+mod lower;
 mod mount;
 mod oci;
 mod pull;
@@ -42,6 +43,7 @@ mod whiteout;
 
 pub use error::{ImageError, UnsafeEntryReason};
 pub use gc::GcReport;
+pub use lower::LowerLayer;
 pub use pull::{
     Credentials, Endpoint, Keyring, PlatformSpec, PullConfig, PullProgress, PullReport,
     PullRequest, Puller, RegistriesConfig,
@@ -50,5 +52,5 @@ pub use reference::Reference;
 pub use rootfs::{ImageSelector, PreparedRootfs, RootfsMode};
 pub use service::LocalImageService;
 pub use store::{ImageStore, ImageStoreConfig};
-pub use unpack::{unpack_layer, UnpackLimits, UnpackOptions, UnpackReport};
+pub use unpack::{unpack_layer, unpack_layer_onto, UnpackLimits, UnpackOptions, UnpackReport};
 pub use whiteout::{Changes, WhiteoutFormat};

@@ -15,8 +15,9 @@
 //! - two unpackers of the same chain id (two processes) both finish; the first rename wins
 //!   and the other discards its copy.
 //!
-//! A snapshot holds only its own layer's files (overlay semantics); it is keyed by chain id
-//! because its whiteouts only make sense on top of that exact parent chain.
+//! A snapshot holds only its own layer's files (overlay semantics), plus the lower files its
+//! hard links name (copied up, see `lower.rs`); it is keyed by chain id because its
+//! whiteouts and copied-up files only make sense on top of that exact parent chain.
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
@@ -27,11 +28,19 @@ use super::digest::{Digest, HashingReader};
 use super::error::ImageError;
 use super::fsx;
 use super::index::{ImageRecord, LayerRecord};
+use super::lower::LowerLayer;
 use super::oci::Compression;
 use super::store::ImageStore;
 use super::sys;
 use super::unpack::{self, UnpackLimits, UnpackOptions};
 use super::whiteout::{Changes, WhiteoutFormat};
+
+/// Most uncompressed bytes read after a layer's end-of-archive marker. Tar writers pad to a
+/// record: Go's archive/tar (docker, containerd, buildkit) to 1 KiB, GNU tar and bsdtar to
+/// 10 KiB by default; 1 MiB is 100 times that and costs about a millisecond. The diff_id
+/// must cover everything (a snapshot is keyed by it), so a layer with more is refused
+/// rather than decompressed without end (10 GiB of zeros are 10 MB of gzip).
+pub(crate) const MAX_TRAILING_BYTES: u64 = 1 << 20;
 
 const DONE: &str = "done";
 const CHANGES: &str = "changes.json";
@@ -85,28 +94,35 @@ impl ImageStore {
         &self,
         record: &ImageRecord,
     ) -> Result<Vec<Snapshot>, ImageError> {
-        record
-            .layers
-            .iter()
-            .map(|layer| match self.snapshot(&layer.chain_id) {
-                Some(s) => Ok(s),
-                None => self.unpack_snapshot(layer),
-            })
-            .collect()
+        let mut snapshots: Vec<Snapshot> = Vec::with_capacity(record.layers.len());
+        for layer in &record.layers {
+            let snapshot = match self.snapshot(&layer.chain_id) {
+                Some(s) => s,
+                None => self.unpack_snapshot(layer, &snapshots)?,
+            };
+            snapshots.push(snapshot);
+        }
+        Ok(snapshots)
     }
 
-    fn unpack_snapshot(&self, layer: &LayerRecord) -> Result<Snapshot, ImageError> {
+    /// Unpacks `layer` onto `lowers`, the snapshots of the layers below it (bottom first).
+    fn unpack_snapshot(
+        &self,
+        layer: &LayerRecord,
+        lowers: &[Snapshot],
+    ) -> Result<Snapshot, ImageError> {
         let blob = self.blobs.open(&layer.digest)?;
-        self.unpack_snapshot_from(layer, blob, || Ok(()))
+        self.unpack_snapshot_from(layer, lowers, blob, || Ok(()))
     }
 
     /// Unpacks `layer` from `blob` (its compressed stream, as stored or as it downloads)
-    /// into its snapshot. `verify` runs after the whole stream was read and the diff_id
-    /// checked, before the snapshot is renamed into place: a pull checks the blob digest
-    /// there, so a snapshot never appears for a blob that did not verify.
+    /// onto `lowers` into its snapshot. `verify` runs after the whole stream was read and
+    /// the diff_id checked, before the snapshot is renamed into place: a pull checks the
+    /// blob digest there, so a snapshot never appears for a blob that did not verify.
     pub(crate) fn unpack_snapshot_from(
         &self,
         layer: &LayerRecord,
+        lowers: &[Snapshot],
         blob: impl Read,
         verify: impl FnOnce() -> Result<(), ImageError>,
     ) -> Result<Snapshot, ImageError> {
@@ -120,7 +136,7 @@ impl ImageStore {
             &layer.chain_id.hex()[..12]
         )));
         let result = self
-            .unpack_into(layer, blob, &tmp)
+            .unpack_into(layer, lowers, blob, &tmp)
             .and_then(|m| verify().map(|()| m));
         let marker = match result {
             Ok(m) => m,
@@ -152,6 +168,7 @@ impl ImageStore {
     fn unpack_into(
         &self,
         layer: &LayerRecord,
+        lowers: &[Snapshot],
         blob: impl Read,
         tmp: &Path,
     ) -> Result<Marker, ImageError> {
@@ -192,12 +209,30 @@ impl ImageStore {
             whiteouts,
             preserve_owner: self.config.privileged,
         };
-        let report = unpack::unpack_layer(&mut hashing, &fs, &opts, &name)?;
+        // For hard links to files of lower layers (copied up, as containerd's apply onto
+        // the parents' mount would).
+        let lower_fs: Vec<PathBuf> = lowers.iter().map(Snapshot::fs).collect();
+        let lower_changes = lowers
+            .iter()
+            .map(Snapshot::changes)
+            .collect::<Result<Vec<_>, _>>()?;
+        let lower_layers: Vec<LowerLayer<'_>> = lower_fs
+            .iter()
+            .zip(&lower_changes)
+            .map(|(fs, changes)| LowerLayer { fs, changes })
+            .collect();
+        let report = unpack::unpack_layer_onto(&mut hashing, &fs, &lower_layers, &opts, &name)?;
+        // The diff_id covers the whole uncompressed stream, as containerd computes it
+        // (it reads to the end, however far); we stop at a bound (see MAX_TRAILING_BYTES).
         let (diff_id, _) = hashing
-            .drain_and_finish()
+            .drain_within(MAX_TRAILING_BYTES)
             .map_err(|e| ImageError::ReadLayer {
                 layer: name.clone(),
                 source: e,
+            })?
+            .ok_or_else(|| ImageError::TrailingData {
+                layer: name.clone(),
+                limit: MAX_TRAILING_BYTES,
             })?;
         if diff_id != layer.diff_id {
             return Err(ImageError::DiffIdMismatch {

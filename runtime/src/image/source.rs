@@ -8,13 +8,20 @@
 //! computed digest. Symlinks and hard links between archive members (older `docker save`
 //! deduplicates layers that way) are followed within the archive only.
 //!
-//! Guarantees: names taken from manifests are cleaned and may not contain `..`, so an
-//! import never reads a file outside the directory or archive it was given; nothing is
-//! extracted to disk except as verified, content-addressed blobs.
+//! Guarantees: names taken from manifests are cleaned and may not contain `..`, and every
+//! member of a directory source (`index.json`, `oci-layout`, `manifest.json`, configs,
+//! `blobs/sha256/*`, `…/layer.tar`) is opened relative to the source directory with
+//! `openat2(RESOLVE_BENEATH)`: a symlink (or a symlinked parent) that stays inside is
+//! followed, one that leads out (absolute, `..` past the top, `/proc` magic links) is
+//! refused, and only regular files are read (a FIFO or device is refused before it could
+//! block or stream forever). So an import never reads a file outside the directory or
+//! archive it was given; nothing is extracted to disk except as verified,
+//! content-addressed blobs.
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use super::beneath::clean_path;
@@ -23,6 +30,7 @@ use super::digest::Digest;
 use super::error::ImageError;
 use super::oci::{Compression, Descriptor, MAX_METADATA_BYTES};
 use super::store::ImageStore;
+use super::sys;
 
 /// What the source contains.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,7 +52,8 @@ enum ArchiveFile {
 
 #[derive(Debug)]
 enum Kind {
-    Dir(PathBuf),
+    /// The source directory, opened once; members are resolved beneath it.
+    Dir(OwnedFd),
     Archive(HashMap<String, ArchiveFile>),
 }
 
@@ -68,7 +77,10 @@ impl Source {
     pub(crate) fn open(store: &ImageStore, path: &Path) -> Result<Self, ImageError> {
         let meta = std::fs::metadata(path).map_err(|e| ImageError::io("opening", path, e))?;
         let kind = if meta.is_dir() {
-            Kind::Dir(path.to_path_buf())
+            // The path the user gave may itself be a symlink; everything below it is not
+            // followed out of it.
+            let dir = File::open(path).map_err(|e| ImageError::io("opening", path, e))?;
+            Kind::Dir(OwnedFd::from(dir))
         } else {
             Kind::Archive(scan_archive(store, path)?)
         };
@@ -92,7 +104,7 @@ impl Source {
     /// `archive.tar:name` or `dir/name`, for errors.
     pub(crate) fn location(&self, name: &str) -> String {
         match &self.kind {
-            Kind::Dir(d) => d.join(name).display().to_string(),
+            Kind::Dir(_) => self.path.join(name).display().to_string(),
             Kind::Archive(_) => format!("{}:{name}", self.path.display()),
         }
     }
@@ -137,7 +149,8 @@ impl Source {
 
     fn exists(&self, name: &str) -> bool {
         match &self.kind {
-            Kind::Dir(d) => d.join(name).is_file(),
+            // A member that cannot be opened safely "exists": reading it reports why.
+            Kind::Dir(d) => !matches!(open_member(d, &self.path, name), Ok(None)),
             Kind::Archive(files) => Self::archive_lookup(files, name).is_some(),
         }
     }
@@ -158,11 +171,9 @@ impl Source {
         };
         match &self.kind {
             Kind::Dir(d) => {
-                let path = d.join(&name);
-                let file = match File::open(&path) {
-                    Ok(f) => f,
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-                    Err(e) => return Err(ImageError::io("opening", &path, e)),
+                let path = self.path.join(&name);
+                let Some(file) = open_member(d, &self.path, &name)? else {
+                    return Ok(None);
                 };
                 let mut bytes = Vec::new();
                 file.take(MAX_METADATA_BYTES + 1)
@@ -202,12 +213,8 @@ impl Source {
         };
         match &self.kind {
             Kind::Dir(d) => {
-                let path = d.join(&name);
-                let mut file = match File::open(&path) {
-                    Ok(f) => f,
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(missing()),
-                    Err(e) => return Err(ImageError::io("opening", &path, e)),
-                };
+                let path = self.path.join(&name);
+                let mut file = open_member(d, &self.path, &name)?.ok_or_else(missing)?;
                 let expected = Expected {
                     digest: &desc.digest,
                     size: Some(desc.size),
@@ -259,12 +266,8 @@ impl Source {
         };
         match &self.kind {
             Kind::Dir(d) => {
-                let path = d.join(&name);
-                let mut file = match File::open(&path) {
-                    Ok(f) => f,
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(missing()),
-                    Err(e) => return Err(ImageError::io("opening", &path, e)),
-                };
+                let path = self.path.join(&name);
+                let mut file = open_member(d, &self.path, &name)?.ok_or_else(missing)?;
                 store
                     .blobs
                     .write(&mut file, None, &path.display().to_string())
@@ -279,6 +282,40 @@ impl Source {
             },
         }
     }
+}
+
+/// Opens the regular file `name` beneath the source directory `dir` (see the module doc);
+/// `None` when it does not exist.
+fn open_member(dir: &OwnedFd, dir_path: &Path, name: &str) -> Result<Option<File>, ImageError> {
+    let location = dir_path.join(name);
+    // O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused below.
+    let flags = libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY;
+    let fd = match sys::open_beneath(dir.as_fd(), Path::new(name), flags, 0) {
+        Ok(fd) => fd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EXDEV) | Some(libc::ELOOP)) => {
+            tracing::warn!(member = ?location, err = %e, "refusing import member that leads outside its source");
+            return Err(ImageError::invalid(
+                location.display().to_string(),
+                "member",
+                "is a symlink (or under one) that leads outside the image directory".into(),
+            ));
+        }
+        Err(e) => return Err(ImageError::io("opening", location, e)),
+    };
+    let file = File::from(fd);
+    let meta = file
+        .metadata()
+        .map_err(|e| ImageError::io("inspecting", &location, e))?;
+    if !meta.is_file() {
+        return Err(ImageError::invalid(
+            location.display().to_string(),
+            "member",
+            "is not a regular file".into(),
+        ));
+    }
+    // O_NONBLOCK has no effect on a regular file.
+    Ok(Some(file))
 }
 
 /// Reads an archive once, storing blobs and keeping metadata (see the module doc).

@@ -15,7 +15,7 @@
 use std::ffi::{CString, OsStr};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::Path;
 
 fn cstr(name: &OsStr) -> io::Result<CString> {
@@ -84,6 +84,37 @@ pub(crate) fn open_dir_beneath(
     extra_resolve: u64,
 ) -> io::Result<OwnedFd> {
     open_beneath(dir, path, libc::O_RDONLY | libc::O_DIRECTORY, extra_resolve)
+}
+
+/// Opens the parent of the directory `dir` (`..`, which is never a symlink).
+pub(crate) fn open_dotdot(dir: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    // SAFETY: the name is a valid NUL-terminated string literal.
+    let fd = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            c"..".as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    };
+    owned(libc::c_long::from(fd))
+}
+
+/// The target of the symlink `name` in `dir`.
+pub(crate) fn readlink_at(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<std::ffi::OsString> {
+    let n = cstr(name)?;
+    let mut buf = vec![0u8; libc::PATH_MAX as usize];
+    // SAFETY: n is valid for the call and buf has the length passed.
+    let len = unsafe {
+        libc::readlinkat(
+            dir.as_raw_fd(),
+            n.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    let len = usize::try_from(len).map_err(|_| io::Error::last_os_error())?;
+    buf.truncate(len);
+    Ok(std::ffi::OsString::from_vec(buf))
 }
 
 /// Creates and opens a new regular file `name` in `dir`; fails if anything exists there.
@@ -176,6 +207,15 @@ pub(crate) fn lstat_at(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<Option<l
     }
 }
 
+/// `fstat(fd)`.
+pub(crate) fn fstat(fd: BorrowedFd<'_>) -> io::Result<libc::stat> {
+    // SAFETY: an all-zero `stat` is a valid value to be overwritten by the kernel.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: st is valid for the call.
+    check(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) })?;
+    Ok(st)
+}
+
 /// `fchownat(dir, name, uid, gid, AT_SYMLINK_NOFOLLOW)`; an empty name means `dir` itself.
 pub(crate) fn lchown_at(dir: BorrowedFd<'_>, name: &OsStr, uid: u32, gid: u32) -> io::Result<()> {
     let n = cstr(name)?;
@@ -249,25 +289,64 @@ pub(crate) fn syncfs(fd: BorrowedFd<'_>) -> io::Result<()> {
 /// Removes `name` in `dir`, whatever it is; a directory is emptied first, descending only
 /// through directory descriptors (never through symlinks, never into another mount: that
 /// fails with `EXDEV`). Missing is not an error.
+///
+/// Iterative, holding one descriptor and the names on the current path, each directory
+/// listed once: a layer can be 10 000 directories deep (recursion overflowed the stack).
 pub(crate) fn remove_at(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<()> {
     let Some(st) = lstat_at(dir, name)? else {
         return Ok(());
     };
-    if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
-        // Never descend through a symlink or into another mount.
-        let sub = open_dir_beneath(
-            dir,
+    if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+        return unlink_at(dir, name, false);
+    }
+    /// A directory being emptied: its name in its parent and the subdirectories left.
+    struct Frame {
+        name: std::ffi::OsString,
+        subdirs: Vec<std::ffi::OsString>,
+    }
+    /// Opens the subdirectory `name` of `parent` and removes everything in it but its
+    /// subdirectories, which it returns.
+    fn enter(parent: BorrowedFd<'_>, name: &OsStr) -> io::Result<(OwnedFd, Frame)> {
+        let fd = open_dir_beneath(
+            parent,
             Path::new(name),
             libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_XDEV,
         )?;
-        // A read-only directory (mode 0555 from a layer) must become writable to be emptied
-        // when we are not root.
-        let _ = fchmod(sub.as_fd(), 0o700);
-        clear_dir(sub.as_fd())?;
-        unlink_at(dir, name, true)
-    } else {
-        unlink_at(dir, name, false)
+        // A read-only directory (mode 0555 from a layer) must become writable to be
+        // emptied when we are not root.
+        let _ = fchmod(fd.as_fd(), 0o700);
+        let mut subdirs = Vec::new();
+        for child in list_dir(fd.as_fd())? {
+            match lstat_at(fd.as_fd(), &child)? {
+                Some(st) if st.st_mode & libc::S_IFMT == libc::S_IFDIR => subdirs.push(child),
+                Some(_) => unlink_at(fd.as_fd(), &child, false)?,
+                None => {}
+            }
+        }
+        let frame = Frame {
+            name: name.to_os_string(),
+            subdirs,
+        };
+        Ok((fd, frame))
     }
+    let (mut cur, frame) = enter(dir, name)?;
+    let mut path = vec![frame];
+    while let Some(top) = path.last_mut() {
+        if let Some(sub) = top.subdirs.pop() {
+            let (fd, frame) = enter(cur.as_fd(), &sub)?;
+            cur = fd;
+            path.push(frame);
+            continue;
+        }
+        let done = path.pop().map(|f| f.name).unwrap_or_default();
+        if path.is_empty() {
+            break;
+        }
+        // `..` of a directory entered by name, without crossing a mount, is its parent.
+        cur = open_dotdot(cur.as_fd())?;
+        unlink_at(cur.as_fd(), &done, true)?;
+    }
+    unlink_at(dir, name, true)
 }
 
 /// Removes everything inside the directory `dir`, keeping `dir` itself.

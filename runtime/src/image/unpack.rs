@@ -2,13 +2,14 @@
 //!
 //! ```text
 //!  tar entry ──► clean path ──► resolve parent beneath target ──► create final component
-//!               (refuse ..)     (openat2 RESOLVE_BENEATH,         (O_EXCL / *at calls that
-//!                                mkdirat missing dirs)             never follow a symlink)
+//!               (refuse ..)     (DirCache: openat2 per new        (O_EXCL / *at calls that
+//!                                component, symlinks resolved      never follow a symlink)
+//!                                beneath the root, mkdirat)
 //! ```
 //!
 //! Guarantees (the contract the tests prove with a canary beside the target):
 //! - nothing outside `target` is created, written, linked, chmod'ed or removed: every parent
-//!   is resolved with `openat2(RESOLVE_BENEATH)` from the target's descriptor, so a symlink
+//!   is resolved beneath the target's descriptor (see `beneath.rs`), so a symlink
 //!   planted by an earlier entry (`evil -> /`, `evil -> ../../..`) makes a later `evil/x`
 //!   fail with [`UnsafeEntryReason::SymlinkEscape`] instead of writing through it; symlinks
 //!   that stay inside the target are followed as a normal tar would;
@@ -17,9 +18,13 @@
 //! - hard links must name an entry that already exists inside the target;
 //! - character and block devices are refused (all of them); FIFOs are created (containerd
 //!   allows them and they carry no privilege);
-//! - at most `max_bytes` of file content and `max_entries` entries per layer;
+//! - at most `max_bytes` of file content and `max_entries` entries per layer; the work is
+//!   linear in the layer whatever its depth (no depth limit: a 10 000-deep layer unpacks in
+//!   about a second; paths longer than `PATH_MAX` work, as every call is relative);
 //! - `trusted.overlay.*`/`user.overlay.*` xattrs in the tar are dropped, so a layer cannot
-//!   forge overlay state (opaque dirs, redirects).
+//!   forge overlay state (opaque dirs, redirects); other xattrs are applied as containerd
+//!   applies them (see `set_xattrs`: unsupported ones and capabilities on directories are
+//!   skipped with a warning, other refusals fail the entry as root).
 //!
 //! Whiteouts (see `whiteout.rs`) are always returned in [`Changes`]; with
 //! [`WhiteoutFormat::Overlay`] they are also written as overlayfs expects them. Ownership is applied only with `preserve_owner` (root);
@@ -28,13 +33,14 @@
 //! set on symlinks. On error the target is left partly filled: callers unpack into a temp
 //! directory and remove it.
 
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
 use std::io::{self, Read};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
-use super::beneath::{self, clean_path, Resolve};
+use super::beneath::{clean_path, DirCache, Resolve};
 use super::error::{ImageError, UnsafeEntryReason};
+use super::lower::{self, LowerLayer};
 use super::sys;
 use super::whiteout::{self, Whiteout, OVERLAY_OPAQUE_XATTR};
 use super::whiteout::{Changes, WhiteoutFormat};
@@ -73,8 +79,24 @@ pub fn unpack_layer(
     opts: &UnpackOptions,
     layer: &str,
 ) -> Result<UnpackReport, ImageError> {
+    unpack_layer_onto(reader, target, &[], opts, layer)
+}
+
+/// [`unpack_layer`] for a layer that sits on `lowers` (bottom first): a hard link to a file
+/// only they have copies that file up first (see `lower.rs`).
+pub fn unpack_layer_onto(
+    reader: &mut dyn Read,
+    target: &Path,
+    lowers: &[LowerLayer<'_>],
+    opts: &UnpackOptions,
+    layer: &str,
+) -> Result<UnpackReport, ImageError> {
     let root = sys::open_dir(target).map_err(|e| ImageError::io("opening", target, e))?;
+    let cache = || DirCache::new(root.as_fd()).map_err(|e| ImageError::io("opening", target, e));
     let mut u = Unpacker {
+        parents: cache()?,
+        link_targets: cache()?,
+        lowers,
         root,
         target,
         opts,
@@ -92,6 +114,29 @@ pub fn unpack_layer(
     Ok(u.report)
 }
 
+/// Deepest implicitly created directory that looks up its metadata in the lower layers.
+const MAX_INHERIT_DEPTH: usize = 256;
+
+/// Copies the xattrs of a copied-up file (but overlay's own); refusals are only logged, as
+/// the file system of the snapshot may support fewer.
+fn copy_xattrs(from: &std::fs::File, to: &std::fs::File) {
+    use xattr::FileExt;
+    let Ok(names) = from.list_xattr() else {
+        return;
+    };
+    for name in names {
+        let key = name.to_string_lossy();
+        if key.starts_with("trusted.overlay.") || key.starts_with("user.overlay.") {
+            continue;
+        }
+        if let Ok(Some(value)) = from.get_xattr(&name) {
+            if let Err(e) = to.set_xattr(&name, &value) {
+                tracing::debug!(xattr = %key, err = %e, "xattr of a copied-up file not copied");
+            }
+        }
+    }
+}
+
 /// Metadata of one entry, read from its header and PAX records.
 struct Meta {
     mode: u32,
@@ -101,8 +146,27 @@ struct Meta {
     xattrs: Vec<(String, Vec<u8>)>,
 }
 
+impl Meta {
+    /// The metadata of a directory of a lower layer, for its copy in this one.
+    fn of_dir(st: &libc::stat) -> Self {
+        Self {
+            mode: st.st_mode & 0o7777,
+            uid: st.st_uid,
+            gid: st.st_gid,
+            mtime: st.st_mtime,
+            xattrs: Vec::new(),
+        }
+    }
+}
+
 struct Unpacker<'a> {
     root: OwnedFd,
+    /// Resolves entries' parent directories.
+    parents: DirCache,
+    /// Resolves hard-link targets' directories (a second path, so that links to one
+    /// directory from entries in another stay cheap).
+    link_targets: DirCache,
+    lowers: &'a [LowerLayer<'a>],
     target: &'a Path,
     opts: &'a UnpackOptions,
     layer: &'a str,
@@ -250,14 +314,42 @@ impl<'a> Unpacker<'a> {
         Ok(meta)
     }
 
-    fn open_parent(&self, rel: &Path, create: bool) -> Result<OwnedFd, Resolve> {
-        beneath::open_dir(self.root.as_fd(), rel, create)
+    /// The directory `rel` (see [`DirCache`]), as a descriptor of its own so that the
+    /// caches can move on.
+    fn open_parent(&mut self, rel: &Path, create: bool) -> Result<OwnedFd, Resolve> {
+        let fd = self
+            .parents
+            .open(rel, create)?
+            .try_clone_to_owned()
+            .map_err(Resolve::Io)?;
+        if let Some(from) = self.parents.created_from() {
+            self.inherit_lower_dirs(rel, from).map_err(Resolve::Io)?;
+        }
+        Ok(fd)
+    }
+
+    /// Directories created implicitly (for an entry whose parents the layer does not list)
+    /// take the metadata of the same directories below, as containerd's `mkparent` does
+    /// (else the merged view would show them 0755, root-owned and new). Skipped for paths
+    /// deeper than [`MAX_INHERIT_DEPTH`], which real layers never need.
+    fn inherit_lower_dirs(&mut self, rel: &Path, from: usize) -> io::Result<()> {
+        let comps: Vec<&OsStr> = rel.iter().collect();
+        if self.lowers.is_empty() || comps.len() > MAX_INHERIT_DEPTH {
+            return Ok(());
+        }
+        let stats = lower::dir_stats(self.lowers, &comps, from)?;
+        for (k, st) in (from..).zip(stats) {
+            let Some(st) = st else { continue };
+            self.dirs
+                .push((comps[..=k].iter().collect(), Meta::of_dir(&st)));
+        }
+        Ok(())
     }
 
     /// Removes whatever is at `name` so that a new entry can take its place. A directory is
     /// kept when `keep_dir` (a directory entry over an existing directory merges).
     fn replace(
-        &self,
+        &mut self,
         entry: &str,
         rel: &Path,
         dir: BorrowedFd<'_>,
@@ -269,6 +361,9 @@ impl<'a> Unpacker<'a> {
             None => Ok(false),
             Some(st) if keep_dir && st.st_mode & libc::S_IFMT == libc::S_IFDIR => Ok(true),
             Some(_) => {
+                // The caches may hold what this removes (or a path through it).
+                self.parents.removed();
+                self.link_targets.clear();
                 sys::remove_at(dir, name).map_err(|e| self.write_err(entry, rel, e))?;
                 Ok(false)
             }
@@ -293,7 +388,7 @@ impl<'a> Unpacker<'a> {
         if !meta.xattrs.is_empty() {
             let fd = sys::open_dir_beneath(dir, Path::new(name), libc::RESOLVE_NO_SYMLINKS)
                 .map_err(|e| self.write_err(entry, rel, e))?;
-            self.set_xattrs(entry, rel, fd.as_fd(), &meta)?;
+            self.set_xattrs(entry, rel, fd.as_fd(), &meta, false)?;
         }
         self.dirs.push((rel.to_path_buf(), meta));
         Ok(())
@@ -342,7 +437,7 @@ impl<'a> Unpacker<'a> {
         }
         // chmod after chown: chown clears setuid/setgid bits.
         sys::fchmod(fd, meta.mode).map_err(|e| self.write_err(entry_name, rel, e))?;
-        self.set_xattrs(entry_name, rel, fd, &meta)?;
+        self.set_xattrs(entry_name, rel, fd, &meta, true)?;
         sys::set_times(fd, meta.mtime, 0).map_err(|e| self.write_err(entry_name, rel, e))
     }
 
@@ -390,20 +485,16 @@ impl<'a> Unpacker<'a> {
         let Some(tname) = trel.file_name() else {
             return Err(self.unsafe_entry(entry, UnsafeEntryReason::HardLinkToDirectory));
         };
-        let tparent = self
-            .open_parent(trel.parent().unwrap_or(Path::new("")), false)
-            .map_err(|r| match r {
-                Resolve::Io(e) if e.kind() == io::ErrorKind::NotFound => {
+        let tparent_rel = trel.parent().unwrap_or(Path::new(""));
+        let (tparent, st) = match self.link_target(entry, rel, tparent_rel, tname)? {
+            Some(found) => found,
+            None if self.copy_up(entry, rel, &trel)? => self
+                .link_target(entry, rel, tparent_rel, tname)?
+                .ok_or_else(|| {
                     self.unsafe_entry(entry, UnsafeEntryReason::HardLinkTargetMissing)
-                }
-                Resolve::Unsafe(UnsafeEntryReason::SymlinkEscape) => {
-                    self.unsafe_entry(entry, UnsafeEntryReason::HardLinkOutside)
-                }
-                other => self.resolve_err(entry, rel, other),
-            })?;
-        let st = sys::lstat_at(tparent.as_fd(), tname)
-            .map_err(|e| self.write_err(entry, rel, e))?
-            .ok_or_else(|| self.unsafe_entry(entry, UnsafeEntryReason::HardLinkTargetMissing))?;
+                })?,
+            None => return Err(self.unsafe_entry(entry, UnsafeEntryReason::HardLinkTargetMissing)),
+        };
         if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
             return Err(self.unsafe_entry(entry, UnsafeEntryReason::HardLinkToDirectory));
         }
@@ -416,6 +507,92 @@ impl<'a> Unpacker<'a> {
         }
         self.replace(entry, rel, dir, name, false)?;
         sys::link_at(tparent.as_fd(), tname, dir, name).map_err(|e| self.write_err(entry, rel, e))
+    }
+
+    /// The directory holding a hard link's target in this layer, and the target's stat;
+    /// `None` if it is not (yet) in this layer.
+    fn link_target(
+        &mut self,
+        entry: &str,
+        rel: &Path,
+        tparent_rel: &Path,
+        tname: &OsStr,
+    ) -> Result<Option<(OwnedFd, libc::stat)>, ImageError> {
+        let tparent = match self.link_targets.open(tparent_rel, false) {
+            Ok(fd) => fd
+                .try_clone_to_owned()
+                .map_err(|e| self.write_err(entry, rel, e))?,
+            Err(Resolve::Io(e)) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(Resolve::Unsafe(UnsafeEntryReason::SymlinkEscape)) => {
+                return Err(self.unsafe_entry(entry, UnsafeEntryReason::HardLinkOutside))
+            }
+            Err(other) => return Err(self.resolve_err(entry, rel, other)),
+        };
+        let st =
+            sys::lstat_at(tparent.as_fd(), tname).map_err(|e| self.write_err(entry, rel, e))?;
+        Ok(st.map(|st| (tparent, st)))
+    }
+
+    /// Copies the file `trel` up from the lower layers into this one, with the parent
+    /// directories it lacks (their metadata from below), as overlayfs does before linking
+    /// a lower file. `false` when the merged view below has no regular file there (or this
+    /// layer already deleted it, or put something else on its path).
+    fn copy_up(&mut self, entry: &str, rel: &Path, trel: &Path) -> Result<bool, ImageError> {
+        if self.lowers.is_empty() || lower::hides(&self.report.changes, &trel.to_string_lossy()) {
+            return Ok(false);
+        }
+        let io_err = |e| self.write_err(entry, rel, e);
+        let Some(mut found) = lower::find(self.lowers, trel).map_err(io_err)? else {
+            return Ok(false);
+        };
+        let (Some(name), Some(parent)) = (trel.file_name(), trel.parent()) else {
+            return Ok(false);
+        };
+        let mut dir = self.root.try_clone().map_err(io_err)?;
+        let mut prefix = PathBuf::new();
+        let mut new_dirs = Vec::new();
+        for (c, st) in parent.iter().zip(&found.parents) {
+            prefix.push(c);
+            match sys::lstat_at(dir.as_fd(), c).map_err(io_err)? {
+                None => {
+                    sys::mkdir_at(dir.as_fd(), c, 0o700).map_err(io_err)?;
+                    if self.opts.preserve_owner {
+                        sys::lchown_at(dir.as_fd(), c, st.st_uid, st.st_gid).map_err(io_err)?;
+                    }
+                    new_dirs.push((prefix.clone(), Meta::of_dir(st)));
+                }
+                Some(st) if st.st_mode & libc::S_IFMT == libc::S_IFDIR => {}
+                Some(_) => return Ok(false),
+            }
+            dir = sys::open_dir_beneath(dir.as_fd(), Path::new(c), libc::RESOLVE_NO_SYMLINKS)
+                .map_err(io_err)?;
+        }
+        if sys::lstat_at(dir.as_fd(), name).map_err(io_err)?.is_some() {
+            return Ok(false);
+        }
+        let st = found.stat;
+        let size = u64::try_from(st.st_size).unwrap_or(0);
+        let total = self.report.bytes.saturating_add(size);
+        if total > self.opts.limits.max_bytes {
+            return Err(ImageError::LayerTooLarge {
+                layer: self.layer.to_owned(),
+                entry: entry.to_owned(),
+                limit: self.opts.limits.max_bytes,
+            });
+        }
+        let mut out = sys::create_file_at(dir.as_fd(), name).map_err(io_err)?;
+        io::copy(&mut (&mut found.file).take(size), &mut out).map_err(io_err)?;
+        if self.opts.preserve_owner {
+            sys::lchown_at(out.as_fd(), OsStr::new(""), st.st_uid, st.st_gid).map_err(io_err)?;
+        }
+        sys::fchmod(out.as_fd(), st.st_mode & 0o7777).map_err(io_err)?;
+        copy_xattrs(&found.file, &out);
+        let nanos = u32::try_from(st.st_mtime_nsec).unwrap_or(0);
+        sys::set_times(out.as_fd(), st.st_mtime, nanos).map_err(io_err)?;
+        self.report.bytes = total;
+        self.dirs.extend(new_dirs);
+        tracing::debug!(layer = %self.layer, %entry, target = ?trel, "hard link target copied up from a lower layer");
+        Ok(true)
     }
 
     fn whiteout(&mut self, entry: &str, parent: &Path, w: Whiteout<'_>) -> Result<(), ImageError> {
@@ -455,39 +632,123 @@ impl<'a> Unpacker<'a> {
         Ok(())
     }
 
+    /// Applies the entry's xattrs as containerd does: what the file system refuses as
+    /// unsupported is skipped with a warning, anything else refused fails the entry, except
+    /// `security.capability` on a non-regular file (capabilities only act on executed
+    /// files; the kernel refuses some values there) and, unprivileged, anything refused
+    /// (`trusted.*` and `security.*` need root).
     fn set_xattrs(
         &self,
         entry: &str,
         rel: &Path,
         fd: BorrowedFd<'_>,
         meta: &Meta,
+        regular: bool,
     ) -> Result<(), ImageError> {
         for (key, value) in &meta.xattrs {
-            if let Err(e) = sys::fsetxattr(fd, key, value) {
-                let unsupported = e.raw_os_error() == Some(libc::EOPNOTSUPP);
-                if self.opts.preserve_owner && !unsupported {
-                    return Err(self.write_err(entry, rel, e));
-                }
-                tracing::debug!(layer = %self.layer, %entry, xattr = %key, err = %e, "xattr not applied");
+            let Err(e) = sys::fsetxattr(fd, key, value) else {
+                continue;
+            };
+            let unsupported = e.raw_os_error() == Some(libc::EOPNOTSUPP);
+            let inert_caps = key == "security.capability" && !regular;
+            if unsupported || inert_caps {
+                tracing::warn!(layer = %self.layer, %entry, xattr = %key, err = %e, "xattr in layer ignored");
+            } else if self.opts.preserve_owner {
+                let e = io::Error::new(e.kind(), format!("setting xattr {key}: {e}"));
+                return Err(self.write_err(entry, rel, e));
+            } else {
+                tracing::debug!(layer = %self.layer, %entry, xattr = %key, err = %e, "xattr not applied (unprivileged)");
             }
         }
         Ok(())
     }
 
-    /// Applies directory modes and times, deepest first, once all children exist.
+    /// Applies directory modes and times once all children exist, each directory after
+    /// all of its descendants (so that a read-only one can still be entered until then),
+    /// in one walk: sorted by components, the directories form a depth-first order; each is
+    /// opened once by name from its parent and left through `..`, never through a symlink.
+    /// A directory a later entry replaced (by a file or symlink) is skipped; of a directory
+    /// listed twice, the last entry wins.
     fn finish_dirs(&mut self) -> Result<(), ImageError> {
-        let dirs = std::mem::take(&mut self.dirs);
-        for (rel, meta) in dirs.iter().rev() {
-            let entry = rel.display().to_string();
-            // The directory may have been replaced by a later entry: skip it then.
-            let Ok(fd) = sys::open_dir_beneath(self.root.as_fd(), rel, libc::RESOLVE_NO_SYMLINKS)
-            else {
+        let mut dirs = std::mem::take(&mut self.dirs);
+        dirs.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut path: Vec<(OsString, Option<&Meta>)> = Vec::new();
+        // The descriptor of the last directory on `path` (`None`: the root).
+        let mut cur: Option<OwnedFd> = None;
+        for (i, (rel, meta)) in dirs.iter().enumerate() {
+            if dirs.get(i + 1).is_some_and(|(next, _)| next == rel) {
                 continue;
-            };
-            sys::fchmod(fd.as_fd(), meta.mode).map_err(|e| self.write_err(&entry, rel, e))?;
-            sys::set_times(fd.as_fd(), meta.mtime, 0)
-                .map_err(|e| self.write_err(&entry, rel, e))?;
+            }
+            let comps: Vec<&OsStr> = rel
+                .components()
+                .filter_map(|c| match c {
+                    std::path::Component::Normal(n) => Some(n),
+                    _ => None,
+                })
+                .collect();
+            let common = path
+                .iter()
+                .zip(&comps)
+                .take_while(|((a, _), b)| a.as_os_str() == **b)
+                .count();
+            while path.len() > common {
+                cur = self.leave_dir(&mut path, cur)?;
+            }
+            let mut reached = !comps.is_empty();
+            for c in &comps[common..] {
+                let parent = cur.as_ref().map_or(self.root.as_fd(), |f| f.as_fd());
+                match sys::open_dir_beneath(parent, Path::new(c), libc::RESOLVE_NO_SYMLINKS) {
+                    Ok(fd) => {
+                        path.push((c.to_os_string(), None));
+                        cur = Some(fd);
+                    }
+                    Err(_) => {
+                        reached = false;
+                        break;
+                    }
+                }
+            }
+            if let (true, Some(top)) = (reached, path.last_mut()) {
+                top.1 = Some(meta);
+            }
+        }
+        while !path.is_empty() {
+            cur = self.leave_dir(&mut path, cur)?;
         }
         Ok(())
+    }
+
+    /// Pops the last directory of `path` (open as `cur`), applying its metadata, and
+    /// returns its parent's descriptor.
+    fn leave_dir(
+        &self,
+        path: &mut Vec<(OsString, Option<&Meta>)>,
+        cur: Option<OwnedFd>,
+    ) -> Result<Option<OwnedFd>, ImageError> {
+        let (name, meta) = path.pop().unwrap_or_default();
+        // Only for errors: building it on every pop would cost O(depth).
+        let err = |e: io::Error| {
+            let rel: PathBuf = path
+                .iter()
+                .map(|(n, _)| n.as_os_str())
+                .chain([name.as_os_str()])
+                .collect();
+            self.write_err(&rel.display().to_string(), &rel, e)
+        };
+        let fd = cur.ok_or_else(|| err(io::Error::from_raw_os_error(libc::EBADF)))?;
+        // The parent first: `..` needs search permission on a directory about to lose it.
+        let parent = if path.is_empty() {
+            None
+        } else {
+            Some(sys::open_dotdot(fd.as_fd()).map_err(err)?)
+        };
+        if let Some(meta) = meta {
+            if self.opts.preserve_owner {
+                sys::lchown_at(fd.as_fd(), OsStr::new(""), meta.uid, meta.gid).map_err(err)?;
+            }
+            sys::fchmod(fd.as_fd(), meta.mode).map_err(err)?;
+            sys::set_times(fd.as_fd(), meta.mtime, 0).map_err(err)?;
+        }
+        Ok(parent)
     }
 }

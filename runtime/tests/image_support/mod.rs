@@ -94,6 +94,35 @@ impl LayerBuilder {
         self
     }
 
+    /// An entry preceded by a PAX header carrying `SCHILY.xattr.<key>` records.
+    pub fn with_xattrs(
+        mut self,
+        name: &str,
+        kind: tar::EntryType,
+        xattrs: &[(&str, &[u8])],
+        data: &[u8],
+        mode: u32,
+    ) -> Self {
+        let records: Vec<(String, &[u8])> = xattrs
+            .iter()
+            .map(|(k, v)| (format!("SCHILY.xattr.{k}"), *v))
+            .collect();
+        self.builder
+            .append_pax_extensions(records.iter().map(|(k, v)| (k.as_str(), *v)))
+            .expect("append pax records");
+        let mut h = tar::Header::new_ustar();
+        h.set_path(name).expect("valid test path");
+        h.set_entry_type(kind);
+        h.set_size(data.len() as u64);
+        h.set_mode(mode);
+        h.set_mtime(1_700_000_000);
+        h.set_cksum();
+        self.builder
+            .append(&h, data)
+            .expect("append to in-memory tar");
+        self
+    }
+
     pub fn symlink(self, name: &str, target: &str) -> Self {
         self.raw(name, tar::EntryType::Symlink, Some(target), &[], 0o777)
     }
@@ -182,16 +211,20 @@ impl TestImage {
 
     /// Writes an OCI layout with gzip layers; `ref_name` goes into the index annotation.
     pub fn write_layout(&self, dir: &Path, ref_name: Option<&str>) -> PathBuf {
+        let gz: Vec<Vec<u8>> = self.layers.iter().map(|l| gzip(l)).collect();
+        self.write_layout_gz(dir, ref_name, &gz)
+    }
+
+    /// [`Self::write_layout`] with the given gzip blobs as layers (e.g. with data appended).
+    pub fn write_layout_gz(&self, dir: &Path, ref_name: Option<&str>, gz: &[Vec<u8>]) -> PathBuf {
         std::fs::create_dir_all(dir).expect("create layout dir");
         std::fs::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#)
             .expect("write oci-layout");
         let config = write_blob(dir, &self.config);
-        let layers: Vec<serde_json::Value> = self
-            .layers
+        let layers: Vec<serde_json::Value> = gz
             .iter()
-            .map(|l| {
-                let gz = gzip(l);
-                let d = write_blob(dir, &gz);
+            .map(|gz| {
+                let d = write_blob(dir, gz);
                 serde_json::json!({
                     "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
                     "digest": d, "size": gz.len()
@@ -260,6 +293,48 @@ impl TestImage {
         std::fs::write(path, b.into_inner().expect("finish tar")).expect("write archive");
         path.to_path_buf()
     }
+}
+
+impl TestImage {
+    /// Writes a docker-archive in directory form (an unpacked `docker save`) at `dir`.
+    pub fn write_docker_dir(&self, dir: &Path, repo_tags: &[&str]) -> PathBuf {
+        let archive = dir.with_extension("staging.tar");
+        self.write_docker_archive(&archive, repo_tags);
+        std::fs::create_dir_all(dir).expect("create docker dir");
+        let bytes = std::fs::read(&archive).expect("read staging archive");
+        tar::Archive::new(&bytes[..])
+            .unpack(dir)
+            .expect("unpack staging archive");
+        std::fs::remove_file(&archive).expect("remove staging archive");
+        dir.to_path_buf()
+    }
+
+    /// The docker-archive member name of layer `i` (`<diff_id hex>/layer.tar`).
+    pub fn docker_layer_name(&self, i: usize) -> String {
+        format!("{}/layer.tar", hex_of(&sha256(&self.layers[i])))
+    }
+
+    /// The docker-archive member name of the config (`<id hex>.json`).
+    pub fn docker_config_name(&self) -> String {
+        format!("{}.json", hex_of(&self.id()))
+    }
+}
+
+/// Every blob file in a store: name and content.
+pub fn blob_files(store: &ironlet_runtime::image::ImageStore) -> Vec<(String, Vec<u8>)> {
+    let dir = store.root().join("blobs/sha256");
+    let mut out: Vec<(String, Vec<u8>)> = std::fs::read_dir(&dir)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    (name, std::fs::read(e.path()).unwrap_or_default())
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    out.sort();
+    out
 }
 
 /// Tars the content of `dir` (paths relative to it) into `out`.

@@ -95,7 +95,10 @@ impl ImageStore {
             digest: &layer.digest,
             size: Some(layer.size),
         };
-        let result = self.unpack_snapshot_from(layer, TeeRef(&tee), || {
+        // Layers download and unpack concurrently, so the snapshots below are not there
+        // yet: a hard link to a lower layer's file is refused in a pulled layer (imports
+        // unpack bottom up and copy such a file up).
+        let result = self.unpack_snapshot_from(layer, &[], TeeRef(&tee), || {
             let mut t = tee.borrow_mut();
             drain(&mut t)?;
             let blob = t
