@@ -426,7 +426,7 @@ fn a_rootless_container_runs_as_an_unprivileged_user() {
         text(&run.stderr)
     );
     // `--rm` leaves nothing under the user's root, logs included (`<root>/logs`).
-    let root = work_path.join("root");
+    let root = rootless.work.path().join("root");
     ctr_run_rm_leaves_nothing(&root, &root.join("logs"), "rootless-rm", 20, as_user);
 }
 
