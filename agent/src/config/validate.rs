@@ -204,6 +204,19 @@ pub fn validate_pod(pod: &Pod) -> Result<(), ValidationErrors> {
     finish(errors)
 }
 
+/// What the agent itself needs of an API pod, which the API server has already validated: a
+/// name and a UID to key it by. Nothing stricter, so that no admitted pod is dropped.
+pub fn validate_api_pod(pod: &Pod) -> Result<(), ValidationErrors> {
+    let mut errors = Vec::new();
+    if pod.metadata.name.as_deref().unwrap_or_default().is_empty() {
+        errors.push(ValidationError::MissingName);
+    }
+    if pod.metadata.uid.as_deref().unwrap_or_default().is_empty() {
+        errors.push(ValidationError::MissingUid);
+    }
+    finish(errors)
+}
+
 fn finish(errors: Vec<ValidationError>) -> Result<(), ValidationErrors> {
     if errors.is_empty() {
         Ok(())
@@ -319,30 +332,41 @@ pub fn check_dns1123_label(value: &str) -> Result<(), &'static str> {
     if value.len() > 63 {
         return Err("must be no more than 63 characters");
     }
-    if !value
-        .bytes()
-        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-    {
-        return Err("must consist of lower case alphanumeric characters or '-'");
-    }
-    let alnum = |b: Option<u8>| b.is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
-    if !alnum(value.bytes().next()) || !alnum(value.bytes().last()) {
-        return Err("must start and end with an alphanumeric character");
+    if !is_label_shaped(value) {
+        return Err(if value.bytes().all(is_label_byte) {
+            "must start and end with an alphanumeric character"
+        } else {
+            "must consist of lower case alphanumeric characters or '-'"
+        });
     }
     Ok(())
 }
 
-/// A DNS-1123 subdomain: at most 253 characters, dot-separated DNS-1123 labels.
+/// A DNS-1123 subdomain: at most 253 characters, dot-separated parts of `[a-z0-9-]` that start
+/// and end alphanumeric. As in apimachinery's `IsDNS1123Subdomain`, the parts have no length
+/// limit of their own: a 69-character pod name is valid.
 pub fn check_dns1123_subdomain(value: &str) -> Result<(), &'static str> {
     if value.len() > 253 {
         return Err("must be no more than 253 characters");
     }
-    value.split('.').try_for_each(|label| {
-        check_dns1123_label(label).map_err(|_| {
-            "must consist of lower case alphanumeric characters, '-' or '.', and each \
-             dot-separated part must start and end with an alphanumeric character"
-        })
-    })
+    if value.split('.').all(is_label_shaped) {
+        Ok(())
+    } else {
+        Err(
+            "must consist of lower case alphanumeric characters, '-' or '.', and must start \
+             and end with an alphanumeric character",
+        )
+    }
+}
+
+fn is_label_byte(b: u8) -> bool {
+    b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'
+}
+
+/// `[a-z0-9]([-a-z0-9]*[a-z0-9])?`, of any length.
+fn is_label_shaped(value: &str) -> bool {
+    let alnum = |b: Option<u8>| b.is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+    value.bytes().all(is_label_byte) && alnum(value.bytes().next()) && alnum(value.bytes().last())
 }
 
 #[cfg(test)]
@@ -374,7 +398,7 @@ mod tests {
             errors(&GOOD.replace("web-node1", "Web_1")),
             [ValidationError::InvalidName {
                 name: "Web_1".into(),
-                reason: "must consist of lower case alphanumeric characters, '-' or '.', and each dot-separated part must start and end with an alphanumeric character",
+                reason: "must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character",
             }]
         );
         assert!(matches!(
@@ -390,6 +414,10 @@ mod tests {
             Err("must be no more than 63 characters")
         );
         assert_eq!(check_dns1123_subdomain("kube-apiserver.node-1"), Ok(()));
+        // apimachinery: only the whole subdomain is length-limited, not its parts.
+        assert_eq!(check_dns1123_subdomain(&"a".repeat(69)), Ok(()));
+        assert!(check_dns1123_subdomain(&"a".repeat(254)).is_err());
+        assert!(check_dns1123_subdomain("a..b").is_err());
     }
 
     #[test]
