@@ -61,6 +61,10 @@ const TESTS: &[(&str, TestFn)] = &[
         service_account_token,
     ),
     (OUTAGE_TEST, apiserver_outage),
+    (
+        "a_pod_with_a_69_character_name_runs_with_its_hostname_truncated_to_63",
+        long_named_pod,
+    ),
 ];
 
 const OUTAGE_TEST: &str =
@@ -319,16 +323,44 @@ fn failed_pod_reports_exit_code(env: &Env) -> Result<()> {
         )?;
         create(&pods, &pod).await?;
         let failed = wait_phase(&pods, "fails", "Failed").await?;
-        let code = failed
-            .status
-            .and_then(|s| s.container_statuses)
-            .and_then(|c| c.into_iter().next())
-            .and_then(|c| c.state)
-            .and_then(|s| s.terminated)
-            .map(|t| t.exit_code);
+        let code = first_exit_code(failed);
         anyhow::ensure!(code == Some(3), "exit code {code:?}");
         pods.delete("fails", &DeleteParams::default()).await?;
         wait_gone(&pods, "fails", Duration::from_secs(30)).await
+    })
+}
+
+/// The exit code of the pod's first container, once terminated.
+fn first_exit_code(pod: Pod) -> Option<i32> {
+    pod.status
+        .and_then(|s| s.container_statuses)
+        .and_then(|c| c.into_iter().next())
+        .and_then(|c| c.state)
+        .and_then(|s| s.terminated)
+        .map(|t| t.exit_code)
+}
+
+/// A name longer than a DNS label (controllers generate them) is a valid pod name: the pod runs,
+/// and its hostname is the name cut to 63 characters without trailing '-' or '.' (kubelet).
+fn long_named_pod(env: &Env) -> Result<()> {
+    // 69 characters; character 63 is a '-', so the hostname is the first 62.
+    let name = format!("long-{}-tail-a", "x".repeat(57));
+    let hostname = &name[..62];
+    anyhow::ensure!(name.len() == 69 && name.as_bytes()[62] == b'-');
+    block_on(async {
+        let pods: Api<Pod> = Api::namespaced(admin(env).await?, "default");
+        let script = format!("[ \"$(hostname)\" = {hostname} ] || exit 7");
+        let pod = busybox_pod(&name, &env.agent.node_name, &["sh", "-c", &script], "Never")?;
+        create(&pods, &pod).await?;
+        let done = eventually(&format!("pod {name} ends"), RUNNING_TIMEOUT, || async {
+            let pod = pods.get(&name).await?;
+            Ok(matches!(phase(&pod), "Succeeded" | "Failed").then_some(pod))
+        })
+        .await?;
+        let exit = first_exit_code(done);
+        anyhow::ensure!(exit == Some(0), "exit code {exit:?} (7: wrong hostname)");
+        pods.delete(&name, &DeleteParams::default()).await?;
+        wait_gone(&pods, &name, Duration::from_secs(30)).await
     })
 }
 

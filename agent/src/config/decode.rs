@@ -2,7 +2,8 @@
 //!
 //! Accepted, in one file or HTTP body:
 //!
-//! * a JSON document, or several concatenated (content starting with `{`);
+//! * a JSON document, or several concatenated or separated by `---` lines (content starting
+//!   with `{`; kubelet itself reads only one pod or list per file);
 //! * otherwise a YAML stream: one or more documents separated by `---`;
 //! * each document a `Pod`, or a `PodList`/`List` whose `items` are pods (items may omit
 //!   `kind`, as `kubectl get -o yaml` output does).
@@ -48,24 +49,64 @@ pub(crate) fn decode_documents(bytes: &[u8]) -> Result<Vec<Value>, DecodeError> 
 
 /// Splits `text` into JSON values, one per document.
 fn documents(text: &str) -> Result<Vec<Value>, DecodeError> {
-    let trimmed = text.trim_start();
-    if trimmed.starts_with('{') {
-        return serde_json::Deserializer::from_str(trimmed)
-            .into_iter::<Value>()
-            .enumerate()
-            .map(|(index, value)| {
-                value.map_err(|err| DecodeError::Syntax {
-                    document: index + 1,
-                    reason: err.to_string(),
-                })
-            })
-            .collect();
+    if !text.trim_start().starts_with('{') {
+        return yaml_documents(text, 0);
     }
+    // JSON content may still be a stream of documents separated by `---` lines (as
+    // `kubectl get -o json` output joined by hand is): each part is JSON or YAML on its own.
+    let mut values = Vec::new();
+    for part in split_at_separator_lines(text) {
+        let numbered = values.len();
+        if part.trim_start().starts_with('{') {
+            values.extend(json_documents(part, numbered)?);
+        } else {
+            values.extend(
+                yaml_documents(part, numbered)?
+                    .into_iter()
+                    .filter(|v| !v.is_null()),
+            );
+        }
+    }
+    Ok(values)
+}
+
+/// The parts of `text` between lines that are exactly `---` (a YAML document separator).
+fn split_at_separator_lines(text: &str) -> Vec<&str> {
+    let mut parts = Vec::new();
+    let mut start = 0;
+    let mut line_start = 0;
+    for line in text.split_inclusive('\n') {
+        if line.trim_end() == "---" {
+            parts.push(&text[start..line_start]);
+            start = line_start + line.len();
+        }
+        line_start += line.len();
+    }
+    parts.push(&text[start..]);
+    parts
+}
+
+/// The concatenated JSON values of `text`, numbered after `numbered` earlier documents.
+fn json_documents(text: &str, numbered: usize) -> Result<Vec<Value>, DecodeError> {
+    serde_json::Deserializer::from_str(text)
+        .into_iter::<Value>()
+        .enumerate()
+        .map(|(index, value)| {
+            value.map_err(|err| DecodeError::Syntax {
+                document: numbered + index + 1,
+                reason: err.to_string(),
+            })
+        })
+        .collect()
+}
+
+/// The YAML documents of `text`, numbered after `numbered` earlier documents.
+fn yaml_documents(text: &str, numbered: usize) -> Result<Vec<Value>, DecodeError> {
     serde_yaml::Deserializer::from_str(text)
         .enumerate()
         .map(|(index, document)| {
             let mut value = Value::deserialize(document).map_err(|err| DecodeError::Syntax {
-                document: index + 1,
+                document: numbered + index + 1,
                 reason: err.to_string(),
             })?;
             octal_modes(&mut value);
@@ -190,6 +231,22 @@ mod tests {
         assert_eq!(names(&decode_pods(one.as_bytes()).unwrap()), ["j"]);
         let two = format!("{one}\n{}", one.replace("\"j\"", "\"k\""));
         assert_eq!(names(&decode_pods(two.as_bytes()).unwrap()), ["j", "k"]);
+    }
+
+    #[test]
+    fn json_documents_separated_by_yaml_separators_decode() {
+        let one = r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"j"},"spec":{"containers":[{"name":"c","image":"x"}]}}"#;
+        let k = one.replace("\"j\"", "\"k\"");
+        let text = format!("{one}\n---\n{k}\n---\n{POD_A}---\n");
+        assert_eq!(
+            names(&decode_pods(text.as_bytes()).unwrap()),
+            ["j", "k", "a"]
+        );
+        let broken = format!("{one}\n---\n{{\"kind\": \n");
+        assert!(matches!(
+            decode_pods(broken.as_bytes()),
+            Err(DecodeError::Syntax { document: 2, .. })
+        ));
     }
 
     #[test]

@@ -114,6 +114,17 @@ pub enum ManifestError {
         #[source]
         source: FetchFailure,
     },
+    /// The file is larger than [`MAX_MANIFEST_BYTES`](super::manifest::MAX_MANIFEST_BYTES);
+    /// it was not read.
+    #[error("manifest {origin} is {size} bytes, larger than the limit of {limit} bytes; not read")]
+    TooLarge {
+        /// The file.
+        origin: ManifestOrigin,
+        /// Its size (or the bytes read before giving up, when it grew while read).
+        size: u64,
+        /// The limit in bytes.
+        limit: usize,
+    },
     /// The content is not a pod, a list of pods or a YAML stream of them.
     #[error("decoding manifest {origin}: {source}")]
     Decode {
@@ -143,6 +154,7 @@ impl ManifestError {
         match self {
             Self::Read { origin, .. }
             | Self::Fetch { origin, .. }
+            | Self::TooLarge { origin, .. }
             | Self::Decode { origin, .. }
             | Self::Invalid { origin, .. } => origin,
         }

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Pod;
 
 use super::error::{DecodeError, ManifestError, ManifestOrigin};
-use super::manifest::{read_manifest, ManifestPods};
+use super::manifest::{read_manifest, ManifestPods, MAX_MANIFEST_BYTES};
 use super::source::SetDeduper;
 use super::update::SourceChange;
 
@@ -145,9 +145,16 @@ fn scan_with(path: &Path, read: &mut dyn FnMut(&Path, &std::fs::Metadata) -> Fil
 
 fn read_file(path: &Path, node_name: &str) -> FileRead {
     let origin = ManifestOrigin::File(path.to_path_buf());
-    let bytes = std::fs::read(path).map_err(|err| ManifestError::Read {
-        origin: origin.clone(),
-        source: Arc::new(err),
+    let bytes = read_bounded(path, MAX_MANIFEST_BYTES).map_err(|err| match err {
+        Bounded::TooLarge(size) => ManifestError::TooLarge {
+            origin: origin.clone(),
+            size,
+            limit: MAX_MANIFEST_BYTES,
+        },
+        Bounded::Io(err) => ManifestError::Read {
+            origin: origin.clone(),
+            source: Arc::new(err),
+        },
     })?;
     if bytes.iter().all(u8::is_ascii_whitespace) {
         // Most likely truncated by a writer that has not written yet: not "no pods".
@@ -157,6 +164,36 @@ fn read_file(path: &Path, node_name: &str) -> FileRead {
         });
     }
     read_manifest(&bytes, &origin, node_name)
+}
+
+/// Why [`read_bounded`] returned no bytes.
+enum Bounded {
+    /// The file (by its size, or by what it yielded) is larger than the limit.
+    TooLarge(u64),
+    /// Opening or reading failed.
+    Io(io::Error),
+}
+
+/// Reads `path` whole unless it is larger than `limit`: refused by its size before reading (a
+/// sparse multi-GiB file costs nothing), and by a bounded read for files whose size lies
+/// (procfs, a file growing while read).
+fn read_bounded(path: &Path, limit: usize) -> Result<Vec<u8>, Bounded> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(Bounded::Io)?;
+    let size = file.metadata().map_err(Bounded::Io)?.len();
+    let limit64 = u64::try_from(limit).unwrap_or(u64::MAX);
+    if size > limit64 {
+        return Err(Bounded::TooLarge(size));
+    }
+    let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
+    let read = file
+        .take(limit64.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(Bounded::Io)?;
+    if read > limit {
+        return Err(Bounded::TooLarge(read as u64));
+    }
+    Ok(bytes)
 }
 
 /// What one step decided.
@@ -249,6 +286,42 @@ mod tests {
             files.keys().collect::<Vec<_>>(),
             [&dir.path().join("a.yaml")]
         );
+    }
+
+    #[test]
+    fn a_file_above_the_size_limit_is_refused_unread_and_the_others_still_count() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.yaml"), manifest("a", "i")).unwrap();
+        let huge = dir.path().join("huge.yaml");
+        let file = std::fs::File::create(&huge).unwrap();
+        file.set_len(MAX_MANIFEST_BYTES as u64 + 1).unwrap();
+        let mut state = FileSourceState::default();
+        let out = state.step(scan(dir.path(), "n"));
+        assert_eq!(names(&out.change), ["a-n"]);
+        let [err @ ManifestError::TooLarge { size, limit, .. }] = &out.problems[..] else {
+            panic!("{:?}", out.problems);
+        };
+        assert_eq!(
+            (*size, *limit),
+            (MAX_MANIFEST_BYTES as u64 + 1, MAX_MANIFEST_BYTES)
+        );
+        assert!(
+            err.to_string().contains(&huge.display().to_string()),
+            "{err}"
+        );
+        assert!(err.is_whole_manifest());
+        // The reported case: a 3 GiB sparse file is refused by its size, not read.
+        file.set_len(3 << 30).unwrap();
+        let Scan::Files(files) = scan(dir.path(), "n") else {
+            panic!("expected files");
+        };
+        assert!(matches!(
+            files[&huge],
+            Err(ManifestError::TooLarge {
+                size: 0xC000_0000,
+                ..
+            })
+        ));
     }
 
     #[test]

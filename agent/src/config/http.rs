@@ -17,7 +17,7 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use tokio::sync::watch;
 
 use super::error::{FetchFailure, ManifestError, ManifestOrigin};
-use super::manifest::read_manifest;
+use super::manifest::{read_manifest, MAX_MANIFEST_BYTES};
 use super::source::{PodSource, ProblemReporter, SetDeduper, SourceSender};
 use super::update::{ConfigSource, SourceChange};
 
@@ -50,8 +50,8 @@ impl HttpSourceConfig {
             // kubelet: the manifest URL client has a 10s timeout.
             timeout: Duration::from_secs(10),
             headers: Vec::new(),
-            // Far above any real pod list; bounds memory if the URL serves something else.
-            max_body_bytes: 16 << 20,
+            // Bounds memory if the URL serves something else; the same limit as a file's.
+            max_body_bytes: MAX_MANIFEST_BYTES,
         }
     }
 

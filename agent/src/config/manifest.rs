@@ -12,6 +12,11 @@ use super::defaults::{apply_api_defaults, apply_static_defaults, static_pod_uid}
 use super::error::{ManifestError, ManifestOrigin};
 use super::validate::validate_pod;
 
+/// The largest manifest (a file of the static pod path, or a `--manifest-url` body) accepted:
+/// far above any real pod list (a pod with the API server's 256 KiB of annotations is well
+/// below it), and it bounds what a hostile or mistaken file can make the agent allocate.
+pub const MAX_MANIFEST_BYTES: usize = 8 << 20;
+
 /// The pods of one manifest that decoded.
 #[derive(Debug, Clone, Default)]
 pub struct ManifestPods {

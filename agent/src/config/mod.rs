@@ -45,5 +45,6 @@ pub use pod_config::{DuplicateSource, PodConfig, PodConfigOptions, SourcesReady}
 pub use source::{MergerGone, PodSource, ProblemReporter, SetDeduper, SourceSender};
 pub use update::{ConfigSource, PodOp, PodUpdate, SourceChange, UnknownSource};
 pub use validate::{
-    check_dns1123_label, check_dns1123_subdomain, validate_pod, ValidationError, ValidationErrors,
+    check_dns1123_label, check_dns1123_subdomain, validate_api_pod, validate_pod, ValidationError,
+    ValidationErrors,
 };

@@ -33,7 +33,7 @@ use super::annotations::{
     is_mirror_pod, pod_full_name, pod_uid, CONFIG_SEEN, CONFIG_SOURCE, LOCAL_ANNOTATIONS,
 };
 use super::update::{ConfigSource, PodOp, PodUpdate, SourceChange};
-use super::validate::validate_pod;
+use super::validate::{validate_api_pod, validate_pod};
 
 /// Pods by UID.
 type PodMap = BTreeMap<String, Pod>;
@@ -162,7 +162,14 @@ impl PodStorage {
         ops: &mut Ops,
         now: &str,
     ) {
-        if let Err(errors) = validate_pod(&pod) {
+        // The API server validated an API pod when it admitted it; the agent's own rules are
+        // for static pods (kubelet runs ValidatePodCreate on those only) and must never drop a
+        // pod the cluster considers valid.
+        let checked = match source {
+            ConfigSource::Api => validate_api_pod(&pod),
+            ConfigSource::File | ConfigSource::Http => validate_pod(&pod),
+        };
+        if let Err(errors) = checked {
             tracing::warn!(
                 %source,
                 pod = %pod_full_name(&pod),
@@ -503,6 +510,28 @@ mod tests {
             T1,
         );
         assert_eq!(summary(&out), [(Remove, Api, ids(&["u2"]))]);
+    }
+
+    #[test]
+    fn an_api_pod_is_not_dropped_by_static_pod_rules() {
+        let mut s = PodStorage::default();
+        // 69 characters: a valid DNS-1123 subdomain the API server admits.
+        let name = format!(
+            "pod-update-activedeadlineseconds-{}",
+            "0123456789ab".repeat(3)
+        );
+        let out = s.merge(Api, SourceChange::Set(vec![pod(&name, "u1", "i")]), T0);
+        assert_eq!(summary(&out), [(Add, Api, ids(&["u1"]))]);
+        let out = s.merge(
+            File,
+            SourceChange::Set(vec![pod(&"a".repeat(254), "f1", "i")]),
+            T0,
+        );
+        assert_eq!(
+            summary(&out),
+            [(Add, File, vec![])],
+            "static pods stay checked"
+        );
     }
 
     #[test]

@@ -5,6 +5,8 @@
 //!
 //! * `metadata.name` a DNS-1123 subdomain, `metadata.namespace` a DNS-1123 label, `metadata.uid`
 //!   set;
+//! * annotations at most 256 KiB in total; label keys qualified names, values label values;
+//! * volume names unique DNS-1123 labels (so `..` or `a/../../b` never reach a path);
 //! * at least one container; container names DNS-1123 labels, unique across init and app
 //!   containers; every image non-empty;
 //! * `restartPolicy` one of `Always`, `OnFailure`, `Never`; an init container's only
@@ -40,6 +42,35 @@ pub enum ValidationError {
     InvalidNamespace {
         /// The namespace.
         namespace: String,
+        /// Which rule it breaks.
+        reason: &'static str,
+    },
+    /// `metadata.annotations` keys and values total more than 256 KiB (apimachinery's
+    /// `TotalAnnotationSizeLimitB`).
+    #[error("metadata.annotations: Too long: must have at most {limit} bytes (has {size})")]
+    AnnotationsTooLong {
+        /// Bytes of keys and values.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// A label key is not a qualified name, or its value not a label value.
+    #[error("metadata.labels: Invalid value: {key:?}: {value:?}: {reason}")]
+    InvalidLabel {
+        /// The key.
+        key: String,
+        /// The value.
+        value: String,
+        /// Which rule it breaks.
+        reason: &'static str,
+    },
+    /// A volume name is not a DNS-1123 label (`..`, `a/../../b`), or is used twice.
+    #[error("spec.volumes[{index}].name: Invalid value: {name:?}: {reason}")]
+    InvalidVolumeName {
+        /// Index in `spec.volumes`.
+        index: usize,
+        /// The name.
+        name: String,
         /// Which rule it breaks.
         reason: &'static str,
     },
@@ -172,6 +203,7 @@ pub fn validate_pod(pod: &Pod) -> Result<(), ValidationErrors> {
     if meta.uid.as_deref().unwrap_or_default().is_empty() {
         errors.push(ValidationError::MissingUid);
     }
+    check_metadata_maps(pod, &mut errors);
     let Some(spec) = pod.spec.as_ref() else {
         errors.push(ValidationError::NoContainers);
         return finish(errors);
@@ -183,6 +215,19 @@ pub fn validate_pod(pod: &Pod) -> Result<(), ValidationErrors> {
         if !matches!(policy, "Always" | "OnFailure" | "Never") {
             errors.push(ValidationError::InvalidRestartPolicy {
                 policy: policy.to_owned(),
+            });
+        }
+    }
+    let mut volumes = BTreeSet::new();
+    for (index, volume) in spec.volumes.iter().flatten().enumerate() {
+        let reason = check_dns1123_label(&volume.name)
+            .err()
+            .or((!volumes.insert(volume.name.as_str())).then_some("Duplicate value"));
+        if let Some(reason) = reason {
+            errors.push(ValidationError::InvalidVolumeName {
+                index,
+                name: volume.name.clone(),
+                reason,
             });
         }
     }
@@ -200,6 +245,94 @@ pub fn validate_pod(pod: &Pod) -> Result<(), ValidationErrors> {
     }
     for container in &spec.containers {
         check_container(container, &mut names, &mut errors);
+    }
+    finish(errors)
+}
+
+/// apimachinery's `TotalAnnotationSizeLimitB`.
+const TOTAL_ANNOTATION_SIZE_LIMIT: usize = 256 * 1024;
+
+fn check_metadata_maps(pod: &Pod, errors: &mut Vec<ValidationError>) {
+    let meta = &pod.metadata;
+    let size: usize = meta
+        .annotations
+        .iter()
+        .flatten()
+        .map(|(k, v)| k.len() + v.len())
+        .sum();
+    if size > TOTAL_ANNOTATION_SIZE_LIMIT {
+        errors.push(ValidationError::AnnotationsTooLong {
+            size,
+            limit: TOTAL_ANNOTATION_SIZE_LIMIT,
+        });
+    }
+    for (key, value) in meta.labels.iter().flatten() {
+        if let Err(reason) = check_qualified_name(key).and_then(|()| check_label_value(value)) {
+            errors.push(ValidationError::InvalidLabel {
+                key: key.clone(),
+                value: value.clone(),
+                reason,
+            });
+        }
+    }
+}
+
+/// `[prefix/]name`: prefix a DNS-1123 subdomain, name at most 63 characters of
+/// `[A-Za-z0-9_.-]` starting and ending alphanumeric (apimachinery `IsQualifiedName`).
+fn check_qualified_name(value: &str) -> Result<(), &'static str> {
+    let name = match value.split_once('/') {
+        Some((prefix, name)) => {
+            if prefix.is_empty() {
+                return Err("prefix part must be non-empty");
+            }
+            check_dns1123_subdomain(prefix)?;
+            name
+        }
+        None => value,
+    };
+    if name.is_empty() {
+        return Err("name part must be non-empty");
+    }
+    check_label_value(name)
+}
+
+/// At most 63 characters of `[A-Za-z0-9_.-]`, empty or starting and ending alphanumeric
+/// (apimachinery `IsValidLabelValue`).
+fn check_label_value(value: &str) -> Result<(), &'static str> {
+    if value.len() > 63 {
+        return Err("must be no more than 63 characters");
+    }
+    let ok = value.is_empty()
+        || (value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+            && value
+                .bytes()
+                .next()
+                .is_some_and(|b| b.is_ascii_alphanumeric())
+            && value
+                .bytes()
+                .last()
+                .is_some_and(|b| b.is_ascii_alphanumeric()));
+    if ok {
+        Ok(())
+    } else {
+        Err(
+            "must consist of alphanumeric characters, '-', '_' or '.', and must start and end \
+             with an alphanumeric character",
+        )
+    }
+}
+
+/// What the agent itself needs of an API pod, which the API server has already validated: a
+/// name and a UID to key it by. Nothing stricter, so that no admitted pod is dropped.
+pub fn validate_api_pod(pod: &Pod) -> Result<(), ValidationErrors> {
+    let mut errors = Vec::new();
+    if pod.metadata.name.as_deref().unwrap_or_default().is_empty() {
+        errors.push(ValidationError::MissingName);
+    }
+    if pod.metadata.uid.as_deref().unwrap_or_default().is_empty() {
+        errors.push(ValidationError::MissingUid);
     }
     finish(errors)
 }
@@ -319,30 +452,41 @@ pub fn check_dns1123_label(value: &str) -> Result<(), &'static str> {
     if value.len() > 63 {
         return Err("must be no more than 63 characters");
     }
-    if !value
-        .bytes()
-        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-    {
-        return Err("must consist of lower case alphanumeric characters or '-'");
-    }
-    let alnum = |b: Option<u8>| b.is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
-    if !alnum(value.bytes().next()) || !alnum(value.bytes().last()) {
-        return Err("must start and end with an alphanumeric character");
+    if !is_label_shaped(value) {
+        return Err(if value.bytes().all(is_label_byte) {
+            "must start and end with an alphanumeric character"
+        } else {
+            "must consist of lower case alphanumeric characters or '-'"
+        });
     }
     Ok(())
 }
 
-/// A DNS-1123 subdomain: at most 253 characters, dot-separated DNS-1123 labels.
+/// A DNS-1123 subdomain: at most 253 characters, dot-separated parts of `[a-z0-9-]` that start
+/// and end alphanumeric. As in apimachinery's `IsDNS1123Subdomain`, the parts have no length
+/// limit of their own: a 69-character pod name is valid.
 pub fn check_dns1123_subdomain(value: &str) -> Result<(), &'static str> {
     if value.len() > 253 {
         return Err("must be no more than 253 characters");
     }
-    value.split('.').try_for_each(|label| {
-        check_dns1123_label(label).map_err(|_| {
-            "must consist of lower case alphanumeric characters, '-' or '.', and each \
-             dot-separated part must start and end with an alphanumeric character"
-        })
-    })
+    if value.split('.').all(is_label_shaped) {
+        Ok(())
+    } else {
+        Err(
+            "must consist of lower case alphanumeric characters, '-' or '.', and must start \
+             and end with an alphanumeric character",
+        )
+    }
+}
+
+fn is_label_byte(b: u8) -> bool {
+    b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'
+}
+
+/// `[a-z0-9]([-a-z0-9]*[a-z0-9])?`, of any length.
+fn is_label_shaped(value: &str) -> bool {
+    let alnum = |b: Option<u8>| b.is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+    value.bytes().all(is_label_byte) && alnum(value.bytes().next()) && alnum(value.bytes().last())
 }
 
 #[cfg(test)]
@@ -374,7 +518,7 @@ mod tests {
             errors(&GOOD.replace("web-node1", "Web_1")),
             [ValidationError::InvalidName {
                 name: "Web_1".into(),
-                reason: "must consist of lower case alphanumeric characters, '-' or '.', and each dot-separated part must start and end with an alphanumeric character",
+                reason: "must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character",
             }]
         );
         assert!(matches!(
@@ -390,6 +534,47 @@ mod tests {
             Err("must be no more than 63 characters")
         );
         assert_eq!(check_dns1123_subdomain("kube-apiserver.node-1"), Ok(()));
+        // apimachinery: only the whole subdomain is length-limited, not its parts.
+        assert_eq!(check_dns1123_subdomain(&"a".repeat(69)), Ok(()));
+        assert!(check_dns1123_subdomain(&"a".repeat(254)).is_err());
+        assert!(check_dns1123_subdomain("a..b").is_err());
+    }
+
+    #[test]
+    fn annotations_labels_and_volume_names_are_checked_as_the_api_server_does() {
+        let mut p = pod(GOOD);
+        let big = "x".repeat(TOTAL_ANNOTATION_SIZE_LIMIT);
+        p.metadata.annotations = Some([("a".to_owned(), big)].into());
+        p.metadata.labels = Some([("app/".to_owned(), "ok".to_owned())].into());
+        let spec = p.spec.as_mut().unwrap();
+        spec.volumes = Some(
+            ["..", "a/../../b", "data", "data"]
+                .map(|name| k8s_openapi::api::core::v1::Volume {
+                    name: name.into(),
+                    ..Default::default()
+                })
+                .into(),
+        );
+        let errs = validate_pod(&p).unwrap_err().0;
+        assert!(
+            matches!(
+                errs[..],
+                [
+                    ValidationError::AnnotationsTooLong { size: 262_145, .. },
+                    ValidationError::InvalidLabel { .. },
+                    ValidationError::InvalidVolumeName { index: 0, .. },
+                    ValidationError::InvalidVolumeName { index: 1, .. },
+                    ValidationError::InvalidVolumeName {
+                        index: 3,
+                        reason: "Duplicate value",
+                        ..
+                    },
+                ]
+            ),
+            "{errs:?}"
+        );
+        assert_eq!(check_qualified_name("example.com/my-app_1.x"), Ok(()));
+        assert_eq!(check_label_value(""), Ok(()));
     }
 
     #[test]
