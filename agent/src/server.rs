@@ -25,6 +25,7 @@
 
 pub mod client;
 pub mod http;
+pub mod kubelet_api;
 mod metrics;
 pub mod registry;
 mod routes;
