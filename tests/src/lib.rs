@@ -5,10 +5,13 @@
 //!   fresh machine) and stopped, state directory removed, when dropped.
 //! * [`ClusterAgent`]: a real `ironlet run --kubeconfig` joined to it.
 //! * [`eventually`]: poll until a condition holds, failing with what was awaited.
+//! * [`run_suite`]: the `main` of a test binary sharing one environment.
 
 mod agent;
 mod controlplane;
+mod suite;
 
 pub use agent::{images_out, ironlet_binary, ClusterAgent};
 
 pub use controlplane::{client_from_kubeconfig, describe, eventually, script_down, ControlPlane};
+pub use suite::{is_selected, run_suite, Test};

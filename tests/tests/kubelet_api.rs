@@ -12,14 +12,12 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use ironlet_e2e::{eventually, ClusterAgent, ControlPlane};
+use ironlet_e2e::{eventually, run_suite, ClusterAgent, ControlPlane, Test};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, PostParams};
-use libtest_mimic::{Arguments, Failed, Trial};
 use serde_json::json;
 
 struct Env {
@@ -27,9 +25,7 @@ struct Env {
     agent: ClusterAgent,
 }
 
-type TestFn = fn(&Env) -> Result<()>;
-
-const TESTS: &[(&str, TestFn)] = &[
+const TESTS: &[Test<Env>] = &[
     (
         "kubectl_logs_reads_the_log_with_tail_and_follows_until_the_container_exits",
         logs_plain_tail_follow,
@@ -55,38 +51,10 @@ const TESTS: &[(&str, TestFn)] = &[
 const RUNNING_TIMEOUT: Duration = Duration::from_secs(60);
 
 fn main() {
-    let args = Arguments::from_args();
-    let selected = TESTS.iter().any(|(name, _)| is_selected(&args, name));
-    if args.list || !selected || !nix::unistd::geteuid().is_root() {
-        let trials = TESTS
-            .iter()
-            .map(|(name, _)| Trial::test(*name, || Ok(())).with_ignored_flag(!args.list))
-            .collect();
-        libtest_mimic::run(&args, trials).exit();
-    }
-    let env = match start() {
-        Ok(env) => Arc::new(env),
-        Err(err) => {
-            eprintln!("kubelet_api: cannot start: {err:#}");
-            std::process::exit(1);
-        }
-    };
-    let trials = TESTS
-        .iter()
-        .map(|&(name, test)| {
-            let env = Arc::clone(&env);
-            Trial::test(name, move || {
-                test(&env).map_err(|e| Failed::from(format!("{e:#}")))
-            })
-        })
-        .collect();
-    let conclusion = libtest_mimic::run(&args, trials);
-    if conclusion.has_failed() {
+    run_suite("kubelet_api", TESTS, start, |env| {
         eprintln!("agent log tail:\n{}", env.agent.log_tail(60));
         eprintln!("control plane logs:\n{}", env.plane.log_tails(20));
-    }
-    drop(env);
-    conclusion.exit();
+    });
 }
 
 fn start() -> Result<Env> {
@@ -95,17 +63,6 @@ fn start() -> Result<Env> {
     let kubeconfig = plane.node_kubeconfig(&node)?;
     let agent = ClusterAgent::start(&kubeconfig, &node, 100 + std::process::id() % 150)?;
     Ok(Env { plane, agent })
-}
-
-fn is_selected(args: &Arguments, name: &str) -> bool {
-    let matches = |pattern: &str| {
-        if args.exact {
-            name == pattern
-        } else {
-            name.contains(pattern)
-        }
-    };
-    args.filter.as_deref().is_none_or(matches) && !args.skip.iter().any(|s| matches(s))
 }
 
 fn block_on<T, F: std::future::Future<Output = Result<T>>>(f: F) -> Result<T> {
@@ -141,18 +98,39 @@ async fn run_pod(env: &Env, name: &str, script: &str, restart: &str) -> Result<A
         Ok(Some(()))
     })
     .await?;
-    eventually(&format!("pod {name} running"), RUNNING_TIMEOUT, || async {
+    wait_running(&pods, name, 0).await?;
+    Ok(pods)
+}
+
+/// Waits until the pod's container runs after at least `restarts` restarts.
+async fn wait_running(pods: &Api<Pod>, name: &str, restarts: i32) -> Result<()> {
+    let what = format!("pod {name} running after {restarts} restarts");
+    eventually(&what, RUNNING_TIMEOUT, || async {
         let pod = pods.get(name).await?;
         let running = pod
             .status
             .and_then(|s| s.container_statuses)
             .into_iter()
             .flatten()
-            .any(|c| c.state.is_some_and(|s| s.running.is_some()));
+            .any(|c| c.restart_count >= restarts && c.state.is_some_and(|s| s.running.is_some()));
         Ok(running.then_some(()))
     })
-    .await?;
-    Ok(pods)
+    .await
+}
+
+/// Runs `body` against a running pod `name` (`sh -c script`), then removes the pod whatever
+/// `body` returned.
+fn with_pod<F, Fut>(env: &Env, name: &str, script: &str, restart: &str, body: F) -> Result<()>
+where
+    F: FnOnce(Api<Pod>) -> Fut,
+    Fut: std::future::Future<Output = Result<()>>,
+{
+    block_on(async {
+        let pods = run_pod(env, name, script, restart).await?;
+        let result = body(pods.clone()).await;
+        remove_pod(&pods, name).await?;
+        result
+    })
 }
 
 /// Deletes the pod and waits until it is gone (the node removed its containers).
@@ -187,15 +165,12 @@ fn logs_until(env: &Env, args: &[&str], want: &str) -> Result<String> {
 
 fn logs_plain_tail_follow(env: &Env) -> Result<()> {
     let name = "kapi-logs";
-    block_on(async {
-        let pods = run_pod(
-            env,
-            name,
-            "for i in 1 2 3; do echo line-$i; done; echo to-stderr >&2; sleep 4; echo late-line",
-            "Never",
-        )
-        .await?;
-        let result = async {
+    with_pod(
+        env,
+        name,
+        "for i in 1 2 3; do echo line-$i; done; sleep 1; echo to-stderr >&2; sleep 4; echo late-line",
+        "Never",
+        |_pods| async move {
             let all = logs_until(env, &["logs", name], "to-stderr")?;
             assert_eq!(all, "line-1\nline-2\nline-3\nto-stderr\n");
             let tail = env.plane.kubectl(&["logs", name, "--tail=2"])?;
@@ -219,46 +194,27 @@ fn logs_plain_tail_follow(env: &Env) -> Result<()> {
             let text = String::from_utf8_lossy(&follow.stdout);
             assert!(text.ends_with("to-stderr\nlate-line\n"), "{text:?}");
             assert!(started.elapsed() < Duration::from_secs(30));
-            Ok::<_, anyhow::Error>(())
-        }
-        .await;
-        remove_pod(&pods, name).await?;
-        result
-    })
+            Ok(())
+        },
+    )
 }
 
 fn logs_previous(env: &Env) -> Result<()> {
     let name = "kapi-previous";
-    block_on(async {
-        let pods = run_pod(
-            env,
-            name,
-            "echo instance-$(cat /proc/sys/kernel/random/uuid); sleep 2; exit 1",
-            "Always",
-        )
-        .await?;
-        let result = async {
-            eventually("a restart", Duration::from_secs(60), || async {
-                let pod = pods.get(name).await?;
-                let restarted = pod
-                    .status
-                    .and_then(|s| s.container_statuses)
-                    .into_iter()
-                    .flatten()
-                    .any(|c| c.restart_count >= 1 && c.state.is_some_and(|s| s.running.is_some()));
-                Ok(restarted.then_some(()))
-            })
-            .await?;
+    with_pod(
+        env,
+        name,
+        "echo instance-$(cat /proc/sys/kernel/random/uuid); sleep 2; exit 1",
+        "Always",
+        |pods| async move {
+            wait_running(&pods, name, 1).await?;
             let current = logs_until(env, &["logs", name], "instance-")?;
             let previous = env.plane.kubectl(&["logs", name, "--previous"])?;
             assert!(previous.starts_with("instance-"), "{previous:?}");
             assert_ne!(previous, current, "--previous must be the earlier instance");
-            Ok::<_, anyhow::Error>(())
-        }
-        .await;
-        remove_pod(&pods, name).await?;
-        result
-    })
+            Ok(())
+        },
+    )
 }
 
 /// Open file descriptors of every process on the host that point at `path`.
@@ -288,9 +244,12 @@ fn log_file(env: &Env, pod: &Pod) -> Result<PathBuf> {
 
 fn follower_disconnects(env: &Env) -> Result<()> {
     let name = "kapi-follower";
-    block_on(async {
-        let pods = run_pod(env, name, "echo first; exec sleep 3600", "Never").await?;
-        let result = async {
+    with_pod(
+        env,
+        name,
+        "echo first; exec sleep 3600",
+        "Never",
+        |pods| async move {
             let pod = pods.get(name).await?;
             let file = log_file(env, &pod)?;
             logs_until(env, &["logs", name], "first")?;
@@ -318,12 +277,9 @@ fn follower_disconnects(env: &Env) -> Result<()> {
                 || async { Ok((open_fds(&file) == baseline).then_some(())) },
             )
             .await?;
-            Ok::<_, anyhow::Error>(())
-        }
-        .await;
-        remove_pod(&pods, name).await?;
-        result
-    })
+            Ok(())
+        },
+    )
 }
 
 /// The kubelet API port the Node reports.

@@ -126,21 +126,11 @@ impl KubeletApi {
         tokio::pin!(shutdown);
         loop {
             while connections.try_join_next().is_some() {}
-            let permit = tokio::select! {
-                _ = &mut shutdown => break,
-                permit = Arc::clone(&slots).acquire_owned() => permit,
-            };
-            let Ok(permit) = permit else { break };
-            let stream = tokio::select! {
-                _ = &mut shutdown => break,
-                accepted = listener.accept() => match accepted {
-                    Ok((stream, _)) => stream,
-                    Err(err) => {
-                        tracing::warn!(?err, "accepting a kubelet API connection");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
-                    }
-                },
+            let next = super::next_connection(&slots, shutdown.as_mut(), || async {
+                listener.accept().await.map(|(stream, _)| stream)
+            });
+            let Some((stream, permit)) = next.await else {
+                break;
             };
             let (acceptor, config, services) = (acceptor.clone(), config.clone(), services.clone());
             connections.spawn(async move {
