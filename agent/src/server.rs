@@ -25,6 +25,7 @@
 
 pub mod client;
 pub mod http;
+pub mod kubelet_api;
 mod metrics;
 pub mod registry;
 mod routes;
@@ -153,22 +154,11 @@ impl Server {
         loop {
             // Forget finished connections so the set stays as small as the open ones.
             while connections.try_join_next().is_some() {}
-            let permit = tokio::select! {
-                _ = &mut shutdown => break,
-                permit = Arc::clone(&slots).acquire_owned() => permit,
-            };
-            let Ok(permit) = permit else { break };
-            let stream = tokio::select! {
-                _ = &mut shutdown => break,
-                accepted = listener.accept() => match accepted {
-                    Ok((stream, _)) => stream,
-                    Err(err) => {
-                        // EMFILE and friends: back off instead of spinning.
-                        tracing::warn!(?err, "accepting a connection");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
-                    }
-                },
+            let next = next_connection(&slots, shutdown.as_mut(), || async {
+                listener.accept().await.map(|(stream, _)| stream)
+            });
+            let Some((stream, permit)) = next.await else {
+                break;
             };
             let (view, metrics) = (Arc::clone(&view), Arc::clone(&metrics));
             connections.spawn(async move {
@@ -181,6 +171,36 @@ impl Server {
         let drain = async { while connections.join_next().await.is_some() {} };
         if tokio::time::timeout(SHUTDOWN_GRACE, drain).await.is_err() {
             tracing::debug!("dropping connections still open after shutdown");
+        }
+    }
+}
+
+/// Waits for a free connection slot, then for the next connection; `None` once `shutdown`
+/// resolves (or the slots are closed). Accept errors (EMFILE and friends) are logged and
+/// retried after a pause instead of spinning.
+pub(crate) async fn next_connection<S, F, Fut>(
+    slots: &Arc<Semaphore>,
+    mut shutdown: std::pin::Pin<&mut impl Future>,
+    mut accept: F,
+) -> Option<(S, tokio::sync::OwnedSemaphorePermit)>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = std::io::Result<S>>,
+{
+    let permit = tokio::select! {
+        _ = shutdown.as_mut() => return None,
+        permit = Arc::clone(slots).acquire_owned() => permit.ok()?,
+    };
+    loop {
+        tokio::select! {
+            _ = shutdown.as_mut() => return None,
+            accepted = accept() => match accepted {
+                Ok(stream) => return Some((stream, permit)),
+                Err(err) => {
+                    tracing::warn!(?err, "accepting a connection");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            },
         }
     }
 }

@@ -121,6 +121,7 @@ impl ClusterAgent {
         });
         std::fs::write(cni.join("10-e2e.conflist"), conflist.to_string())
             .context("writing the CNI config")?;
+        let kubelet_api = kubelet_api_flags(kubeconfig, node_name);
         let log_file = root.join("agent.log");
         let log = std::fs::File::create(&log_file).context("creating the agent log")?;
         let child = Command::new(&binary)
@@ -140,6 +141,7 @@ impl ClusterAgent {
             .arg("--cni-conf-dir")
             .arg(&cni)
             .args(extra)
+            .args(kubelet_api)
             .env("IRONLET_LOG", "info,libcontainer=off,libcgroups=off")
             .stdin(Stdio::null())
             .stdout(log.try_clone().context("log fd")?)
@@ -264,6 +266,38 @@ impl Drop for ClusterAgent {
         }
         let _ = std::fs::remove_dir_all(&self.root);
     }
+}
+
+/// The kubelet API on loopback with a free port (agents run side by side), the serving
+/// certificate `scripts/controlplane node` issued beside the kubeconfig
+/// (`DIR/nodes/NAME.kubeconfig` → `DIR/pki/node-NAME-serving.*`) and the control plane's CA
+/// for client certificates; without that certificate, the self-signed default.
+fn kubelet_api_flags(kubeconfig: &Path, node_name: &str) -> Vec<std::ffi::OsString> {
+    let mut flags: Vec<std::ffi::OsString> = ["--node-ip", "127.0.0.1", "--port", "0"]
+        .into_iter()
+        .chain(["--healthz-port", "0"])
+        .map(Into::into)
+        .collect();
+    let Some(pki) = kubeconfig
+        .parent()
+        .and_then(Path::parent)
+        .map(|d| d.join("pki"))
+    else {
+        return flags;
+    };
+    let (cert, key) = (
+        pki.join(format!("node-{node_name}-serving.crt")),
+        pki.join(format!("node-{node_name}-serving.key")),
+    );
+    if cert.exists() && key.exists() {
+        flags.extend(["--tls-cert-file".into(), cert.into_os_string()]);
+        flags.extend(["--tls-private-key-file".into(), key.into_os_string()]);
+        flags.extend([
+            "--client-ca-file".into(),
+            pki.join("ca.crt").into_os_string(),
+        ]);
+    }
+    flags
 }
 
 fn pids_in_tree(dir: &Path) -> Vec<i32> {

@@ -143,15 +143,21 @@ impl ControlPlane {
         report
     }
 
+    /// The control plane's `kubectl` as admin, to run as the caller likes (in the
+    /// background, with its own stdio).
+    pub fn kubectl_command(&self) -> Command {
+        let mut command = Command::new(Path::new(&self.env["IRONLET_CP_BIN"]).join("kubectl"));
+        command.arg("--kubeconfig").arg(self.admin_kubeconfig());
+        command
+    }
+
     /// Runs the control plane's `kubectl` as admin; its stdout, or an error with stderr.
     pub fn kubectl(&self, args: &[&str]) -> Result<String> {
-        let kubectl = Path::new(&self.env["IRONLET_CP_BIN"]).join("kubectl");
-        let output = Command::new(&kubectl)
-            .arg("--kubeconfig")
-            .arg(self.admin_kubeconfig())
+        let output = self
+            .kubectl_command()
             .args(args)
             .output()
-            .with_context(|| format!("running {}", kubectl.display()))?;
+            .context("running kubectl")?;
         if !output.status.success() {
             bail!("kubectl {} failed:\n{}", args.join(" "), describe(&output));
         }

@@ -14,4 +14,4 @@ mod suite;
 pub use agent::{images_out, ironlet_binary, ClusterAgent};
 
 pub use controlplane::{client_from_kubeconfig, describe, eventually, script_down, ControlPlane};
-pub use suite::{block_on, run_suite, SuiteTest};
+pub use suite::{block_on, is_selected, run_suite, SuiteTest};

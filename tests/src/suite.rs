@@ -1,26 +1,40 @@
-//! [`run_suite`]: the `main` of an end-to-end test binary whose tests share one expensive
-//! environment (control plane, agent, registry) started once, only when a selected test
-//! will run, as root.
+//! [`run_suite`]: the `main` of an end-to-end test binary (libtest-mimic, `harness = false`):
+//! one environment shared by all its tests (control plane, agent, registry), started only
+//! when a selected test will run and we are root (otherwise every test is listed as
+//! ignored); on failure the environment's report (agent and control plane logs) is printed;
+//! it is dropped before exiting.
 
 use std::sync::Arc;
 
 use anyhow::Result;
 use libtest_mimic::{Arguments, Failed, Trial};
 
-/// A test of a suite over the shared environment `E`.
+/// A named test of an environment `E`.
 pub type SuiteTest<E> = (&'static str, fn(&E) -> Result<()>);
 
-/// Runs `tests` (libtest arguments from the command line) over the environment `start`
-/// builds; without root or with `--list`, lists them as ignored. `on_failure` prints
-/// diagnostics (log tails) when a test failed. Exits the process.
+/// Whether libtest's filter arguments select the test `name`.
+pub fn is_selected(args: &Arguments, name: &str) -> bool {
+    let matches = |pattern: &str| {
+        if args.exact {
+            name == pattern
+        } else {
+            name.contains(pattern)
+        }
+    };
+    args.filter.as_deref().is_none_or(matches) && !args.skip.iter().any(|s| matches(s))
+}
+
+/// Runs `tests` against the environment `start` makes; `report` prints diagnostics (log
+/// tails) when a test failed. Exits the process.
 pub fn run_suite<E: Send + Sync + 'static>(
-    name: &str,
+    binary: &str,
     tests: &'static [SuiteTest<E>],
     start: impl FnOnce() -> Result<E>,
-    on_failure: impl FnOnce(&E),
+    report: impl FnOnce(&E),
 ) -> ! {
     let args = Arguments::from_args();
-    if args.list || !nix::unistd::geteuid().is_root() {
+    let selected = tests.iter().any(|(name, _)| is_selected(&args, name));
+    if args.list || !selected || !nix::unistd::geteuid().is_root() {
         let trials = tests
             .iter()
             .map(|(name, _)| Trial::test(*name, || Ok(())).with_ignored_flag(!args.list))
@@ -30,7 +44,7 @@ pub fn run_suite<E: Send + Sync + 'static>(
     let env = match start() {
         Ok(env) => Arc::new(env),
         Err(err) => {
-            eprintln!("{name}: cannot start: {err:#}");
+            eprintln!("{binary}: cannot start: {err:#}");
             std::process::exit(1);
         }
     };
@@ -45,10 +59,11 @@ pub fn run_suite<E: Send + Sync + 'static>(
         .collect();
     let conclusion = libtest_mimic::run(&args, trials);
     if conclusion.has_failed() {
-        on_failure(&env);
+        report(&env);
     }
+    // `exit` skips destructors: stop the agent and the control plane first.
     drop(env);
-    conclusion.exit()
+    conclusion.exit();
 }
 
 /// Runs `f` on a fresh current-thread tokio runtime.

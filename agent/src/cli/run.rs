@@ -101,6 +101,34 @@ pub struct RunArgs {
     /// Use the RuntimeDefault seccomp profile for containers that name none.
     #[arg(long = "seccomp-default")]
     pub seccomp_default: bool,
+    /// The kubelet API's address (HTTPS; served with --kubeconfig, which authorizes its
+    /// requests).
+    #[arg(long = "address", default_value = "0.0.0.0")]
+    pub address: std::net::IpAddr,
+    /// The kubelet API's port; 0 picks a free one (the Node reports the real one).
+    #[arg(long = "port", default_value_t = ironlet::server::kubelet_api::DEFAULT_PORT)]
+    pub port: u16,
+    /// kubelet's unauthenticated read-only port; only 0 (off, kubelet's default) is accepted.
+    #[arg(long = "read-only-port", default_value_t = 0)]
+    pub read_only_port: u16,
+    /// Plain-HTTP /healthz port; 0 turns it off.
+    #[arg(long = "healthz-port", default_value_t = ironlet::server::kubelet_api::DEFAULT_HEALTHZ_PORT)]
+    pub healthz_port: u16,
+    /// Address of the /healthz server.
+    #[arg(long = "healthz-bind-address", default_value = "127.0.0.1")]
+    pub healthz_bind_address: std::net::IpAddr,
+    /// Serving certificate (PEM, chain allowed); default: a self-signed one in <root-dir>/pki.
+    #[arg(long = "tls-cert-file", requires = "tls_private_key_file")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// Key of --tls-cert-file (PEM).
+    #[arg(long = "tls-private-key-file", requires = "tls_cert_file")]
+    pub tls_private_key_file: Option<PathBuf>,
+    /// CA bundle that client certificates of the kubelet API are verified against.
+    #[arg(long = "client-ca-file")]
+    pub client_ca_file: Option<PathBuf>,
+    /// The node's InternalIP; default: the source address of the default route.
+    #[arg(long = "node-ip")]
+    pub node_ip: Option<std::net::IpAddr>,
     /// Delay before the supervisor restarts a crashed agent; it doubles with every crash up
     /// to --agent-restart-backoff-max and is reset once an agent has run for 60 s.
     #[arg(long = "agent-restart-backoff", value_parser = parse_duration, default_value = "100ms")]
@@ -239,6 +267,9 @@ fn run_agent(
         bail!("--max-container-restart-period must be at least 1s");
     }
     config.max_container_restart_period = args.max_container_restart_period;
+    if args.read_only_port != 0 {
+        bail!("--read-only-port is not served by ironlet (unauthenticated); leave it at 0");
+    }
 
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -286,8 +317,14 @@ fn run_agent(
             Some(path) => Some(kube_client(path).await?),
             None => None,
         };
+        let kubelet_api = match &client {
+            Some(client) => Some(bind_kubelet_api(&args, &config, client).await?),
+            None => None,
+        };
         let machine = ironlet::node::MachineConfig {
             node_name: config.node_name.clone(),
+            node_ip: args.node_ip,
+            kubelet_port: kubelet_api.as_ref().map(|(api, _)| api.port()),
             root_dir: root_dir.clone(),
             max_pods: config.max_pods,
             reserved: ironlet::node::Reserved {
@@ -324,10 +361,26 @@ fn run_agent(
         let serving = tokio::spawn(server.serve(kubelet.view(), kubelet.metrics(), async move {
             let _ = server_stopped.await;
         }));
+        let (stop_api, api_stopped) = tokio::sync::oneshot::channel::<()>();
+        let api_serving = kubelet_api.map(|(api, (authenticator, authorizer))| {
+            let services = ironlet::server::kubelet_api::Services {
+                view: kubelet.view(),
+                metrics: kubelet.metrics(),
+                authenticator,
+                authorizer,
+            };
+            tokio::spawn(api.serve(services, async move {
+                let _ = api_stopped.await;
+            }))
+        });
         tracing::info!(socket = %socket.display(), "ironlet is running");
         kubelet.run(shutdown_signal()).await;
         let _ = stop_server.send(());
         let _ = serving.await;
+        let _ = stop_api.send(());
+        if let Some(task) = api_serving {
+            let _ = task.await;
+        }
         let _ = stop_node.send(());
         if let Some(task) = node_task {
             match task.await {
@@ -338,6 +391,48 @@ fn run_agent(
         }
         Ok(ExitCode::SUCCESS)
     })
+}
+
+type ApiAuth = (
+    Arc<dyn ironlet::server::kubelet_api::auth::TokenAuthenticator>,
+    Arc<dyn ironlet::server::kubelet_api::auth::Authorizer>,
+);
+
+/// Binds the kubelet API (HTTPS) with its certificate and the API server's webhooks.
+async fn bind_kubelet_api(
+    args: &RunArgs,
+    config: &KubeletConfig,
+    client: &kube::Client,
+) -> anyhow::Result<(ironlet::server::kubelet_api::KubeletApi, ApiAuth)> {
+    use ironlet::server::kubelet_api::{auth, tls, KubeletApi, KubeletApiConfig};
+    let cert = tls::serving_cert(
+        args.tls_cert_file.as_deref(),
+        args.tls_private_key_file.as_deref(),
+        &config.root_dir.join("pki"),
+        &config.node_name,
+    )
+    .context("loading the kubelet API's serving certificate")?;
+    let tls = tls::server_config(cert, args.client_ca_file.as_deref())
+        .context("configuring the kubelet API's TLS")?;
+    let api = KubeletApi::bind(KubeletApiConfig {
+        address: args.address,
+        port: args.port,
+        healthz: Some(std::net::SocketAddr::new(
+            args.healthz_bind_address,
+            args.healthz_port,
+        )),
+        tls,
+        node_name: config.node_name.clone(),
+        pod_log_dir: config.pod_log_dir.clone(),
+    })
+    .await
+    .context("starting the kubelet API")?;
+    let authenticator = Arc::new(auth::ApiTokenAuthenticator::new(client.clone()));
+    let authorizer = Arc::new(auth::ApiAuthorizer::new(
+        client.clone(),
+        config.node_name.clone(),
+    ));
+    Ok((api, (authenticator, authorizer)))
 }
 
 /// A kube client from a kubeconfig file.

@@ -68,6 +68,9 @@ pub struct MachineConfig {
     pub kubelet_version: String,
     /// `nodeInfo.containerRuntimeVersion`: `ironlet://<version>` (CRI's `<runtime>://<version>`).
     pub container_runtime_version: String,
+    /// `daemonEndpoints.kubeletEndpoint.Port`: where the kubelet API listens (kubelet
+    /// `--port`, 10250); none when it is not served.
+    pub kubelet_port: Option<u16>,
 }
 
 impl Default for MachineConfig {
@@ -76,6 +79,7 @@ impl Default for MachineConfig {
         Self {
             node_name: hostname(),
             node_ip: None,
+            kubelet_port: None,
             root_dir: PathBuf::from("/var/lib/ironlet"),
             max_pods: 110,
             reserved: Reserved::default(),
@@ -160,6 +164,10 @@ impl NodeStatusProvider for MachineStatus {
             address: self.config.node_name.clone(),
         });
         addresses
+    }
+
+    fn kubelet_port(&self) -> Option<u16> {
+        self.config.kubelet_port
     }
 
     fn system_info(&self) -> NodeSystemInfo {

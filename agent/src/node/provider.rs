@@ -50,6 +50,10 @@ pub trait NodeStatusProvider: Send + Sync + 'static {
     fn addresses(&self) -> Vec<NodeAddress>;
     /// `status.nodeInfo`.
     fn system_info(&self) -> NodeSystemInfo;
+    /// The kubelet API port (`daemonEndpoints.kubeletEndpoint.Port`). Default: none.
+    fn kubelet_port(&self) -> Option<u16> {
+        None
+    }
     /// Resource pressure. Default: none.
     fn pressure(&self) -> Pressure {
         Pressure::default()

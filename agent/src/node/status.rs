@@ -8,7 +8,9 @@
 //! (merged by `type`, so others' conditions stay) and `addresses` carry `$patch: replace`
 //! (merging them by `type` would keep addresses we no longer have).
 
-use k8s_openapi::api::core::v1::{NodeAddress, NodeStatus, NodeSystemInfo};
+use k8s_openapi::api::core::v1::{
+    DaemonEndpoint, NodeAddress, NodeDaemonEndpoints, NodeStatus, NodeSystemInfo,
+};
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{json, Value};
 use tokio::time::{Duration, Instant};
@@ -23,6 +25,7 @@ pub(crate) struct Snapshot {
     pub addresses: Vec<NodeAddress>,
     pub system_info: NodeSystemInfo,
     pub conditions: Vec<Condition>,
+    pub kubelet_port: Option<u16>,
 }
 
 impl Snapshot {
@@ -33,6 +36,7 @@ impl Snapshot {
             addresses: provider.addresses(),
             system_info: provider.system_info(),
             conditions: conditions(provider.pressure(), &provider.readiness()),
+            kubelet_port: provider.kubelet_port(),
         })
     }
 }
@@ -86,6 +90,11 @@ impl StatusReporter {
             addresses: Some(snapshot.addresses.clone()),
             node_info: Some(snapshot.system_info.clone()),
             conditions: Some(self.transitions.stamp(&snapshot.conditions, wall)),
+            daemon_endpoints: snapshot.kubelet_port.map(|port| NodeDaemonEndpoints {
+                kubelet_endpoint: Some(DaemonEndpoint {
+                    port: i32::from(port),
+                }),
+            }),
             ..NodeStatus::default()
         }
     }
@@ -141,7 +150,18 @@ mod tests {
             }],
             system_info: NodeSystemInfo::default(),
             conditions: conditions(Pressure::default(), &readiness),
+            kubelet_port: Some(10250),
         }
+    }
+
+    #[test]
+    fn the_status_reports_the_kubelet_port() {
+        let status = reporter().status(&snapshot(true), Timestamp::UNIX_EPOCH);
+        let port = status
+            .daemon_endpoints
+            .and_then(|d| d.kubelet_endpoint)
+            .map(|e| e.port);
+        assert_eq!(port, Some(10250));
     }
 
     fn reporter() -> StatusReporter {

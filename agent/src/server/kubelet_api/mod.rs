@@ -1,0 +1,449 @@
+//! The kubelet API: HTTPS on `--port` (10250) for the API server and `kubectl`, and plain
+//! `/healthz` on `--healthz-port` (10248, loopback), as kubelet serves them.
+//!
+//! ```text
+//!  TCP accept ──► TLS handshake (serving cert, optional client cert from --client-ca-file)
+//!             ──► read one request (http::read_request: limits, timeout)
+//!             ──► authenticate: client cert subject, else Bearer token → TokenReview  (401)
+//!             ──► authorize: SubjectAccessReview on nodes/<subresource>               (403)
+//!             ──► /containerLogs/…  streamed (logs)
+//!                 /pods /healthz /metrics  (the local server's routes)
+//! ```
+//!
+//! One request per connection (`Connection: close`); a streamed answer has no length and
+//! ends when the connection closes. A client that goes away ends its task (a following
+//! log reader watches the connection while it waits); shutdown aborts every connection.
+
+pub mod auth;
+pub mod logs;
+pub mod tls;
+mod x509;
+
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+
+use self::auth::{Authorizer, TokenAuthenticator, User};
+use super::http::{self, Request, Response};
+use super::{Metrics, PodsView, REQUEST_TIMEOUT, WRITE_TIMEOUT};
+
+/// kubelet's `--port` and `--healthz-port` defaults.
+pub const DEFAULT_PORT: u16 = 10250;
+pub const DEFAULT_HEALTHZ_PORT: u16 = 10248;
+/// Connections served at once on the API port.
+pub const MAX_CONNECTIONS: usize = 256;
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Where and how the API is served.
+#[derive(Clone)]
+pub struct KubeletApiConfig {
+    /// `--address` (kubelet: 0.0.0.0).
+    pub address: IpAddr,
+    /// `--port`; 0 picks a free port (tests), reported through [`KubeletApi::port`].
+    pub port: u16,
+    /// `--healthz-bind-address` / `--healthz-port`; port 0 turns it off.
+    pub healthz: Option<SocketAddr>,
+    pub tls: Arc<rustls::ServerConfig>,
+    pub node_name: String,
+    /// The pod log root (`<dir>/<ns>_<pod>_<uid>/<container>/<n>.log`).
+    pub pod_log_dir: PathBuf,
+}
+
+/// What the handlers read and whom they ask.
+#[derive(Clone)]
+pub struct Services {
+    pub view: Arc<dyn PodsView>,
+    pub metrics: Arc<Metrics>,
+    pub authenticator: Arc<dyn TokenAuthenticator>,
+    pub authorizer: Arc<dyn Authorizer>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("binding {address}")]
+    Bind {
+        address: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Bound listeners, not yet serving.
+pub struct KubeletApi {
+    config: KubeletApiConfig,
+    listener: TcpListener,
+    healthz: Option<TcpListener>,
+}
+
+async fn bind(address: SocketAddr) -> Result<TcpListener, ApiError> {
+    TcpListener::bind(address)
+        .await
+        .map_err(|source| ApiError::Bind { address, source })
+}
+
+impl KubeletApi {
+    pub async fn bind(config: KubeletApiConfig) -> Result<Self, ApiError> {
+        let listener = bind(SocketAddr::new(config.address, config.port)).await?;
+        let healthz = match config.healthz {
+            Some(address) if address.port() != 0 => Some(bind(address).await?),
+            _ => None,
+        };
+        Ok(Self {
+            config,
+            listener,
+            healthz,
+        })
+    }
+
+    /// The port the API listens on (the real one when `--port 0`).
+    pub fn port(&self) -> u16 {
+        self.listener.local_addr().map(|a| a.port()).unwrap_or(0)
+    }
+
+    /// Serves until `shutdown` resolves; then every open connection is dropped.
+    pub async fn serve(self, services: Services, shutdown: impl Future) {
+        let Self {
+            config,
+            listener,
+            healthz,
+        } = self;
+        tracing::info!(address = ?listener.local_addr().ok(), "serving the kubelet API");
+        let config = Arc::new(config);
+        let acceptor = tokio_rustls::TlsAcceptor::from(config.tls.clone());
+        let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+        let mut connections = JoinSet::new();
+        if let Some(healthz) = healthz {
+            connections.spawn(serve_healthz(healthz, services.view.clone()));
+        }
+        tokio::pin!(shutdown);
+        loop {
+            while connections.try_join_next().is_some() {}
+            let next = super::next_connection(&slots, shutdown.as_mut(), || async {
+                listener.accept().await.map(|(stream, _)| stream)
+            });
+            let Some((stream, permit)) = next.await else {
+                break;
+            };
+            let (acceptor, config, services) = (acceptor.clone(), config.clone(), services.clone());
+            connections.spawn(async move {
+                connection(stream, acceptor, &config, &services).await;
+                drop(permit);
+            });
+        }
+        connections.shutdown().await;
+    }
+}
+
+/// Plain HTTP `/healthz` (kubelet's healthz server), nothing else.
+async fn serve_healthz(listener: TcpListener, view: Arc<dyn PodsView>) {
+    let mut connections = JoinSet::new();
+    loop {
+        while connections.try_join_next().is_some() {}
+        let Ok((mut stream, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let view = view.clone();
+        connections.spawn(async move {
+            let limits = http::Limits::default();
+            let read =
+                tokio::time::timeout(REQUEST_TIMEOUT, http::read_request(&mut stream, &limits));
+            let response = match read.await {
+                Ok(Ok(request))
+                    if auth::attributes("GET", &request.path).subresources[0] == "healthz" =>
+                {
+                    match view.health() {
+                        Ok(()) => Response::text(200, "ok"),
+                        Err(reason) => {
+                            Response::text(500, format!("healthz check failed: {reason}\n"))
+                        }
+                    }
+                }
+                Ok(Ok(_)) => Response::text(404, "404 page not found\n"),
+                _ => return,
+            };
+            let _ =
+                tokio::time::timeout(WRITE_TIMEOUT, stream.write_all(&response.to_bytes(false)))
+                    .await;
+        });
+    }
+}
+
+async fn connection(
+    stream: TcpStream,
+    acceptor: tokio_rustls::TlsAcceptor,
+    config: &KubeletApiConfig,
+    services: &Services,
+) {
+    let _ = stream.set_nodelay(true);
+    let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+        Ok(Ok(tls)) => tls,
+        Ok(Err(err)) => {
+            tracing::debug!(%err, "TLS handshake refused");
+            return;
+        }
+        Err(_) => return,
+    };
+    let cert_user = tls
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|chain| chain.first())
+        .and_then(|leaf| x509::subject(leaf))
+        .map(|(cn, orgs)| User::named(cn, orgs));
+    let (mut reader, mut writer) = tokio::io::split(tls);
+    let limits = http::Limits::default();
+    let request =
+        match tokio::time::timeout(REQUEST_TIMEOUT, http::read_request(&mut reader, &limits)).await
+        {
+            Err(_) => {
+                respond(
+                    &mut writer,
+                    Response::text(408, "timed out reading the request\n"),
+                )
+                .await;
+                return;
+            }
+            Ok(Err(http::ReadError::Http(err))) => {
+                respond(&mut writer, Response::for_error(&err)).await;
+                return;
+            }
+            Ok(Err(_)) => return,
+            Ok(Ok(request)) => request,
+        };
+    let user = match authenticate(cert_user, &request, services).await {
+        Some(user) => user,
+        None => {
+            respond(&mut writer, Response::text(401, "Unauthorized")).await;
+            return;
+        }
+    };
+    if let Err(response) = authorize(&user, &request, config, services).await {
+        respond(&mut writer, response).await;
+        return;
+    }
+    tracing::debug!(user = %user.name, method = %request.method, path = %request.path, "kubelet API request");
+    let segments: Vec<&str> = request.path.split('/').skip(1).collect();
+    match segments.as_slice() {
+        ["containerLogs", namespace, pod, container] => {
+            let response = container_logs(namespace, pod, container, &request, config, services);
+            match response {
+                Err(response) => respond(&mut writer, response).await,
+                Ok((path, opts, running)) => {
+                    let mut sink = ConnectionSink {
+                        reader,
+                        writer,
+                        started: false,
+                    };
+                    if let Err(err) = logs::stream(&path, &opts, &mut sink, running).await {
+                        tracing::debug!(%err, path = %path.display(), "streaming a log");
+                    }
+                    if sink.started {
+                        let _ = tokio::time::timeout(WRITE_TIMEOUT, sink.writer.shutdown()).await;
+                    } else {
+                        let failed = Response::text(500, "reading the log failed\n");
+                        respond(&mut sink.writer, failed).await;
+                    }
+                }
+            }
+        }
+        _ => {
+            let response = super::routes::route(&request, &*services.view, &services.metrics);
+            respond(&mut writer, response).await;
+        }
+    }
+}
+
+async fn respond<W: AsyncWrite + Unpin>(writer: &mut W, response: Response) {
+    let write = async {
+        writer.write_all(&response.to_bytes(false)).await?;
+        writer.shutdown().await
+    };
+    let _ = tokio::time::timeout(WRITE_TIMEOUT, write).await;
+}
+
+async fn authenticate(
+    cert_user: Option<User>,
+    request: &Request,
+    services: &Services,
+) -> Option<User> {
+    if cert_user.is_some() {
+        return cert_user;
+    }
+    let header = request.header("authorization")?;
+    let (scheme, token) = header.split_once(' ')?;
+    let token = token.trim();
+    if !scheme.eq_ignore_ascii_case("bearer") || token.is_empty() {
+        return None;
+    }
+    match services.authenticator.authenticate(token).await {
+        Ok(user) => user,
+        Err(err) => {
+            tracing::warn!(err = %err, "token review failed");
+            None
+        }
+    }
+}
+
+/// `Ok` if any of the path's subresources is allowed; else the 403 (or 500) to send.
+async fn authorize(
+    user: &User,
+    request: &Request,
+    config: &KubeletApiConfig,
+    services: &Services,
+) -> Result<(), Response> {
+    let attrs = auth::attributes(&request.method, &request.path);
+    for subresource in &attrs.subresources {
+        match services
+            .authorizer
+            .allowed(user, attrs.verb, subresource, &request.path)
+            .await
+        {
+            Ok(true) => return Ok(()),
+            Ok(false) => {}
+            Err(err) => {
+                tracing::warn!(err = %err, "subject access review failed");
+                return Err(Response::text(500, "Authorization error\n"));
+            }
+        }
+    }
+    // kubelet's message.
+    Err(Response::text(
+        403,
+        format!(
+            "Forbidden (user={}, verb={}, resource=nodes, subresource(s)={:?}, node={})\n",
+            user.name, attrs.verb, attrs.subresources, config.node_name
+        ),
+    ))
+}
+
+type LogTarget = (PathBuf, logs::LogOptions, Box<dyn Fn() -> bool + Send>);
+
+fn container_logs(
+    namespace: &str,
+    pod_name: &str,
+    container: &str,
+    request: &Request,
+    config: &KubeletApiConfig,
+    services: &Services,
+) -> Result<LogTarget, Response> {
+    if request.method != "GET" {
+        return Err(Response::text(405, "method not allowed\n"));
+    }
+    let opts = logs::LogOptions::parse(request.query.as_deref(), chrono::Utc::now())
+        .map_err(|e| Response::text(400, format!("{e}\n")))?;
+    if ![namespace, pod_name, container]
+        .iter()
+        .all(|n| logs::is_safe_name(n))
+    {
+        return Err(Response::text(
+            400,
+            "invalid namespace, pod or container name\n",
+        ));
+    }
+    let pod = find_pod(&*services.view, namespace, pod_name)
+        .ok_or_else(|| Response::text(404, format!("pod {namespace}/{pod_name} not found\n")))?;
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    let known = pod.spec.as_ref().is_some_and(|spec| {
+        spec.containers
+            .iter()
+            .chain(spec.init_containers.iter().flatten())
+            .any(|c| c.name == container)
+    });
+    if !known || !logs::is_safe_name(&uid) {
+        return Err(Response::text(
+            404,
+            format!("container {container:?} not found in pod {pod_name:?}\n"),
+        ));
+    }
+    let dir = config
+        .pod_log_dir
+        .join(format!("{namespace}_{pod_name}_{uid}"))
+        .join(container);
+    let path = logs::instance_file(&dir, opts.previous).ok_or_else(|| {
+        let which = if opts.previous {
+            "previous terminated"
+        } else {
+            ""
+        };
+        Response::text(
+            400,
+            format!("{which} container {container:?} in pod {pod_name:?} has no logs yet\n"),
+        )
+    })?;
+    let (view, ns, name, c, file) = (
+        services.view.clone(),
+        namespace.to_owned(),
+        pod_name.to_owned(),
+        container.to_owned(),
+        path.clone(),
+    );
+    let running = move || {
+        container_running(&*view, &ns, &name, &c)
+            && logs::instance_file(&dir, false).as_ref() == Some(&file)
+    };
+    Ok((path, opts, Box::new(running)))
+}
+
+fn find_pod(view: &dyn PodsView, namespace: &str, name: &str) -> Option<Pod> {
+    view.pods().into_iter().find(|p| {
+        p.metadata.namespace.as_deref().unwrap_or("default") == namespace
+            && p.metadata.name.as_deref() == Some(name)
+    })
+}
+
+fn container_running(view: &dyn PodsView, namespace: &str, pod: &str, container: &str) -> bool {
+    find_pod(view, namespace, pod)
+        .and_then(|p| p.status)
+        .map(|s| {
+            s.container_statuses
+                .into_iter()
+                .flatten()
+                .chain(s.init_container_statuses.into_iter().flatten())
+                .any(|c| c.name == container && c.state.is_some_and(|st| st.running.is_some()))
+        })
+        .unwrap_or(false)
+}
+
+/// The log stream's side of a connection: the head goes out with the first bytes.
+struct ConnectionSink<S> {
+    reader: ReadHalf<S>,
+    writer: WriteHalf<S>,
+    started: bool,
+}
+
+const STREAM_HEAD: &[u8] =
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n";
+
+#[async_trait::async_trait]
+impl<S: AsyncRead + AsyncWrite + Send + Unpin> logs::Sink for ConnectionSink<S> {
+    async fn write(&mut self, bytes: &[u8]) -> bool {
+        let write = async {
+            if !self.started {
+                self.writer.write_all(STREAM_HEAD).await?;
+                self.started = true;
+            }
+            self.writer.write_all(bytes).await?;
+            self.writer.flush().await
+        };
+        matches!(tokio::time::timeout(WRITE_TIMEOUT, write).await, Ok(Ok(())))
+    }
+
+    async fn closed(&mut self) {
+        let mut buf = [0u8; 512];
+        loop {
+            match self.reader.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    }
+}
