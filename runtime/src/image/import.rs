@@ -277,7 +277,7 @@ impl ImageStore {
 
 /// The index record of a manifest whose config bytes are `config_bytes`. For uncompressed
 /// layers the blob digest must already equal the diff_id.
-fn record_of(
+pub(super) fn record_of(
     manifest: &Manifest,
     config_bytes: &[u8],
     location: &str,
@@ -315,9 +315,16 @@ fn record_of(
             chain_id,
         });
     }
+    let size = manifest
+        .layers
+        .iter()
+        .try_fold(manifest.config.size, |total, l| total.checked_add(l.size))
+        .ok_or_else(|| {
+            ImageError::invalid(location, "image manifest", "sizes add up past 2^64".into())
+        })?;
     Ok(ImageRecord {
         config_digest: manifest.config.digest.clone(),
-        size: manifest.config.size + manifest.layers.iter().map(|l| l.size).sum::<u64>(),
+        size,
         layers,
         config: config.image_config(),
     })
@@ -330,7 +337,10 @@ fn digest_in_name(name: &str) -> Option<Digest> {
 }
 
 /// The references a layout descriptor names (see the module doc).
-fn names_for(desc: &Descriptor, base: Option<&str>) -> Result<Vec<Reference>, ImageError> {
+pub(super) fn names_for(
+    desc: &Descriptor,
+    base: Option<&str>,
+) -> Result<Vec<Reference>, ImageError> {
     if let Some(full) = desc.annotations.get(oci::ANNOTATION_CONTAINERD_NAME) {
         return Ok(vec![Reference::parse(full)?]);
     }
