@@ -339,9 +339,16 @@ pub(crate) fn record_of(
             chain_id,
         });
     }
+    let size = manifest
+        .layers
+        .iter()
+        .try_fold(manifest.config.size, |total, l| total.checked_add(l.size))
+        .ok_or_else(|| {
+            ImageError::invalid(location, "image manifest", "sizes add up past 2^64".into())
+        })?;
     Ok(ImageRecord {
         config_digest: manifest.config.digest.clone(),
-        size: manifest.config.size + manifest.layers.iter().map(|l| l.size).sum::<u64>(),
+        size,
         layers,
         config: config.image_config(),
     })
@@ -354,7 +361,10 @@ fn digest_in_name(name: &str) -> Option<Digest> {
 }
 
 /// The references a layout descriptor names (see the module doc).
-fn names_for(desc: &Descriptor, base: Option<&str>) -> Result<Vec<Reference>, ImageError> {
+pub(super) fn names_for(
+    desc: &Descriptor,
+    base: Option<&str>,
+) -> Result<Vec<Reference>, ImageError> {
     if let Some(full) = desc.annotations.get(oci::ANNOTATION_CONTAINERD_NAME) {
         return Ok(vec![Reference::parse(full)?]);
     }

@@ -24,6 +24,8 @@ mod copy;
 mod digest;
 mod error;
 mod fsx;
+#[doc(hidden)]
+pub mod fuzzing;
 mod gc;
 mod import;
 mod index;

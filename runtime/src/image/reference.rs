@@ -81,9 +81,6 @@ impl Reference {
         if path.is_empty() || !path.split('/').all(valid_path_component) {
             return Err(bad("invalid repository name"));
         }
-        if name.len() > NAME_TOTAL_LENGTH_MAX {
-            return Err(bad("repository name longer than 255 characters"));
-        }
         let domain = match domain {
             None | Some(LEGACY_DEFAULT_DOMAIN) => DEFAULT_DOMAIN.to_owned(),
             Some(d) => d.to_owned(),
@@ -93,6 +90,11 @@ impl Reference {
         } else {
             path.to_owned()
         };
+        // Docker measures the normalised name (`docker.io/library/x`), so that every
+        // accepted reference's canonical form parses again.
+        if domain.len() + 1 + path.len() > NAME_TOTAL_LENGTH_MAX {
+            return Err(bad("repository name longer than 255 characters"));
+        }
         let tag = match (tag, &digest) {
             (Some(t), _) => Some(t.to_owned()),
             (None, None) => Some(DEFAULT_TAG.to_owned()),
@@ -335,5 +337,28 @@ mod tests {
         }
         assert!(Reference::parse("UPPER.example.com/x").is_ok());
         assert!(Reference::parse("[::1]:5000/x").is_ok());
+    }
+
+    /// Found by `scripts/fuzz` (target `reference`): a short name under 255 characters whose
+    /// normalised form (`docker.io/library/…`) is longer was accepted, and the canonical
+    /// string the store keeps then failed to parse.
+    #[test]
+    fn the_length_limit_applies_to_the_normalised_name_so_canonical_forms_reparse() {
+        let found =
+            include_str!("../../../fuzz/regressions/reference/short-name-too-long-once-normalised");
+        for input in [
+            found.to_owned(),
+            "a".repeat(238),
+            format!("foo/{}", "b".repeat(242)),
+        ] {
+            if let Ok(r) = Reference::parse(&input) {
+                let shown = r.to_string();
+                assert!(Reference::parse(&shown).is_ok(), "{shown} does not reparse");
+            }
+        }
+        assert!(Reference::parse(&"a".repeat(238)).is_err());
+        assert!(Reference::parse(&"a".repeat(237)).is_ok());
+        assert!(Reference::parse(&format!("example.com/{}", "c".repeat(243))).is_ok());
+        assert!(Reference::parse(&format!("example.com/{}", "c".repeat(244))).is_err());
     }
 }

@@ -485,6 +485,15 @@ fn step_ready(
     }
 }
 
+/// Fuzzing entry point (not an API): opens the existing log file at `path` as a pump does
+/// after an agent restart, repairing a record torn by a crash; returns the continued
+/// record's (stream, partial, length so far) if the last record stays open.
+#[doc(hidden)]
+pub fn reopen_log_for_fuzzing(path: &Path) -> std::io::Result<Option<(LogStream, bool, usize)>> {
+    let (_, open) = LogWriter::open(path)?;
+    Ok(open.map(|r| (r.stream, r.partial, r.len)))
+}
+
 /// Parses one CRI log record into (stream, partial, content); used by `ctr logs` and tests.
 pub fn parse_record(line: &str) -> Option<(&str, bool, &str)> {
     let mut parts = line.splitn(4, ' ');
