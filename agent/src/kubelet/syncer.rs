@@ -31,6 +31,7 @@ use crate::sync::{
 };
 use crate::volumes::VolumeManager;
 
+mod etc;
 mod kill;
 mod start;
 mod status;
@@ -110,9 +111,7 @@ impl NodeSyncer {
         PodSandboxConfig {
             log_directory: self.config.pod_log_directory(&namespace, &name, &uid),
             pod_uid: uid,
-            hostname: spec
-                .and_then(|s| s.hostname.clone())
-                .unwrap_or_else(|| name.clone()),
+            hostname: self.pod_hostname(pod),
             name,
             namespace,
             attempt,
