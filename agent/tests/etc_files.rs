@@ -143,14 +143,17 @@ fn cluster_first_without_cluster_dns_falls_back_to_the_nodes_resolver() {
         return;
     }
     let (_dir, agent) = agent_with_node_resolver(&[]);
-    agent.write_manifest("fallback.yaml", &manifest("fallback", ""));
+    // A read-only root filesystem still gets its files.
+    let read_only = "    securityContext: {readOnlyRootFilesystem: true}\n";
+    agent.write_manifest("fallback.yaml", &(manifest("fallback", "") + read_only));
     let (_, [_, _, resolv_conf]) = printed(&agent, "fallback");
     assert_eq!(
         resolv_conf,
         "search example.org\nnameserver 192.0.2.53\noptions timeout:2\n"
     );
-    assert!(
-        agent.log().contains("MissingClusterDNS"),
+    assert_eq!(
+        agent.log().matches("\"MissingClusterDNS\" pod:").count(),
+        1,
         "the fallback is reported: {}",
         support::tail(&agent.log(), 20)
     );

@@ -128,13 +128,15 @@ pub struct EtcFiles {
 impl EtcFiles {
     /// Writes the files into `pod_dir` (mode 0644, atomically, without following
     /// symlinks) and adds their mounts for `container_mounts`' container, except where
-    /// the container mounts its own file.
+    /// the container mounts its own file. True when `resolv.conf` was (re)written, i.e. its
+    /// DNS configuration is new for the pod.
     pub fn write_and_mount(
         &self,
         pod_dir: &Path,
         read_only_rootfs: bool,
         container_mounts: &mut Vec<Mount>,
-    ) -> Result<(), EtcFilesError> {
+    ) -> Result<bool, EtcFilesError> {
+        let mut resolv_conf_written = false;
         let files = [
             ("/etc/hosts", HOSTS_FILE, &self.hosts, false),
             (
@@ -152,10 +154,13 @@ impl EtcFiles {
         ];
         for (container_path, name, content, read_only) in files {
             let host_path = pod_dir.join(name);
-            write_file(&host_path, content.as_bytes()).map_err(|source| EtcFilesError::Write {
-                path: host_path.clone(),
-                source,
+            let written = write_file(&host_path, content.as_bytes()).map_err(|source| {
+                EtcFilesError::Write {
+                    path: host_path.clone(),
+                    source,
+                }
             })?;
+            resolv_conf_written |= written && name == RESOLV_FILE;
             if !container_mounts
                 .iter()
                 .any(|m| m.container_path.trim_end_matches('/') == container_path)
@@ -167,19 +172,19 @@ impl EtcFiles {
                 });
             }
         }
-        Ok(())
+        Ok(resolv_conf_written)
     }
 }
 
 /// Replaces `path` with `content` unless it already holds it: a temporary file created
-/// exclusively (never through a symlink), then renamed over `path`.
-fn write_file(path: &Path, content: &[u8]) -> io::Result<()> {
+/// exclusively (never through a symlink), then renamed over `path`. True when written.
+fn write_file(path: &Path, content: &[u8]) -> io::Result<bool> {
     let dir = path
         .parent()
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no parent directory"))?;
     std::fs::create_dir_all(dir)?;
     if read_nofollow(path).ok().as_deref() == Some(content) {
-        return Ok(());
+        return Ok(false);
     }
     let name = path.file_name().unwrap_or_default().to_string_lossy();
     let tmp = dir.join(format!(".{name}.{}", ContainerId::random().short()));
@@ -199,7 +204,7 @@ fn write_file(path: &Path, content: &[u8]) -> io::Result<()> {
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
-    result
+    result.map(|()| true)
 }
 
 fn read_nofollow(path: &Path) -> io::Result<Vec<u8>> {
@@ -276,9 +281,11 @@ mod tests {
             host_path: "/own".into(),
             read_only: true,
         }];
-        files
+        assert!(files
             .write_and_mount(dir.path(), true, &mut mounts)
-            .unwrap();
+            .unwrap());
+        let unchanged = files.write_and_mount(dir.path(), true, &mut Vec::new());
+        assert!(!unchanged.unwrap(), "the same resolv.conf is not new");
         assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep");
         let hosts = dir.path().join(HOSTS_FILE);
         assert!(!hosts.symlink_metadata().unwrap().file_type().is_symlink());

@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 
 use super::NodeSyncer;
 use crate::config::pod_uid;
-use crate::kubelet::dns::{pod_dns, resolv_conf_content, DnsSettings};
+use crate::kubelet::dns::{pod_dns, resolv_conf_content, DnsSettings, DnsWarning};
 use crate::kubelet::etc_files::{
     managed_hosts_content, node_hosts_content, pod_hostname_and_domain, EtcFiles, NODE_HOSTS_PATH,
 };
@@ -37,23 +37,30 @@ impl NodeSyncer {
         sandbox_status: &PodSandboxStatus,
         mounts: &mut Vec<Mount>,
     ) -> Result<(), SyncError> {
-        let files = self.etc_files(pod, sandbox_status)?;
+        let (files, warnings) = self.etc_files(pod, sandbox_status)?;
         let read_only_rootfs = container
             .security_context
             .as_ref()
             .and_then(|s| s.read_only_root_filesystem)
             .unwrap_or(false);
         let pod_dir = self.config.pods_dir().join(pod_uid(pod));
-        files
+        let new_dns = files
             .write_and_mount(&pod_dir, read_only_rootfs, mounts)
-            .map_err(|e| self.config_error(pod, e.to_string()))
+            .map_err(|e| self.config_error(pod, e.to_string()))?;
+        // kubelet reports these when it forms a sandbox's DNS: once, not per container.
+        if new_dns {
+            for warning in warnings {
+                self.event(pod, EventType::Warning, warning.reason, warning.message);
+            }
+        }
+        Ok(())
     }
 
     fn etc_files(
         &self,
         pod: &Pod,
         sandbox_status: &PodSandboxStatus,
-    ) -> Result<EtcFiles, SyncError> {
+    ) -> Result<(EtcFiles, Vec<DnsWarning>), SyncError> {
         let spec = pod.spec.as_ref();
         let host_network = spec.and_then(|s| s.host_network).unwrap_or(false);
         let aliases = spec
@@ -79,15 +86,12 @@ impl NodeSyncer {
         };
         let settings = self.dns_settings(pod)?;
         let (dns, warnings) = pod_dns(&settings, pod);
-        for warning in warnings {
-            tracing::warn!(pod = %crate::config::pod_full_name(pod), reason = warning.reason, message = %warning.message, "pod DNS");
-            self.event(pod, EventType::Warning, warning.reason, warning.message);
-        }
-        Ok(EtcFiles {
+        let files = EtcFiles {
             hosts,
             hostname: format!("{hostname}\n"),
             resolv_conf: resolv_conf_content(&dns),
-        })
+        };
+        Ok((files, warnings))
     }
 
     fn dns_settings(&self, pod: &Pod) -> Result<DnsSettings, SyncError> {
