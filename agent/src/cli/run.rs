@@ -98,6 +98,17 @@ pub struct RunArgs {
     /// Run pods without a network beyond loopback (no CNI).
     #[arg(long = "no-pod-network")]
     pub no_pod_network: bool,
+    /// IP addresses of the cluster DNS servers for ClusterFirst pods (repeatable or
+    /// comma-separated). Without any, ClusterFirst pods fall back to Default.
+    #[arg(long = "cluster-dns", value_delimiter = ',')]
+    pub cluster_dns: Vec<std::net::IpAddr>,
+    /// The cluster's DNS domain: pods search `<ns>.svc.<domain> svc.<domain> <domain>`.
+    #[arg(long = "cluster-domain", default_value = "")]
+    pub cluster_domain: String,
+    /// The resolver file Default pods get (and whose search domains ClusterFirst pods
+    /// add); empty: none.
+    #[arg(long = "resolv-conf", default_value = "/etc/resolv.conf")]
+    pub resolv_conf: PathBuf,
     /// Use the RuntimeDefault seccomp profile for containers that name none.
     #[arg(long = "seccomp-default")]
     pub seccomp_default: bool,
@@ -262,6 +273,9 @@ fn run_agent(
     config.reserved_memory_bytes = reserved.iter().flatten().map(|r| r.memory_bytes).sum();
     config.cgroup_root = format!("{}/kubepods", args.cgroup_root.trim_end_matches('/'));
     config.seccomp_default = args.seccomp_default;
+    config.cluster_dns = args.cluster_dns.iter().map(|ip| ip.to_string()).collect();
+    config.cluster_domain = args.cluster_domain.trim_end_matches('.').to_owned();
+    config.resolv_conf = args.resolv_conf.clone();
     config.cgroup_favor_dynmods = args.cgroup_favor_dynmods;
     if args.max_container_restart_period < Duration::from_secs(1) {
         bail!("--max-container-restart-period must be at least 1s");

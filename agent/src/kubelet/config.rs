@@ -52,6 +52,14 @@ pub struct KubeletConfig {
     pub housekeeping_period: Duration,
     /// Node labels admission matches nodeSelector against (besides the well-known ones).
     pub node_labels: std::collections::BTreeMap<String, String>,
+    /// `--cluster-dns`: the cluster DNS server IPs for `ClusterFirst` pods (none: pods
+    /// fall back to `Default`, as kubelet's do).
+    pub cluster_dns: Vec<String>,
+    /// `--cluster-domain`: the cluster's DNS domain (kubelet default: none).
+    pub cluster_domain: String,
+    /// `--resolv-conf`: the resolver file `Default` pods get (kubelet default
+    /// `/etc/resolv.conf`; empty: none).
+    pub resolv_conf: PathBuf,
 }
 
 impl KubeletConfig {
@@ -78,6 +86,9 @@ impl KubeletConfig {
             max_container_restart_period: Duration::from_secs(300),
             housekeeping_period: Duration::from_secs(2),
             node_labels: Default::default(),
+            cluster_dns: Vec::new(),
+            cluster_domain: String::new(),
+            resolv_conf: PathBuf::from("/etc/resolv.conf"),
         }
     }
 

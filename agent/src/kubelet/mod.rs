@@ -14,6 +14,8 @@
 
 pub mod config;
 pub mod container_config;
+pub mod dns;
+pub mod etc_files;
 pub mod events;
 mod housekeeping;
 pub mod status_store;

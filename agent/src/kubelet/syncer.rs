@@ -31,6 +31,7 @@ use crate::sync::{
 };
 use crate::volumes::VolumeManager;
 
+mod etc;
 mod kill;
 mod pull;
 mod start;
@@ -113,7 +114,7 @@ impl NodeSyncer {
         PodSandboxConfig {
             log_directory: self.config.pod_log_directory(&namespace, &name, &uid),
             pod_uid: uid,
-            hostname: pod_hostname(&name, spec.and_then(|s| s.hostname.as_deref())),
+            hostname: self.pod_hostname(pod),
             name,
             namespace,
             attempt,
@@ -395,34 +396,4 @@ pub(crate) fn running_containers(
         .containers
         .iter()
         .filter(|c| c.state == ContainerState::Running)
-}
-
-/// The pod's hostname as kubelet derives it (`GeneratePodHostNameAndDomain`): `spec.hostname`,
-/// else the pod name, truncated to 63 characters with trailing `-` and `.` removed
-/// (`truncatePodHostnameIfNeeded`), since a pod name may be a 253-character subdomain.
-pub(crate) fn pod_hostname(pod_name: &str, spec_hostname: Option<&str>) -> String {
-    const HOSTNAME_MAX_LEN: usize = 63;
-    let hostname = spec_hostname.filter(|h| !h.is_empty()).unwrap_or(pod_name);
-    if hostname.chars().count() <= HOSTNAME_MAX_LEN {
-        return hostname.to_owned();
-    }
-    let truncated: String = hostname.chars().take(HOSTNAME_MAX_LEN).collect();
-    truncated.trim_end_matches(['-', '.']).to_owned()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::pod_hostname;
-
-    #[test]
-    fn a_long_pod_name_gives_a_hostname_truncated_as_kubelet_does() {
-        let name = format!("{}-{}", "a".repeat(62), "b".repeat(6));
-        assert_eq!(name.len(), 69);
-        assert_eq!(pod_hostname(&name, None), "a".repeat(62));
-        assert_eq!(pod_hostname("web", None), "web");
-        assert_eq!(pod_hostname("web", Some("front")), "front");
-        assert_eq!(pod_hostname("web", Some("")), "web");
-        let dotted = format!("{}.-{}", "x".repeat(61), "y".repeat(9));
-        assert_eq!(pod_hostname(&dotted, None), "x".repeat(61));
-    }
 }

@@ -485,12 +485,24 @@ fn step_ready(
     }
 }
 
-/// Fuzzing entry point (not an API): opens the existing log file at `path` as a pump does
-/// after an agent restart, repairing a record torn by a crash; returns the continued
-/// record's (stream, partial, length so far) if the last record stays open.
+/// Fuzzing entry point (not an API): opens the existing log file `<dir>/<file name>` at
+/// `path` as a pump does after an agent restart, repairing a record torn by a crash;
+/// returns the continued record's (stream, partial, length so far) if the last record
+/// stays open.
 #[doc(hidden)]
-pub fn reopen_log_for_fuzzing(path: &Path) -> std::io::Result<Option<(LogStream, bool, usize)>> {
-    let (_, open) = LogWriter::open(path)?;
+pub fn reopen_log_for_fuzzing(
+    path: &std::path::Path,
+) -> std::io::Result<Option<(LogStream, bool, usize)>> {
+    let relative = path
+        .file_name()
+        .map(PathBuf::from)
+        .ok_or_else(|| std::io::Error::other("a log path needs a file name"))?;
+    let log = LogFile {
+        path: path.to_owned(),
+        relative,
+        open: LogOpen::Continue,
+    };
+    let (_, open) = LogWriter::open(&log)?;
     Ok(open.map(|r| (r.stream, r.partial, r.len)))
 }
 

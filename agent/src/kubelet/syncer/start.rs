@@ -58,6 +58,7 @@ impl NodeSyncer {
         let mut mounts = crate::volumes::container_mounts(pod, container, volumes, &env)
             .map_err(|e| self.config_error(pod, e.to_string()))?;
         let message_file = self.termination_message_file(pod, container, &mut mounts)?;
+        self.mount_etc_files(pod, container, sandbox_status, &mut mounts)?;
 
         let labels = container_labels(pod, &container.name, start.kind.container_type());
         let mut annotations = container_annotations(pod, container, start.restart_count)
@@ -115,7 +116,7 @@ impl NodeSyncer {
             .await
     }
 
-    fn config_error(&self, pod: &Pod, message: String) -> SyncError {
+    pub(super) fn config_error(&self, pod: &Pod, message: String) -> SyncError {
         self.event(
             pod,
             EventType::Warning,
