@@ -162,31 +162,33 @@ async fn pull(
         platform,
         progress: Some(tx),
     };
+    // Progress goes on while stdout is closed (the pull itself completes); only the
+    // final line reports a closed stdout, as every command does.
     let printer = async {
         while let Some(p) = rx.recv().await {
-            match p {
+            let _ = match p {
                 PullProgress::Resolved {
                     manifest,
                     endpoint,
                     layers,
-                } => println!("{reference}: manifest {manifest} from {endpoint}, {layers} layers"),
-                PullProgress::LayerReused { digest } => println!("{digest}: already present"),
+                } => outln!("{reference}: manifest {manifest} from {endpoint}, {layers} layers"),
+                PullProgress::LayerReused { digest } => outln!("{digest}: already present"),
                 PullProgress::LayerDone { digest, bytes } => {
-                    println!("{digest}: pulled {}", human_size(bytes))
+                    outln!("{digest}: pulled {}", human_size(bytes))
                 }
-            }
+            };
         }
     };
     let (result, ()) = tokio::join!(service.pull_image(reference, request), printer);
     let report = result.with_context(|| format!("pulling {reference}"))?;
-    println!(
+    outln!(
         "pulled {reference} {} ({}, {} layers fetched, {} reused, {:.3}s)",
         report.image.id,
         human_size(report.image.size),
         report.layers_fetched,
         report.layers_reused,
         report.duration.as_secs_f64()
-    );
+    )?;
     Ok(ExitCode::SUCCESS)
 }
 
