@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use ironlet_e2e::{eventually, ClusterAgent, ControlPlane};
+use ironlet_e2e::{block_on, eventually, is_selected, ClusterAgent, ControlPlane};
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::Client;
@@ -120,25 +120,6 @@ fn start() -> Result<Env> {
         agent,
         api_up: std::sync::RwLock::new(()),
     })
-}
-
-fn is_selected(args: &Arguments, name: &str) -> bool {
-    let matches = |pattern: &str| {
-        if args.exact {
-            name == pattern
-        } else {
-            name.contains(pattern)
-        }
-    };
-    args.filter.as_deref().is_none_or(matches) && !args.skip.iter().any(|s| matches(s))
-}
-
-fn block_on<F: std::future::Future<Output = Result<()>>>(f: F) -> Result<()> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("building the tokio runtime")?
-        .block_on(f)
 }
 
 async fn admin(env: &Env) -> Result<Client> {

@@ -15,7 +15,7 @@ use ironlet::node::{
     MachineConfig, MachineStatus, NodeConfig, NodeController, READY, SHUTTING_DOWN_MESSAGE,
 };
 use ironlet::qos::Quantity;
-use ironlet_e2e::{eventually, ControlPlane};
+use ironlet_e2e::{eventually, is_selected, ControlPlane};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, NodeCondition};
 use kube::api::{Api, Patch, PatchParams};
@@ -97,17 +97,6 @@ fn main() {
     // `exit` skips destructors: stop the control plane first.
     drop(plane);
     conclusion.exit();
-}
-
-fn is_selected(args: &Arguments, name: &str) -> bool {
-    let matches = |pattern: &str| {
-        if args.exact {
-            name == pattern
-        } else {
-            name.contains(pattern)
-        }
-    };
-    args.filter.as_deref().is_none_or(matches) && !args.skip.iter().any(|s| matches(s))
 }
 
 /// A node controller running on its own task, stopped by `stop`.
