@@ -6,6 +6,7 @@
 //!
 //! | check                                             | reason                                 |
 //! |---------------------------------------------------|----------------------------------------|
+//! | a sysctl neither safe nor `--allowed-unsafe-sysctls` (or in a host namespace) | `SysctlForbidden` |
 //! | pod label `kubernetes.io/os` names another OS     | `PodOSSelectorNodeLabelDoesNotMatch`   |
 //! | `spec.os.name` is not `linux`                     | `PodOSNotSupported`                    |
 //! | one more pod than `allocatable.pods`              | `OutOfpods`                            |
@@ -29,6 +30,7 @@
 
 mod affinity;
 mod ports;
+mod sysctls;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -41,6 +43,7 @@ use crate::qos::{pod_requests, ResourceAmounts, ResourceError};
 
 pub use affinity::matches_node;
 pub use ports::{host_ports, HostPort};
+pub use sysctls::{SysctlAllowlist, SysctlNamespace, SysctlPatternError, SAFE_SYSCTLS};
 
 /// What the node offers pods (the cgroups crate computes it from capacity minus reservations).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -62,6 +65,8 @@ pub struct NodeInfo {
     pub labels: BTreeMap<String, String>,
     /// What pods may use.
     pub allocatable: NodeAllocatable,
+    /// The sysctls pods may set (the safe ones plus `--allowed-unsafe-sysctls`).
+    pub sysctls: SysctlAllowlist,
 }
 
 /// A resource admission counts.
@@ -150,6 +155,9 @@ pub enum AdmitFailure {
     /// A scheduling predicate failed.
     #[error("Predicate {} failed: {}", .0.name(), .0.description())]
     Predicate(Predicate),
+    /// A sysctl of the pod's security context is not allowed on this node.
+    #[error("forbidden sysctl: {0}")]
+    SysctlForbidden(String),
     /// The pod's requests could not be computed.
     #[error("Failed to admit pod: {0}")]
     Unexpected(#[source] ResourceError),
@@ -168,6 +176,7 @@ impl AdmitFailure {
                 Resource::Pods => "OutOfpods",
             },
             Self::Predicate(p) => p.name(),
+            Self::SysctlForbidden(_) => "SysctlForbidden",
             Self::Unexpected(_) => "UnexpectedAdmissionError",
         }
     }
@@ -275,6 +284,7 @@ pub fn admit(node: &NodeInfo, pod: &Pod, admitted: &[Arc<Pod>]) -> AdmitResult {
 }
 
 fn check(node: &NodeInfo, pod: &Pod, admitted: &[Arc<Pod>]) -> Result<(), AdmitFailure> {
+    check_sysctls(&node.sysctls, pod)?;
     let labels = pod.metadata.labels.as_ref();
     if labels
         .and_then(|l| l.get(OS_LABEL))
@@ -308,6 +318,26 @@ fn check(node: &NodeInfo, pod: &Pod, admitted: &[Arc<Pod>]) -> Result<(), AdmitF
     let used: Vec<HostPort> = others.iter().flat_map(|p| host_ports(p)).collect();
     if ports::conflicts(pod, &used) {
         return Err(AdmitFailure::Predicate(Predicate::NodePorts));
+    }
+    Ok(())
+}
+
+/// kubelet's sysctl allowlist handler: the first sysctl refused rejects the pod.
+fn check_sysctls(list: &SysctlAllowlist, pod: &Pod) -> Result<(), AdmitFailure> {
+    let Some(spec) = pod.spec.as_ref() else {
+        return Ok(());
+    };
+    let sysctls = spec
+        .security_context
+        .as_ref()
+        .and_then(|s| s.sysctls.as_ref());
+    let (host_network, host_ipc) = (
+        spec.host_network.unwrap_or(false),
+        spec.host_ipc.unwrap_or(false),
+    );
+    for sysctl in sysctls.into_iter().flatten() {
+        list.validate(&sysctl.name, host_network, host_ipc)
+            .map_err(AdmitFailure::SysctlForbidden)?;
     }
     Ok(())
 }
@@ -396,6 +426,7 @@ mod tests {
                 memory_bytes: 2 * GI,
                 pods: 110,
             },
+            sysctls: SysctlAllowlist::default(),
         }
     }
 
@@ -565,6 +596,24 @@ mod tests {
             "{}",
             r.message()
         );
+    }
+
+    #[test]
+    fn an_unsafe_sysctl_the_node_does_not_allow_is_sysctl_forbidden() {
+        let unsafe_sysctl = pod(
+            "a",
+            "  securityContext: {sysctls: [{name: kernel.shm_rmid_forced, value: '0'}, \
+             {name: kernel.msgmax, value: '10000'}]}\n  containers: [{name: c, image: i}]\n",
+        );
+        let verdict = admit(&node(), &unsafe_sysctl, &[]);
+        assert_eq!(verdict.reason(), Some("SysctlForbidden"));
+        assert_eq!(
+            verdict.message(),
+            "forbidden sysctl: \"kernel.msgmax\" not allowlisted"
+        );
+        let mut allowing = node();
+        allowing.sysctls = SysctlAllowlist::new(&["kernel.msg*"]).expect("valid pattern");
+        assert!(admit(&allowing, &unsafe_sysctl, &[]).admit());
     }
 
     #[test]

@@ -30,6 +30,7 @@
 
 mod action;
 mod handler;
+mod http;
 mod manager;
 mod net;
 mod results;
@@ -43,7 +44,7 @@ use ironlet_runtime::types::ContainerId;
 use k8s_openapi::api::core::v1::{Container, ContainerPort};
 
 pub use action::{Action, ActionError, HttpGet, PortRef, Scheme};
-pub use handler::run_handler;
+pub use handler::{run_handler, run_hook};
 pub use manager::{Carried, ProbeManager, ProbeUpdate, RunningContainer};
 pub use spec::{ProbeSpec, ProbeSpecError};
 
@@ -95,6 +96,9 @@ pub enum ProbeResult {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ProbeOutcome {
     Success,
+    /// A success that deserves a word (kubelet's `probe.Warning`: an HTTP probe stopped at a
+    /// redirect to another host); counted as a success, reported as a `ProbeWarning` event.
+    Warning(String),
     /// The target answered badly or not in time (non-zero exit, HTTP status ≥ 400,
     /// connection refused, timeout); the message says which.
     Failure(String),
@@ -106,13 +110,13 @@ pub enum ProbeOutcome {
 
 impl ProbeOutcome {
     pub fn is_success(&self) -> bool {
-        matches!(self, Self::Success)
+        matches!(self, Self::Success | Self::Warning(_))
     }
 
     /// The failure or error message, if any.
     pub fn message(&self) -> Option<&str> {
         match self {
-            Self::Success => None,
+            Self::Success | Self::Warning(_) => None,
             Self::Failure(m) | Self::Unknown(m) => Some(m),
         }
     }

@@ -98,13 +98,7 @@ impl WaitingReason {
 
     /// kubelet's back-off reason: `back-off 10s restarting failed container=c pod=p_ns(uid)`.
     pub fn crash_loop_back_off(delay: std::time::Duration, container: &str, pod: &Pod) -> Self {
-        let m = &pod.metadata;
-        let pod = format!(
-            "{}_{}({})",
-            m.name.as_deref().unwrap_or_default(),
-            m.namespace.as_deref().unwrap_or_default(),
-            m.uid.as_deref().unwrap_or_default()
-        );
+        let pod = crate::config::pod_desc(pod);
         Self::new(
             CRASH_LOOP_BACK_OFF,
             format!(

@@ -22,6 +22,7 @@ pub mod hash;
 mod init;
 pub mod labels;
 mod plan;
+pub mod restart;
 mod sandbox;
 mod view;
 

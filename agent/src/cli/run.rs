@@ -109,6 +109,10 @@ pub struct RunArgs {
     /// add); empty: none.
     #[arg(long = "resolv-conf", default_value = "/etc/resolv.conf")]
     pub resolv_conf: PathBuf,
+    /// Unsafe sysctls (or patterns ending in `*`) pods may set besides the safe ones,
+    /// comma-separated, e.g. `kernel.msg*,net.core.somaxconn`; each must be namespaced.
+    #[arg(long = "allowed-unsafe-sysctls", value_delimiter = ',')]
+    pub allowed_unsafe_sysctls: Vec<String>,
     /// Use the RuntimeDefault seccomp profile for containers that name none.
     #[arg(long = "seccomp-default")]
     pub seccomp_default: bool,
@@ -276,6 +280,8 @@ fn run_agent(
     config.cluster_dns = args.cluster_dns.iter().map(|ip| ip.to_string()).collect();
     config.cluster_domain = args.cluster_domain.trim_end_matches('.').to_owned();
     config.resolv_conf = args.resolv_conf.clone();
+    config.allowed_sysctls = ironlet::admission::SysctlAllowlist::new(&args.allowed_unsafe_sysctls)
+        .context("--allowed-unsafe-sysctls")?;
     config.cgroup_favor_dynmods = args.cgroup_favor_dynmods;
     if args.max_container_restart_period < Duration::from_secs(1) {
         bail!("--max-container-restart-period must be at least 1s");

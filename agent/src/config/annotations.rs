@@ -46,6 +46,12 @@ pub fn pod_full_name(pod: &Pod) -> String {
     )
 }
 
+/// kubelet `format.Pod`: `<name>_<namespace>(<uid>)`, as its messages name a pod.
+#[must_use]
+pub fn pod_desc(pod: &Pod) -> String {
+    format!("{}({})", pod_full_name(pod), pod_uid(pod))
+}
+
 /// The pod's UID, or `""` when it has none.
 #[must_use]
 pub fn pod_uid(pod: &Pod) -> &str {

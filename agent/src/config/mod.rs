@@ -27,8 +27,8 @@ mod update;
 mod validate;
 
 pub use annotations::{
-    annotation, is_mirror_pod, is_static_pod, pod_full_name, pod_source, pod_uid, CONFIG_HASH,
-    CONFIG_MIRROR, CONFIG_SEEN, CONFIG_SOURCE, LOCAL_ANNOTATIONS,
+    annotation, is_mirror_pod, is_static_pod, pod_desc, pod_full_name, pod_source, pod_uid,
+    CONFIG_HASH, CONFIG_MIRROR, CONFIG_SEEN, CONFIG_SOURCE, LOCAL_ANNOTATIONS,
 };
 pub(crate) use decode::decode_documents;
 pub use decode::decode_pods;

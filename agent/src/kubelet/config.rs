@@ -60,6 +60,9 @@ pub struct KubeletConfig {
     /// `--resolv-conf`: the resolver file `Default` pods get (kubelet default
     /// `/etc/resolv.conf`; empty: none).
     pub resolv_conf: PathBuf,
+    /// The sysctls pods may set: kubelet's safe ones plus `--allowed-unsafe-sysctls`
+    /// (kubelet default: none unsafe).
+    pub allowed_sysctls: crate::admission::SysctlAllowlist,
 }
 
 impl KubeletConfig {
@@ -89,6 +92,7 @@ impl KubeletConfig {
             cluster_dns: Vec::new(),
             cluster_domain: String::new(),
             resolv_conf: PathBuf::from("/etc/resolv.conf"),
+            allowed_sysctls: crate::admission::SysctlAllowlist::default(),
         }
     }
 

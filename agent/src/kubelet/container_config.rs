@@ -137,11 +137,18 @@ fn security_config(
             sc.and_then(|s| s.run_as_group)
                 .or_else(|| pod_sc.and_then(|s| s.run_as_group)),
         ),
+        // kubelet's order: the fsGroup first, then the pod's supplemental groups.
         supplemental_groups: pod_sc
-            .and_then(|s| s.supplemental_groups.as_ref())
+            .and_then(|s| s.fs_group)
             .into_iter()
-            .flatten()
-            .filter_map(|g| u32::try_from(*g).ok())
+            .chain(
+                pod_sc
+                    .and_then(|s| s.supplemental_groups.as_ref())
+                    .into_iter()
+                    .flatten()
+                    .copied(),
+            )
+            .filter_map(|g| u32::try_from(g).ok())
             .collect(),
         add_capabilities: caps.and_then(|c| c.add.clone()).unwrap_or_default(),
         drop_capabilities: caps.and_then(|c| c.drop.clone()).unwrap_or_default(),
@@ -167,6 +174,29 @@ fn seccomp_profile(profile: &ApiSeccomp, dir: &std::path::Path) -> SeccompProfil
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_fs_group_is_the_first_supplemental_group() {
+        use k8s_openapi::api::core::v1::{PodSecurityContext, PodSpec};
+        let pod = Pod {
+            spec: Some(PodSpec {
+                security_context: Some(PodSecurityContext {
+                    fs_group: Some(1001),
+                    supplemental_groups: Some(vec![5, 6]),
+                    ..PodSecurityContext::default()
+                }),
+                ..PodSpec::default()
+            }),
+            ..Pod::default()
+        };
+        let config = security_config(
+            &pod,
+            &Container::default(),
+            false,
+            std::path::Path::new("/"),
+        );
+        assert_eq!(config.supplemental_groups, vec![1001, 5, 6]);
+    }
 
     #[test]
     fn oom_score_adj_follows_kubelet_policy() {

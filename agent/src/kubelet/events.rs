@@ -34,6 +34,8 @@ pub mod reason {
     pub const KILLING: &str = "Killing";
     pub const BACK_OFF: &str = "BackOff";
     pub const UNHEALTHY: &str = "Unhealthy";
+    /// A probe succeeded with a warning (a redirect to another host).
+    pub const PROBE_WARNING: &str = "ProbeWarning";
     pub const FAILED_MOUNT: &str = "FailedMount";
     pub const FAILED_POST_START_HOOK: &str = "FailedPostStartHook";
     pub const FAILED_PRE_STOP_HOOK: &str = "FailedPreStopHook";

@@ -18,6 +18,7 @@ pub mod dns;
 pub mod etc_files;
 pub mod events;
 mod housekeeping;
+pub mod security;
 pub mod status_store;
 pub mod syncer;
 mod view;
@@ -137,6 +138,7 @@ impl Kubelet {
             name: config.node_name.clone(),
             labels,
             allocatable,
+            sysctls: config.allowed_sysctls.clone(),
         };
 
         let cache = Arc::new(PodCache::new(runtime.clone()));
@@ -305,7 +307,7 @@ impl Kubelet {
                     }
                 },
                 Some(event) = self.pleg_events.recv() => self.handle_pleg_event(event),
-                Some(update) = self.probe_updates.recv() => self.sync_uid(&update.pod_uid),
+                Some(update) = self.probe_updates.recv() => self.on_probe_update(&update),
                 _ = housekeeping.tick() => {
                     if self.pod_config.all_sources_ready() {
                         // A source is marked ready once its first set is *queued*: take the
@@ -435,6 +437,23 @@ impl Kubelet {
     }
 
     /// Asks the worker of a known pod to sync.
+    /// A probe result changed (sync the pod) or a probe warned (kubelet's `ProbeWarning`
+    /// event: `Liveness probe warning: Probe terminated redirects, …`).
+    fn on_probe_update(&self, update: &crate::probes::ProbeUpdate) {
+        if let Some(warning) = &update.warning {
+            if let Some(pod) = self.lock_manager().pod_by_uid(&update.pod_uid) {
+                self.syncer.events.event(
+                    &pod,
+                    events::EventType::Warning,
+                    events::reason::PROBE_WARNING,
+                    format!("{} probe warning: {warning}", update.kind),
+                );
+            }
+            return;
+        }
+        self.sync_uid(&update.pod_uid);
+    }
+
     fn sync_uid(&self, uid: &str) {
         let pod = self.lock_manager().pod_by_uid(uid);
         if let Some(pod) = pod {

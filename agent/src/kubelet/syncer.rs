@@ -300,8 +300,14 @@ impl NodeSyncer {
         };
 
         for kill in &kills {
-            self.kill_container(pod, &kill.id, &kill.name, &kill.message(), grace_of(pod))
-                .await?;
+            self.kill_container(
+                pod,
+                &kill.id,
+                &kill.name,
+                &kill.message(),
+                kill.grace_period(pod),
+            )
+            .await?;
         }
         if starts.is_empty() {
             self.lock_waiting()

@@ -10,6 +10,7 @@ use std::time::Duration;
 use ironlet_runtime::{Runtime, RuntimeError};
 
 use super::action::Action;
+use super::http::{http_get, HttpUse};
 use super::{net, ProbeOutcome, ProbeTarget};
 
 /// How long past its timeout an exec may take before we stop waiting for the runtime.
@@ -20,7 +21,7 @@ const MAX_MESSAGE: usize = 10 * 1024;
 /// Runs `action` once against `target`.
 ///
 /// - exec: `exit 0` is success, another exit code a failure carrying the output.
-/// - httpGet: HTTP only; see the `net` module for what is simplified.
+/// - httpGet: HTTP or HTTPS, same-host redirects followed; see the `http` module.
 /// - tcpSocket: connecting is success.
 /// - grpc: [`ProbeOutcome::Unknown`], not supported.
 /// - sleep (hooks): sleeps, cut short by `timeout` (a failure then).
@@ -30,9 +31,31 @@ pub async fn run_handler(
     action: &Action,
     timeout: Duration,
 ) -> ProbeOutcome {
+    run(runtime, target, action, timeout, HttpUse::Probe).await
+}
+
+/// Runs a lifecycle hook's `action` once against `target`: as [`run_handler`], except that
+/// an httpGet hook succeeds on any HTTP answer, whatever its status (kubelet's handler
+/// runner checks only that the request went through).
+pub async fn run_hook(
+    runtime: &dyn Runtime,
+    target: &ProbeTarget,
+    action: &Action,
+    timeout: Duration,
+) -> ProbeOutcome {
+    run(runtime, target, action, timeout, HttpUse::Hook).await
+}
+
+async fn run(
+    runtime: &dyn Runtime,
+    target: &ProbeTarget,
+    action: &Action,
+    timeout: Duration,
+    usage: HttpUse,
+) -> ProbeOutcome {
     match action {
         Action::Exec { command } => exec(runtime, target, command, timeout).await,
-        Action::HttpGet(get) => net::http_get(target, get, timeout).await,
+        Action::HttpGet(get) => http_get(target, get, timeout, usage).await,
         Action::TcpSocket { host, port } => {
             net::tcp_socket(target, host.as_deref(), port, timeout).await
         }

@@ -40,6 +40,9 @@ pub struct ProbeUpdate {
     pub result: ProbeResult,
     /// The failure message of the probe run that decided a Failure.
     pub message: Option<String>,
+    /// Set on an update sent for a run that succeeded with a warning (kubelet's
+    /// `ProbeWarning` event), whether or not the result changed.
+    pub warning: Option<String>,
 }
 
 /// A running container as the pod worker sees it.

@@ -9,14 +9,7 @@
 //! was created in), hands the connected socket back to tokio and exits: no tokio thread is
 //! ever moved into a pod's namespace.
 //!
-//! HTTP, current behaviour (simpler than kubelet's Go client, by design):
-//! - HTTP/1.1 only, one request per connection (`Connection: close`); `HTTPS` and the
-//!   `protocol` field are not supported (HTTPS runs answer [`ProbeOutcome::Unknown`]).
-//! - Success is a status in 200..400. Redirects are not followed: a 3xx is a success, where
-//!   kubelet follows same-host redirects (up to 10) and judges the final status.
-//! - Headers sent: `Host` (`host:port`), `User-Agent: kube-probe/1.37`, `Accept: */*`, then
-//!   the action's headers; an action header named like a default replaces it.
-//! - Only the response head is read (at most 16 KiB); the body is ignored.
+//! The httpGet action on top of [`connect`] is in the `http` module.
 
 use std::io;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -24,16 +17,10 @@ use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::action::{HttpGet, PortRef, Scheme};
+use super::action::PortRef;
 use super::{ProbeNetwork, ProbeOutcome, ProbeTarget};
-
-/// kubelet's probe user agent, at the Kubernetes version ironlet follows.
-const USER_AGENT: &str = "kube-probe/1.37";
-/// The most of a response head read before giving up on finding its end.
-const MAX_HEAD: usize = 16 * 1024;
 
 /// Where a connection is made from, and to which host.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,9 +47,22 @@ impl Route {
         }
     }
 
-    fn host(&self) -> &str {
+    pub(crate) fn host(&self) -> &str {
         match self {
             Self::Host { host } | Self::PodNamespace { host, .. } => host,
+        }
+    }
+
+    /// The same route (same namespace) to another host: for a redirect.
+    pub(crate) fn with_host(&self, host: &str) -> Self {
+        match self {
+            Self::Host { .. } => Self::Host {
+                host: host.to_owned(),
+            },
+            Self::PodNamespace { netns, .. } => Self::PodNamespace {
+                netns: netns.clone(),
+                host: host.to_owned(),
+            },
         }
     }
 }
@@ -95,24 +95,37 @@ pub(crate) enum NetError {
     Receive { addr: String, source: io::Error },
     #[error("malformed HTTP response from {addr}: {head:?}")]
     MalformedResponse { addr: String, head: String },
+    /// The server closed the connection without answering (Go's client says `EOF`).
+    #[error("EOF")]
+    EmptyReply,
+    #[error("stopped after 10 redirects")]
+    TooManyRedirects,
+    #[error("{0:?} is not a valid TLS server name")]
+    InvalidServerName(String),
+    #[error("TLS handshake with {addr}: {source}")]
+    Handshake { addr: String, source: io::Error },
 }
 
 impl NetError {
-    /// Whether the target failed (Failure) or the probe could not be run at all (Unknown).
+    /// Whether the probe could not be run at all here (Unknown) rather than the target
+    /// failing (Failure).
+    pub(crate) fn is_local(&self) -> bool {
+        matches!(
+            self,
+            Self::OpenNetns { .. }
+                | Self::EnterNetns { .. }
+                | Self::SpawnThread(_)
+                | Self::ThreadLost
+                | Self::Register(_)
+        )
+    }
+
     fn into_outcome(self) -> ProbeOutcome {
         let message = self.to_string();
-        match self {
-            Self::OpenNetns { .. }
-            | Self::EnterNetns { .. }
-            | Self::SpawnThread(_)
-            | Self::ThreadLost
-            | Self::Register(_) => ProbeOutcome::Unknown(message),
-            Self::Resolve { .. }
-            | Self::NoAddress { .. }
-            | Self::Connect { .. }
-            | Self::Send { .. }
-            | Self::Receive { .. }
-            | Self::MalformedResponse { .. } => ProbeOutcome::Failure(message),
+        if self.is_local() {
+            ProbeOutcome::Unknown(message)
+        } else {
+            ProbeOutcome::Failure(message)
         }
     }
 }
@@ -137,57 +150,8 @@ pub(crate) async fn tcp_socket(
     }
 }
 
-/// httpGet: success when the response status is in 200..400 within `timeout`.
-pub(crate) async fn http_get(
-    target: &ProbeTarget,
-    get: &HttpGet,
-    timeout: Duration,
-) -> ProbeOutcome {
-    if get.scheme == Scheme::Https {
-        return ProbeOutcome::Unknown(
-            "HTTPS probes and hooks are not supported (HTTP only)".into(),
-        );
-    }
-    let port = match get.port.resolve(&target.container_ports) {
-        Ok(p) => p,
-        Err(e) => return ProbeOutcome::Unknown(e.to_string()),
-    };
-    let route = Route::new(&target.network, get.host.as_deref());
-    let addr = authority(route.host(), port);
-    let url = format!("http://{addr}{}", get.path);
-    let exchange = async {
-        let mut stream = connect(&route, port, timeout).await?;
-        let request = request(get, &addr);
-        stream
-            .write_all(request.as_bytes())
-            .await
-            .map_err(|source| NetError::Send {
-                addr: addr.clone(),
-                source,
-            })?;
-        let head = read_head(&mut stream)
-            .await
-            .map_err(|source| NetError::Receive {
-                addr: addr.clone(),
-                source,
-            })?;
-        status_code(&head).ok_or_else(|| NetError::MalformedResponse {
-            addr,
-            head: String::from_utf8_lossy(&head[..head.len().min(200)]).into_owned(),
-        })
-    };
-    match tokio::time::timeout(timeout, exchange).await {
-        Err(_) => ProbeOutcome::Failure(format!("Get {url:?}: timed out after {timeout:?}")),
-        Ok(Err(e)) => e.into_outcome(),
-        Ok(Ok(status)) if (200..400).contains(&status) => ProbeOutcome::Success,
-        Ok(Ok(status)) => {
-            ProbeOutcome::Failure(format!("HTTP probe failed with statuscode: {status}"))
-        }
-    }
-}
-
 /// `host:port`, with an IPv6 literal in brackets.
-fn authority(host: &str, port: u16) -> String {
+pub(crate) fn authority(host: &str, port: u16) -> String {
     if host.contains(':') {
         format!("[{host}]:{port}")
     } else {
@@ -195,58 +159,12 @@ fn authority(host: &str, port: u16) -> String {
     }
 }
 
-/// The request text: defaults first, replaced by same-named action headers.
-fn request(get: &HttpGet, host_port: &str) -> String {
-    let mut headers: Vec<(&str, &str)> = vec![
-        ("Host", host_port),
-        ("User-Agent", USER_AGENT),
-        ("Accept", "*/*"),
-    ];
-    headers.retain(|(name, _)| {
-        !get.headers
-            .iter()
-            .any(|(given, _)| given.eq_ignore_ascii_case(name))
-    });
-    headers.extend(get.headers.iter().map(|(n, v)| (n.as_str(), v.as_str())));
-    let mut text = format!("GET {} HTTP/1.1\r\n", get.path);
-    for (name, value) in headers {
-        text.push_str(&format!("{name}: {value}\r\n"));
-    }
-    text.push_str("Connection: close\r\n\r\n");
-    text
-}
-
-/// Reads until the end of the head (`\r\n\r\n`), the end of the stream, or [`MAX_HEAD`].
-async fn read_head(stream: &mut TcpStream) -> io::Result<Vec<u8>> {
-    let mut head = Vec::new();
-    let mut buf = [0u8; 2048];
-    loop {
-        let n = stream.read(&mut buf).await?;
-        if n == 0 {
-            return Ok(head);
-        }
-        head.extend_from_slice(&buf[..n]);
-        if head.len() >= MAX_HEAD || head.windows(4).any(|w| w == b"\r\n\r\n") {
-            return Ok(head);
-        }
-    }
-}
-
-/// The status code of an `HTTP/1.x NNN …` status line.
-fn status_code(head: &[u8]) -> Option<u16> {
-    let line = head.split(|b| *b == b'\n').next()?;
-    let line = std::str::from_utf8(line).ok()?;
-    let mut parts = line.trim_end().split(' ');
-    let version = parts.next()?;
-    let code = parts.next()?;
-    if !version.starts_with("HTTP/1.") || code.len() != 3 {
-        return None;
-    }
-    code.parse().ok().filter(|c| (100..600).contains(c))
-}
-
 /// Opens a TCP connection along `route`.
-async fn connect(route: &Route, port: u16, timeout: Duration) -> Result<TcpStream, NetError> {
+pub(crate) async fn connect(
+    route: &Route,
+    port: u16,
+    timeout: Duration,
+) -> Result<TcpStream, NetError> {
     match route {
         Route::Host { host } => {
             let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), port))
@@ -363,35 +281,9 @@ mod tests {
     }
 
     #[test]
-    fn the_request_lets_action_headers_replace_the_defaults() {
-        let get = HttpGet {
-            scheme: Scheme::Http,
-            host: None,
-            port: PortRef::Number(80),
-            path: "/healthz".into(),
-            headers: vec![("host".into(), "example.test".into())],
-        };
-        let text = request(&get, "127.0.0.1:80");
-        assert_eq!(
-            text,
-            "GET /healthz HTTP/1.1\r\nUser-Agent: kube-probe/1.37\r\nAccept: */*\r\n\
-             host: example.test\r\nConnection: close\r\n\r\n"
-        );
-    }
-
-    #[test]
     fn ipv6_literals_are_bracketed_in_the_authority() {
         assert_eq!(authority("fd00::5", 80), "[fd00::5]:80");
         assert_eq!(authority("10.0.0.5", 80), "10.0.0.5:80");
-    }
-
-    #[test]
-    fn status_lines_are_parsed_strictly() {
-        assert_eq!(status_code(b"HTTP/1.1 204 No Content\r\n\r\n"), Some(204));
-        assert_eq!(status_code(b"HTTP/1.0 302\r\n"), Some(302));
-        assert_eq!(status_code(b"SSH-2.0-OpenSSH\r\n"), None);
-        assert_eq!(status_code(b"HTTP/1.1 2000 Huh\r\n"), None);
-        assert_eq!(status_code(b""), None);
     }
 
     #[tokio::test]
@@ -425,44 +317,5 @@ mod tests {
             matches!(&closed, ProbeOutcome::Failure(m) if m.contains("refused")),
             "{closed:?}"
         );
-    }
-
-    #[tokio::test]
-    async fn an_http_server_answering_500_fails_and_200_succeeds() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind loopback");
-        let port = listener.local_addr().expect("local addr").port();
-        let server = tokio::spawn(async move {
-            for status in ["500 Oops", "200 OK"] {
-                let Ok((mut conn, _)) = listener.accept().await else {
-                    return;
-                };
-                let mut buf = [0u8; 1024];
-                let _ = conn.read(&mut buf).await;
-                let reply = format!("HTTP/1.1 {status}\r\nContent-Length: 0\r\n\r\n");
-                let _ = conn.write_all(reply.as_bytes()).await;
-            }
-        });
-        let target = ProbeTarget {
-            container_id: ironlet_runtime::types::ContainerId::random(),
-            network: ProbeNetwork::default(),
-            container_ports: Vec::new(),
-        };
-        let get = HttpGet {
-            scheme: Scheme::Http,
-            host: None,
-            port: PortRef::Number(port),
-            path: "/".into(),
-            headers: Vec::new(),
-        };
-        let first = http_get(&target, &get, Duration::from_secs(2)).await;
-        assert_eq!(
-            first,
-            ProbeOutcome::Failure("HTTP probe failed with statuscode: 500".into())
-        );
-        let second = http_get(&target, &get, Duration::from_secs(2)).await;
-        assert_eq!(second, ProbeOutcome::Success);
-        server.abort();
     }
 }

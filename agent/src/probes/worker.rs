@@ -88,7 +88,7 @@ pub(crate) fn step(
         return (None, State::Done);
     };
     let result = match outcome {
-        ProbeOutcome::Success => ProbeResult::Success,
+        ProbeOutcome::Success | ProbeOutcome::Warning(_) => ProbeResult::Success,
         ProbeOutcome::Failure(_) => ProbeResult::Failure,
         ProbeOutcome::Unknown(_) => return (None, state),
     };
@@ -165,6 +165,9 @@ impl Worker {
             if let Some(result) = publish {
                 self.publish(result, &outcome);
             }
+            if let ProbeOutcome::Warning(warning) = &outcome {
+                self.warn(warning);
+            }
             state = match next {
                 State::Done => return,
                 counting @ State::Counting { .. } => counting,
@@ -200,6 +203,21 @@ impl Worker {
             kind: self.spec.kind,
             result,
             message,
+            warning: None,
+        });
+    }
+
+    /// Reports a run that succeeded with a warning, for the `ProbeWarning` event.
+    fn warn(&self, warning: &str) {
+        // The receiver is gone only when the agent is shutting down.
+        let _ = self.updates.send(ProbeUpdate {
+            pod_uid: self.key.pod_uid.clone(),
+            container_name: self.key.container.clone(),
+            container_id: self.id.clone(),
+            kind: self.spec.kind,
+            result: ProbeResult::Success,
+            message: None,
+            warning: Some(warning.to_owned()),
         });
     }
 }

@@ -7,9 +7,10 @@
 //! 2. a regular init container not finished, a sidecar not started while no app container has
 //!    run in the current sandbox, or an app container waiting for its first run ⇒ **Pending**;
 //! 3. app containers all known and one running ⇒ **Running**;
-//! 4. app containers all known and all stopped: a terminal pod, or `restartPolicy` not
-//!    `Always`, ends **Succeeded** when every one exited 0 and **Failed** otherwise — except
-//!    `OnFailure`, which restarts the failed ones (**Running**); `Always` ⇒ **Running**;
+//! 4. app containers all known and all stopped: **Running** while one of them will restart
+//!    (its own `restartPolicy`/`restartPolicyRules`, else the pod's: `Always` restarts every
+//!    one, `OnFailure` the failed ones) and the pod is not terminal; otherwise **Succeeded**
+//!    when every one exited 0 and **Failed** otherwise;
 //! 5. anything else ⇒ **Pending**.
 //!
 //! Sidecars (init containers with `restartPolicy: Always`) count like app containers while
@@ -18,6 +19,7 @@
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodStatus};
 
 use crate::qos::is_restartable_init_container;
+use crate::sync::restart::should_restart;
 
 /// `status.phase`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -103,6 +105,8 @@ struct Counts {
     waiting: u32,
     stopped: u32,
     succeeded: u32,
+    /// Stopped app containers that their restart policy (their own or the pod's) restarts.
+    restarting: u32,
 }
 
 fn find<'a>(list: &'a [ContainerStatus], name: &str) -> Option<&'a ContainerStatus> {
@@ -153,8 +157,12 @@ pub(super) fn get_phase(
             Stand::Exited(code) => {
                 n.stopped += 1;
                 n.succeeded += u32::from(code == 0);
+                n.restarting += u32::from(should_restart(c, Some(spec), Some(code)));
             }
-            Stand::Restarting(_) => n.stopped += 1,
+            Stand::Restarting(code) => {
+                n.stopped += 1;
+                n.restarting += u32::from(should_restart(c, Some(spec), Some(code)));
+            }
             Stand::Waiting => n.waiting += 1,
         }
     }
@@ -170,13 +178,12 @@ pub(super) fn get_phase(
         return Phase::Running;
     }
     if n.running == 0 && n.stopped > 0 && n.unknown == 0 {
-        let all_succeeded = n.stopped == n.succeeded;
-        return match (terminal, policy) {
-            (true, _) | (false, "Never") if all_succeeded => Phase::Succeeded,
-            (true, _) | (false, "Never") => Phase::Failed,
-            (false, "Always") => Phase::Running,
-            (false, _) if all_succeeded => Phase::Succeeded,
-            (false, _) => Phase::Running,
+        return if !terminal && n.restarting > 0 {
+            Phase::Running
+        } else if n.stopped == n.succeeded {
+            Phase::Succeeded
+        } else {
+            Phase::Failed
         };
     }
     Phase::Pending
@@ -254,6 +261,29 @@ mod tests {
         );
         assert_eq!(
             phase(&format!("restartPolicy: OnFailure\n{TWO}"), &[], &app),
+            Phase::Running
+        );
+    }
+
+    #[test]
+    fn containers_that_their_own_policy_does_not_restart_end_the_pod_under_always() {
+        let never = "containers: [{name: a, image: i, restartPolicy: Never}]";
+        assert_eq!(phase(never, &[], &[("a", State::Exited(1))]), Phase::Failed);
+        assert_eq!(
+            phase(never, &[], &[("a", State::Exited(0))]),
+            Phase::Succeeded
+        );
+        let rules = "containers: [{name: a, image: i, restartPolicy: Never, \
+                     restartPolicyRules: [{action: Restart, exitCodes: {operator: In, values: [42]}}]}]";
+        assert_eq!(
+            phase(rules, &[], &[("a", State::Exited(42))]),
+            Phase::Running
+        );
+        assert_eq!(phase(rules, &[], &[("a", State::Exited(1))]), Phase::Failed);
+        let always_in_never =
+            "restartPolicy: Never\ncontainers: [{name: a, image: i, restartPolicy: Always}]";
+        assert_eq!(
+            phase(always_in_never, &[], &[("a", State::Exited(0))]),
             Phase::Running
         );
     }

@@ -19,7 +19,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use ironlet_runtime::types::{ContainerId, PodStatus, SandboxId};
 use k8s_openapi::api::core::v1::{Container, Pod};
@@ -272,6 +272,43 @@ impl ContainerKill {
     }
 }
 
+impl ContainerKill {
+    /// The grace period of this kill, kubelet's `setTerminationGracePeriod`: the pod's
+    /// deletion grace period when it is being deleted; else, for a kill by a failed liveness
+    /// or startup probe, that probe's own `terminationGracePeriodSeconds` when set; else the
+    /// pod's `terminationGracePeriodSeconds` (default 30 s). Negative values count as zero.
+    #[must_use]
+    pub fn grace_period(&self, pod: &Pod) -> Duration {
+        let seconds = pod
+            .metadata
+            .deletion_grace_period_seconds
+            .or_else(|| self.probe_grace_seconds(pod))
+            .or_else(|| {
+                pod.spec
+                    .as_ref()
+                    .and_then(|s| s.termination_grace_period_seconds)
+            })
+            .unwrap_or(crate::config::DEFAULT_TERMINATION_GRACE_PERIOD_SECONDS);
+        Duration::from_secs(u64::try_from(seconds).unwrap_or(0))
+    }
+
+    /// The `terminationGracePeriodSeconds` of the probe that failed, for probe kills.
+    fn probe_grace_seconds(&self, pod: &Pod) -> Option<i64> {
+        let spec = pod.spec.as_ref()?;
+        let list = match self.kind? {
+            ContainerKind::Init | ContainerKind::Sidecar => spec.init_containers.as_deref()?,
+            ContainerKind::Regular => &spec.containers,
+        };
+        let container = list.iter().find(|c| c.name == self.name)?;
+        let probe = match self.reason {
+            KillReason::LivenessProbeFailed => container.liveness_probe.as_ref(),
+            KillReason::StartupProbeFailed => container.startup_probe.as_ref(),
+            _ => None,
+        }?;
+        probe.termination_grace_period_seconds
+    }
+}
+
 /// Why a container is killed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KillReason {
@@ -356,6 +393,68 @@ mod tests {
         for (kill, message) in cases {
             assert_eq!(kill.message(), message);
         }
+    }
+
+    fn pod_with_probe_graces(pod_grace: Option<i64>, liveness: Option<i64>) -> Pod {
+        use k8s_openapi::api::core::v1::{PodSpec, Probe};
+        let probe = |grace| Probe {
+            termination_grace_period_seconds: grace,
+            ..Probe::default()
+        };
+        let container = Container {
+            name: "web".into(),
+            liveness_probe: Some(probe(liveness)),
+            startup_probe: Some(probe(Some(3))),
+            ..Container::default()
+        };
+        Pod {
+            spec: Some(PodSpec {
+                termination_grace_period_seconds: pod_grace,
+                init_containers: Some(vec![container.clone()]),
+                containers: vec![container],
+                ..PodSpec::default()
+            }),
+            ..Pod::default()
+        }
+    }
+
+    #[test]
+    fn a_probe_kill_uses_the_probe_grace_period_over_the_pod_one() {
+        let pod = pod_with_probe_graces(Some(600), Some(5));
+        let regular = Some(ContainerKind::Regular);
+        let secs = |k: ContainerKill| k.grace_period(&pod).as_secs();
+        assert_eq!(
+            secs(kill(regular, KillReason::LivenessProbeFailed, true)),
+            5
+        );
+        assert_eq!(secs(kill(regular, KillReason::StartupProbeFailed, true)), 3);
+        assert_eq!(
+            secs(kill(
+                Some(ContainerKind::Sidecar),
+                KillReason::LivenessProbeFailed,
+                true
+            )),
+            5,
+            "restartable init containers too"
+        );
+        assert_eq!(
+            secs(kill(regular, KillReason::DefinitionChanged, true)),
+            600
+        );
+        assert_eq!(secs(kill(None, KillReason::NotInSpec, false)), 600);
+    }
+
+    #[test]
+    fn a_probe_without_its_own_grace_period_falls_back_to_the_pod_then_the_default() {
+        let regular = Some(ContainerKind::Regular);
+        let liveness = kill(regular, KillReason::LivenessProbeFailed, true);
+        let pod = pod_with_probe_graces(Some(600), None);
+        assert_eq!(liveness.grace_period(&pod).as_secs(), 600);
+        let pod = pod_with_probe_graces(None, None);
+        assert_eq!(liveness.grace_period(&pod).as_secs(), 30);
+        let mut deleting = pod_with_probe_graces(Some(600), Some(5));
+        deleting.metadata.deletion_grace_period_seconds = Some(1);
+        assert_eq!(liveness.grace_period(&deleting).as_secs(), 1);
     }
 
     #[test]

@@ -14,10 +14,12 @@
 //!
 //! Restart rules for a regular container whose newest instance is not running here: never
 //! started → start; `Created`/`Unknown` → start (an `Unknown` one is killed first); exited →
-//! `Always` restarts, `OnFailure` restarts a non-zero (or lost) exit code, `Never` does not.
+//! `Always` restarts, `OnFailure` restarts a non-zero (or lost) exit code, `Never` does not —
+//! the container's own `restartPolicy` and `restartPolicyRules` first, when it has them
+//! (see `restart.rs`).
 //! A pod with a deletion timestamp starts nothing. A running container is killed when its
 //! spec hash changed (and restarted whatever the policy), or when its liveness or startup
-//! probe failed (restarted unless the policy is `Never`).
+//! probe failed (restarted unless the container's, else the pod's, policy is `Never`).
 //!
 //! Guarantees beyond kubelet's: every running or unknown-state instance that is not the one
 //! instance the decision keeps — an older duplicate, one in a stale sandbox, one whose name
@@ -27,7 +29,8 @@ use ironlet_runtime::types::{ContainerState, SandboxId};
 
 use super::actions::{ActionsInput, ContainerKind, KillReason, PodActions, PodDone, SandboxChange};
 use super::init::{init_phase, InitOutcome};
-use super::plan::{succeeded, Ctx, Plan, RestartPolicy};
+use super::plan::{Ctx, Plan, RestartPolicy};
+use super::restart::should_restart;
 use super::sandbox::{sandbox_decision, SandboxDecision};
 
 /// Decides what one sync of `input.pod` must do. Pure: same input, same output.
@@ -51,9 +54,12 @@ fn for_new_sandbox(ctx: &Ctx<'_>, cause: SandboxChange, attempt: u32) -> PodActi
         .regular
         .iter()
         .enumerate()
-        .filter(|(_, c)| {
-            let done = ctx.view.newest(&c.name).is_some_and(succeeded);
-            !(ctx.policy == RestartPolicy::OnFailure && done)
+        .filter(|(_, c)| match ctx.view.newest(&c.name) {
+            // kubelet skips a container that is done under its restart policy.
+            Some(newest) if newest.state == ContainerState::Exited => {
+                should_restart(c, ctx.pod.spec.as_ref(), newest.exit_code)
+            }
+            _ => true,
         })
         .collect();
     let ever_ran = ctx
@@ -107,7 +113,7 @@ fn in_sandbox(ctx: &Ctx<'_>, sandbox_id: SandboxId) -> PodActions {
                     }
                     Some(reason) => {
                         let restart = reason == KillReason::DefinitionChanged
-                            || ctx.policy != RestartPolicy::Never;
+                            || ctx.restarts_after_probe_kill(container);
                         plan.kill(status, Some(ContainerKind::Regular), reason, restart);
                         if restart {
                             ctx.start(&mut plan, ContainerKind::Regular, index, container);
@@ -115,7 +121,7 @@ fn in_sandbox(ctx: &Ctx<'_>, sandbox_id: SandboxId) -> PodActions {
                     }
                 }
             }
-            _ if ctx.should_start(newest) => {
+            _ if ctx.should_start(container, newest) => {
                 if let Some(unknown) = newest.filter(|s| s.state == ContainerState::Unknown) {
                     plan.kill(
                         unknown,
@@ -169,6 +175,7 @@ fn sync(ctx: &Ctx<'_>, sandbox_id: SandboxId, mut plan: Plan) -> PodActions {
 mod tests {
     use ironlet_runtime::types::ContainerState;
     use ironlet_runtime::types::SandboxState::{NotReady, Ready};
+    use k8s_openapi::api::core::v1::Pod;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     use super::super::actions::{
@@ -457,6 +464,119 @@ mod tests {
         let actions = compute(&pod, &status);
         assert_eq!(kills(&actions)[0].reason, KillReason::UnknownState);
         assert_eq!(starts(&actions), vec![("web", 1)]);
+    }
+
+    fn with_container_policy(
+        mut pod: Pod,
+        name: &str,
+        policy: &str,
+        rule: Option<(&str, i32)>,
+    ) -> Pod {
+        use k8s_openapi::api::core::v1::{ContainerRestartRule, ContainerRestartRuleOnExitCodes};
+        let c = spec_mut(&mut pod, name);
+        c.restart_policy = Some(policy.into());
+        c.restart_policy_rules = rule.map(|(operator, code)| {
+            vec![ContainerRestartRule {
+                action: "Restart".into(),
+                exit_codes: Some(ContainerRestartRuleOnExitCodes {
+                    operator: operator.into(),
+                    values: Some(vec![code]),
+                }),
+            }]
+        });
+        pod
+    }
+
+    #[test]
+    fn a_container_whose_own_policy_is_never_is_not_restarted_under_pod_policy_always() {
+        let pod = with_container_policy(pod(&[], &["once", "web"]), "once", "Never", None);
+        let once_failed = status(&pod)
+            .sandbox("s1", 0, Ready)
+            .container(exited("once", 1).id("once-1"))
+            .container(running("web").id("web-1"))
+            .build();
+        assert!(compute(&pod, &once_failed).is_noop());
+        let done = status(&pod)
+            .sandbox("s1", 0, Ready)
+            .container(exited("once", 0).id("once-1"))
+            .container(exited("web", 0).id("web-1"))
+            .build();
+        assert_eq!(starts(&compute(&pod, &done)), vec![("web", 1)]);
+    }
+
+    #[test]
+    fn restart_rules_restart_on_listed_exit_codes_only() {
+        let pod = with_container_policy(pod(&[], &["web"]), "web", "Never", Some(("In", 42)));
+        let listed = status(&pod)
+            .sandbox("s1", 0, Ready)
+            .container(exited("web", 42))
+            .build();
+        assert_eq!(starts(&compute(&pod, &listed)), vec![("web", 1)]);
+        let other = status(&pod)
+            .sandbox("s1", 0, Ready)
+            .container(exited("web", 1))
+            .build();
+        assert_eq!(
+            compute(&pod, &other),
+            PodActions::KillPod {
+                cause: PodDone::Completed
+            }
+        );
+        let pod = with_container_policy(
+            with_policy(pod.clone(), "Always"),
+            "web",
+            "Never",
+            Some(("NotIn", 0)),
+        );
+        let failed = status(&pod)
+            .sandbox("s1", 0, Ready)
+            .container(exited("web", 3))
+            .build();
+        assert_eq!(starts(&compute(&pod, &failed)), vec![("web", 1)]);
+    }
+
+    #[test]
+    fn a_container_policy_always_restarts_under_pod_policy_never() {
+        let pod = with_container_policy(
+            with_policy(pod(&[], &["web"]), "Never"),
+            "web",
+            "Always",
+            None,
+        );
+        let status = status(&pod)
+            .sandbox("s1", 0, Ready)
+            .container(exited("web", 0))
+            .build();
+        assert_eq!(starts(&compute(&pod, &status)), vec![("web", 1)]);
+    }
+
+    #[test]
+    fn a_liveness_failure_does_not_restart_a_container_whose_own_policy_is_never() {
+        let pod = with_container_policy(pod(&[], &["web", "db"]), "web", "Never", None);
+        let status = status(&pod)
+            .sandbox("s1", 0, Ready)
+            .container(running("web").id("web-1"))
+            .container(running("db").id("db-1"))
+            .build();
+        let mut probes = ProbeVerdicts::default();
+        probes.liveness.insert(id("web-1"), ProbeVerdict::Failure);
+        let actions = compute_with(&pod, &status, &probes);
+        let kill = kills(&actions);
+        assert_eq!(kill.len(), 1);
+        assert!(!kill[0].restart);
+        assert_eq!(kill[0].message(), "Container web failed liveness probe");
+        assert_eq!(starts(&actions), vec![]);
+    }
+
+    #[test]
+    fn a_new_sandbox_skips_a_container_done_under_its_own_policy() {
+        let pod = with_container_policy(pod(&[], &["once", "web"]), "once", "OnFailure", None);
+        let status = status(&pod)
+            .sandbox("s1", 2, NotReady)
+            .container(exited("once", 0))
+            .container(exited("web", 137))
+            .build();
+        assert_eq!(starts(&compute(&pod, &status)), vec![("web", 1)]);
     }
 
     #[test]

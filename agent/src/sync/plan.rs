@@ -13,26 +13,9 @@ use super::actions::{
 };
 use super::hash::container_hash;
 use super::labels::HASH;
+pub(super) use super::restart::RestartPolicy;
+use super::restart::{effective_policy, should_restart};
 use super::view::PodView;
-
-/// `spec.restartPolicy`; anything unknown is treated as the default, `Always` (validation
-/// rejects such pods before they get here).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum RestartPolicy {
-    Always,
-    OnFailure,
-    Never,
-}
-
-impl RestartPolicy {
-    fn of(pod: &Pod) -> Self {
-        match pod.spec.as_ref().and_then(|s| s.restart_policy.as_deref()) {
-            Some("OnFailure") => Self::OnFailure,
-            Some("Never") => Self::Never,
-            _ => Self::Always,
-        }
-    }
-}
 
 /// What the decision reads.
 pub(super) struct Ctx<'a> {
@@ -53,7 +36,7 @@ impl<'a> Ctx<'a> {
             view: PodView::new(input.status),
             pod: input.pod,
             probes: input.probes,
-            policy: RestartPolicy::of(input.pod),
+            policy: RestartPolicy::of_pod(spec),
             deleting: input.pod.metadata.deletion_timestamp.is_some(),
             init: spec
                 .and_then(|s| s.init_containers.as_deref())
@@ -121,27 +104,32 @@ impl<'a> Ctx<'a> {
             || self.probes.startup(&container.name, &status.id) == ProbeVerdict::Success
     }
 
-    /// kubelet `ShouldContainerBeRestarted` for a container whose newest instance is
-    /// `newest` and does not run in the current sandbox.
-    pub(super) fn should_start(&self, newest: Option<&ContainerStatus>) -> bool {
+    /// kubelet `ShouldContainerBeRestarted` for regular container `container` whose newest
+    /// instance is `newest` and does not run in the current sandbox: an exited one restarts
+    /// as its own or the pod's restart policy says ([`should_restart`]).
+    pub(super) fn should_start(
+        &self,
+        container: &Container,
+        newest: Option<&ContainerStatus>,
+    ) -> bool {
         if self.deleting {
             return false;
         }
         let Some(newest) = newest else { return true };
         match newest.state {
             ContainerState::Running | ContainerState::Created | ContainerState::Unknown => true,
-            ContainerState::Exited => match self.policy {
-                RestartPolicy::Always => true,
-                RestartPolicy::OnFailure => !succeeded(newest),
-                RestartPolicy::Never => false,
-            },
+            ContainerState::Exited => {
+                should_restart(container, self.pod.spec.as_ref(), newest.exit_code)
+            }
         }
     }
-}
 
-/// An exited instance that ended with exit code 0 (a lost exit code counts as failure).
-pub(super) fn succeeded(status: &ContainerStatus) -> bool {
-    status.state == ContainerState::Exited && status.exit_code == Some(0)
+    /// Whether running `container`, killed by a failed liveness or startup probe, is started
+    /// again: unless its own (else the pod's) restart policy is `Never`. Exit-code rules do
+    /// not apply, the container has not exited by itself.
+    pub(super) fn restarts_after_probe_kill(&self, container: &Container) -> bool {
+        effective_policy(container, self.pod.spec.as_ref()) != RestartPolicy::Never
+    }
 }
 
 /// An init container instance that failed: a non-zero exit, an OOM kill, or an unknown

@@ -22,7 +22,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::io;
-use std::os::unix::fs::{symlink, DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::{symlink, DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -83,14 +83,20 @@ pub(crate) fn clean_path(path: &str) -> Result<String, SetUpError> {
 
 /// Writes `payload` into the volume directory `target` (see the module docs); returns whether
 /// anything changed.
-pub(crate) fn write(target: &Path, payload: &Payload) -> Result<bool, SetUpError> {
+/// With `group` set (the pod's `fsGroup`, kubelet's `SetVolumeOwnership`), the payload
+/// directory and files belong to that group; the modes already carry its `0440`.
+pub(crate) fn write(
+    target: &Path,
+    payload: &Payload,
+    group: Option<u32>,
+) -> Result<bool, SetUpError> {
     let write_err = |path: &Path| {
         let path = path.to_path_buf();
         move |source: io::Error| SetUpError::Write { path, source }
     };
     let current = current_dir_name(target);
     if let Some(current) = &current {
-        if matches_payload(&target.join(current), payload).map_err(write_err(target))? {
+        if matches_payload(&target.join(current), payload, group).map_err(write_err(target))? {
             ensure_visible_links(target, payload).map_err(write_err(target))?;
             return Ok(false);
         }
@@ -100,7 +106,10 @@ pub(crate) fn write(target: &Path, payload: &Payload) -> Result<bool, SetUpError
     let new_dir = target.join(&new_name);
     for (path, file) in payload {
         let file_path = new_dir.join(path);
-        write_file(&file_path, file).map_err(write_err(&file_path))?;
+        write_file(&file_path, file, group).map_err(write_err(&file_path))?;
+    }
+    if let Some(gid) = group {
+        std::os::unix::fs::chown(&new_dir, None, Some(gid)).map_err(write_err(&new_dir))?;
     }
     ensure_visible_links(target, payload).map_err(write_err(target))?;
 
@@ -120,8 +129,8 @@ fn current_dir_name(target: &Path) -> Option<String> {
     (name.starts_with("..") && !name.contains('/')).then(|| name.to_owned())
 }
 
-/// Whether `dir` holds exactly `payload` (paths, contents and modes).
-fn matches_payload(dir: &Path, payload: &Payload) -> io::Result<bool> {
+/// Whether `dir` holds exactly `payload` (paths, contents, modes and, when set, group).
+fn matches_payload(dir: &Path, payload: &Payload, group: Option<u32>) -> io::Result<bool> {
     let mut found = BTreeSet::new();
     if !collect_files(dir, dir, &mut found)? {
         return Ok(false);
@@ -133,6 +142,7 @@ fn matches_payload(dir: &Path, payload: &Payload) -> io::Result<bool> {
         let full = dir.join(path);
         let metadata = fs::symlink_metadata(&full)?;
         if metadata.permissions().mode() & 0o777 != file.mode & 0o777
+            || group.is_some_and(|gid| metadata.gid() != gid)
             || fs::read(&full)? != file.data
         {
             return Ok(false);
@@ -185,7 +195,7 @@ fn create_timestamped_dir(target: &Path) -> io::Result<String> {
     }
 }
 
-fn write_file(path: &Path, file: &FileProjection) -> io::Result<()> {
+fn write_file(path: &Path, file: &FileProjection, group: Option<u32>) -> io::Result<()> {
     if let Some(parent) = path.parent() {
         fs::DirBuilder::new()
             .recursive(true)
@@ -193,6 +203,9 @@ fn write_file(path: &Path, file: &FileProjection) -> io::Result<()> {
             .create(parent)?;
     }
     fs::write(path, &file.data)?;
+    if let Some(gid) = group {
+        std::os::unix::fs::chown(path, None, Some(gid))?;
+    }
     fs::set_permissions(path, fs::Permissions::from_mode(file.mode & 0o777))
 }
 
@@ -284,7 +297,7 @@ mod tests {
     fn a_payload_appears_through_data_link_and_top_level_symlinks() {
         let dir = tempfile::tempdir().unwrap();
         let p = payload(&[("a", "one", 0o644), ("sub/b", "two", 0o600)]);
-        assert!(write(dir.path(), &p).unwrap());
+        assert!(write(dir.path(), &p, None).unwrap());
         assert_eq!(fs::read_to_string(dir.path().join("a")).unwrap(), "one");
         assert_eq!(fs::read_to_string(dir.path().join("sub/b")).unwrap(), "two");
         assert_eq!(
@@ -297,9 +310,30 @@ mod tests {
             .mode();
         assert_eq!(mode & 0o777, 0o600);
         assert!(
-            !write(dir.path(), &p).unwrap(),
+            !write(dir.path(), &p, None).unwrap(),
             "an equal payload writes nothing"
         );
+    }
+
+    #[test]
+    fn an_owned_payload_is_group_owned_and_rewritten_when_the_group_differs() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: changing a file's group to any gid needs root");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let p = payload(&[("a", "one", 0o440)]);
+        assert!(write(dir.path(), &p, None).unwrap());
+        assert!(
+            write(dir.path(), &p, Some(4321)).unwrap(),
+            "another group is a change"
+        );
+        let metadata = fs::metadata(dir.path().join("a")).unwrap();
+        assert_eq!(metadata.gid(), 4321);
+        assert_eq!(metadata.permissions().mode() & 0o777, 0o440);
+        let data_dir = fs::metadata(dir.path().join(DATA_LINK)).unwrap();
+        assert_eq!(data_dir.gid(), 4321);
+        assert!(!write(dir.path(), &p, Some(4321)).unwrap());
     }
 
     #[test]
@@ -308,10 +342,11 @@ mod tests {
         write(
             dir.path(),
             &payload(&[("a", "one", 0o644), ("gone", "x", 0o644)]),
+            None,
         )
         .unwrap();
         let old = fs::read_link(dir.path().join(DATA_LINK)).unwrap();
-        assert!(write(dir.path(), &payload(&[("a", "two", 0o644)])).unwrap());
+        assert!(write(dir.path(), &payload(&[("a", "two", 0o644)]), None).unwrap());
         assert_eq!(fs::read_to_string(dir.path().join("a")).unwrap(), "two");
         assert!(fs::symlink_metadata(dir.path().join("gone")).is_err());
         assert!(
@@ -325,8 +360,8 @@ mod tests {
     #[test]
     fn a_mode_change_alone_is_an_update() {
         let dir = tempfile::tempdir().unwrap();
-        write(dir.path(), &payload(&[("a", "one", 0o644)])).unwrap();
-        assert!(write(dir.path(), &payload(&[("a", "one", 0o400)])).unwrap());
+        write(dir.path(), &payload(&[("a", "one", 0o644)]), None).unwrap();
+        assert!(write(dir.path(), &payload(&[("a", "one", 0o400)]), None).unwrap());
         let mode = fs::metadata(dir.path().join("a"))
             .unwrap()
             .permissions()

@@ -37,6 +37,8 @@ enum Plan {
         plugin: VolumePlugin,
         medium: Medium,
         payload: Payload,
+        /// The pod's `fsGroup`: owns the files, whose modes then include `0440`.
+        group: Option<u32>,
     },
 }
 
@@ -140,11 +142,32 @@ async fn plan(ctx: &PayloadContext<'_>, volume: &Volume) -> Result<Plan, SetUpEr
             kind: source_kind(volume),
         });
     };
+    let group = fs_group(ctx.pod);
+    if group.is_some() {
+        // kubelet's `SetVolumeOwnership` on a read-only volume adds `0440` to every file.
+        for file in files.values_mut() {
+            file.mode |= FS_GROUP_FILE_MODE;
+        }
+    }
     Ok(Plan::Files {
         plugin,
         medium,
         payload: files,
+        group,
     })
+}
+
+/// The bits kubelet's `SetVolumeOwnership` adds to the files of a read-only volume of a
+/// pod with an `fsGroup` (owner and group may read).
+const FS_GROUP_FILE_MODE: u32 = 0o440;
+
+/// The pod's `securityContext.fsGroup`, if set and valid.
+fn fs_group(pod: &Pod) -> Option<u32> {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.security_context.as_ref())
+        .and_then(|s| s.fs_group)
+        .and_then(|g| u32::try_from(g).ok())
 }
 
 /// The name of the volume source field that is set (`persistentVolumeClaim`…).
@@ -236,10 +259,11 @@ fn apply(volumes_dir: &Path, name: &str, plan: Plan) -> Result<VolumeInfo, SetUp
             plugin,
             medium,
             payload,
+            group,
         } => {
             let path = dir_of(plugin);
             ensure_dir(&path, EMPTY_DIR_MODE, medium)?;
-            if atomic_writer::write(&path, &payload)? {
+            if atomic_writer::write(&path, &payload, group)? {
                 tracing::debug!(path = %path.display(), files = payload.len(), "volume contents written");
             }
             Ok(VolumeInfo {

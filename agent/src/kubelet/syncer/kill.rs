@@ -126,8 +126,8 @@ impl NodeSyncer {
         timeout: Duration,
     ) -> Result<(), String> {
         let action = Action::from_lifecycle_handler(hook).map_err(|e| e.to_string())?;
-        match crate::probes::run_handler(self.runtime.as_ref(), target, &action, timeout).await {
-            ProbeOutcome::Success => Ok(()),
+        match crate::probes::run_hook(self.runtime.as_ref(), target, &action, timeout).await {
+            ProbeOutcome::Success | ProbeOutcome::Warning(_) => Ok(()),
             ProbeOutcome::Failure(msg) | ProbeOutcome::Unknown(msg) => Err(msg),
         }
     }

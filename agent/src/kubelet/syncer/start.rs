@@ -10,6 +10,7 @@ use super::NodeSyncer;
 use crate::config::pod_uid;
 use crate::kubelet::container_config::{container_config, ContainerInputs};
 use crate::kubelet::events::{reason, EventType};
+use crate::kubelet::security::{verify_run_as_non_root, ImageUser};
 use crate::pod_workers::SyncError;
 use crate::sync::{container_annotations, container_labels, ContainerStart};
 use crate::volumes::PodVolumes;
@@ -34,6 +35,13 @@ impl NodeSyncer {
         })?;
         let image = container.image.clone().unwrap_or_default();
         self.ensure_image(pod, container, &image).await?;
+        let image_config = match self.images.get_image(&image).await {
+            Ok(found) => found.map(|i| i.config),
+            Err(err) => return Err(self.config_error(pod, err.to_string())),
+        };
+        let image_user = ImageUser::parse(image_config.as_ref().and_then(|c| c.user.as_deref()));
+        verify_run_as_non_root(pod, container, &image_user)
+            .map_err(|message| self.config_error(pod, message))?;
 
         let host_network = pod
             .spec
