@@ -1,7 +1,9 @@
 //! Environment and volumes seen from inside a real container: a static manifest with a
 //! ConfigMap and a Secret beside the pod, the env built by `container_env`, the volumes set up
 //! by `VolumeManager` and mounted through `container_mounts` into a busybox container run by
-//! the in-process runtime. Needs root; skips otherwise. A custom harness (`harness = false`)
+//! the in-process runtime; then, as a non-root user with an `fsGroup`, ConfigMap, Secret and
+//! projected files with a `defaultMode` read through the group kubelet gives them. Needs
+//! root; skips otherwise. A custom harness (`harness = false`)
 //! forks the zygote before any thread exists, as the binary does.
 
 use std::collections::BTreeMap;
@@ -12,6 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{ensure, Context, Result};
 use ironlet::config::{read_manifest, ManifestOrigin};
 use ironlet::env::{container_env, expand_command_and_args, Allocatable, EnvContext};
+use ironlet::kubelet::container_config::{container_config, ContainerInputs};
 use ironlet::objects::FileObjectSource;
 use ironlet::volumes::{container_mounts, VolumeManager};
 use ironlet_runtime::types::{ContainerConfig, PodSandboxConfig};
@@ -71,6 +74,37 @@ metadata: {name: creds}
 stringData: {password: hunter2}
 "#;
 
+/// A non-root pod with an `fsGroup` reading volumes whose `defaultMode` leaves other users out
+/// (the e2e "as non-root with defaultMode and fsGroup set" specs).
+const FS_GROUP_MANIFEST: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: nonroot}
+spec:
+  securityContext: {runAsUser: 1000, fsGroup: 1001}
+  containers:
+  - name: app
+    image: busybox
+    command: [sh, -c]
+    args:
+    - |
+      echo "groups=$(id -G)"
+      echo "cfg=$(cat /etc/cfg/greeting) $(stat -L -c '%a %g' /etc/cfg/greeting)"
+      echo "secret=$(cat /creds/password) $(stat -L -c '%a %g' /creds/password)"
+      echo "projected=$(cat /all/password) $(stat -L -c '%a %g' /all/password)"
+    volumeMounts:
+    - {name: cfg, mountPath: /etc/cfg}
+    - {name: creds, mountPath: /creds}
+    - {name: all, mountPath: /all}
+  volumes:
+  - name: cfg
+    configMap: {name: app-config, defaultMode: 0400}
+  - name: creds
+    secret: {secretName: creds, defaultMode: 0440}
+  - name: all
+    projected: {defaultMode: 0400, sources: [{secret: {name: creds}}]}
+"#;
+
 fn main() {
     if !nix::unistd::geteuid().is_root() {
         println!("volumes_container: skipped, needs root");
@@ -85,21 +119,62 @@ fn main() {
         }
     };
     let root = std::env::temp_dir().join(format!("ironlet-vol-test-{}", std::process::id()));
-    let result = tokio::runtime::Builder::new_multi_thread()
+    let results = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .context("tokio runtime")
-        .and_then(|rt| rt.block_on(run(zygote, &root)));
+        .and_then(|rt| rt.block_on(run_all(zygote, &root)));
     let _ = std::fs::remove_dir_all(&root);
     ironlet_runtime::testkit::remove_cgroup_parent(&cgroup_parent());
-    match result {
-        Ok(()) => println!("test a_container_sees_its_env_and_volumes ... ok"),
+    let results = match results {
+        Ok(results) => results,
         Err(e) => {
-            eprintln!("test a_container_sees_its_env_and_volumes ... FAILED: {e:#}");
+            eprintln!("test setup failed: {e:#}");
             std::process::exit(1);
         }
+    };
+    let mut failed = false;
+    for (name, result) in results {
+        match result {
+            Ok(()) => println!("test {name} ... ok"),
+            Err(e) => {
+                eprintln!("test {name} ... FAILED: {e:#}");
+                failed = true;
+            }
+        }
     }
+    if failed {
+        std::process::exit(1);
+    }
+}
+
+type Outcomes = Vec<(&'static str, Result<()>)>;
+
+/// Sets up the runtime once and runs every test against it.
+async fn run_all(zygote: ironlet_runtime::zygote::ZygoteHandle, root: &Path) -> Result<Outcomes> {
+    let store = ironlet_runtime::testkit::busybox_store(root).await?;
+    let runtime = LocalRuntime::new(
+        LocalRuntimeConfig {
+            root_dir: root.join("runtime"),
+            rootless: false,
+            default_cgroup_parent: Some(format!("/{}", cgroup_parent())),
+            cni: None,
+        },
+        zygote,
+        store,
+    )
+    .await?;
+    Ok(vec![
+        (
+            "a_container_sees_its_env_and_volumes",
+            run(&runtime, root).await,
+        ),
+        (
+            "a_non_root_container_reads_volumes_with_default_mode_through_its_fs_group",
+            run_fs_group(&runtime, root).await,
+        ),
+    ])
 }
 
 /// The runtime's cgroup parent for this test, relative to each hierarchy root.
@@ -107,7 +182,7 @@ fn cgroup_parent() -> String {
     format!("ironlet-vol-test-{}", std::process::id())
 }
 
-async fn run(zygote: ironlet_runtime::zygote::ZygoteHandle, root: &Path) -> Result<()> {
+async fn run(runtime: &LocalRuntime, root: &Path) -> Result<()> {
     let manifests = root.join("manifests");
     std::fs::create_dir_all(&manifests)?;
     let manifest_path = manifests.join("web.yaml");
@@ -122,19 +197,6 @@ async fn run(zygote: ironlet_runtime::zygote::ZygoteHandle, root: &Path) -> Resu
     let spec = pod.spec.as_ref().context("pod spec")?;
     let container = &spec.containers[0];
     let uid = pod.metadata.uid.clone().context("uid")?;
-
-    let store = ironlet_runtime::testkit::busybox_store(root).await?;
-    let runtime = LocalRuntime::new(
-        LocalRuntimeConfig {
-            root_dir: root.join("runtime"),
-            rootless: false,
-            default_cgroup_parent: Some(format!("/{}", cgroup_parent())),
-            cni: None,
-        },
-        zygote,
-        store,
-    )
-    .await?;
 
     let objects = Arc::new(FileObjectSource::new(&manifests));
     let allocatable = Allocatable {
@@ -197,6 +259,96 @@ async fn run(zygote: ironlet_runtime::zygote::ZygoteHandle, root: &Path) -> Resu
             "cfg=read-only",
             "scratch=tmpfs",
             "scratch-write=hi",
+        ] {
+            ensure!(
+                log.contains(want),
+                "{want:?} missing from the container output:\n{log}"
+            );
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    runtime.stop_pod_sandbox(&sandbox).await?;
+    runtime.remove_pod_sandbox(&sandbox).await?;
+    volumes.teardown_pod_volumes(&uid).await?;
+    outcome
+}
+
+/// The fsGroup pod: its container config comes from `container_config` (the fsGroup is a
+/// supplemental group) and its volumes from the `VolumeManager` (files of that group, 0440).
+async fn run_fs_group(runtime: &LocalRuntime, root: &Path) -> Result<()> {
+    let root = root.join("fs-group");
+    let manifests = root.join("manifests");
+    std::fs::create_dir_all(&manifests)?;
+    let objects_only = MANIFEST
+        .split("\n---\n")
+        .skip(1)
+        .collect::<Vec<_>>()
+        .join("\n---\n");
+    std::fs::write(manifests.join("objects.yaml"), objects_only)?;
+    let manifest_path = manifests.join("nonroot.yaml");
+    let pods = read_manifest(
+        FS_GROUP_MANIFEST.as_bytes(),
+        &ManifestOrigin::File(manifest_path),
+        NODE,
+    )?;
+    ensure!(pods.invalid.is_empty(), "invalid pods: {:?}", pods.invalid);
+    let pod = pods.pods.first().context("one pod")?;
+    let container = &pod.spec.as_ref().context("pod spec")?.containers[0];
+    let uid = pod.metadata.uid.clone().context("uid")?;
+    let objects = Arc::new(FileObjectSource::new(&manifests));
+    let allocatable = Allocatable {
+        cpu_milli: 2000,
+        memory_bytes: 1 << 30,
+        ephemeral_storage_bytes: 0,
+    };
+    let volumes = VolumeManager::new(root.join("agent"), objects.clone());
+    let pod_volumes = volumes.setup_pod_volumes(pod, &allocatable).await?;
+    let mounts = container_mounts(pod, container, &pod_volumes, &[])?;
+    let config = container_config(ContainerInputs {
+        pod,
+        container,
+        attempt: 0,
+        env: Vec::new(),
+        mounts,
+        labels: BTreeMap::new(),
+        annotations: BTreeMap::new(),
+        qos: ironlet_cgroups::QosClass::BestEffort,
+        node_memory_bytes: 1 << 30,
+        cgroup_options: &ironlet_cgroups::CgroupOptions::default(),
+        seccomp_default: false,
+        seccomp_dir: &root.join("seccomp"),
+    })?;
+    let sandbox = runtime
+        .run_pod_sandbox(&PodSandboxConfig {
+            pod_uid: uid.clone(),
+            name: "nonroot".into(),
+            namespace: "default".into(),
+            hostname: "nonroot".into(),
+            log_directory: root.join("logs"),
+            ..PodSandboxConfig::default()
+        })
+        .await?;
+    let outcome = async {
+        let id = runtime.create_container(&sandbox, &config).await?;
+        runtime.start_container(&id).await?;
+        let status = tokio::time::timeout(Duration::from_secs(30), runtime.wait(&id))
+            .await
+            .context("the container did not exit within 30 s")??;
+        let log = log_text(&status.log_path, "projected=").await;
+        ensure!(
+            status.exit_code == Some(0),
+            "exit code {:?}:\n{log}",
+            status.exit_code
+        );
+        ensure!(
+            log.split_whitespace().any(|w| w == "1001") && log.contains("groups="),
+            "the fsGroup is not among the process groups:\n{log}"
+        );
+        for want in [
+            "cfg=hello 440 1001",
+            "secret=hunter2 440 1001",
+            "projected=hunter2 440 1001",
         ] {
             ensure!(
                 log.contains(want),
