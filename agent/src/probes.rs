@@ -6,7 +6,7 @@
 //!                                                                   │ one task per
 //!                                                                   │ (pod uid, container, kind),
 //!                                                                   ▼ bound to one container id
-//!      sync loop ◄──ProbeUpdate (result changed)── worker ──run_handler──► exec / httpGet / tcpSocket
+//!      sync loop ◄──ProbeUpdate (result changed)── worker ──run_handler──► exec / httpGet / tcpSocket / grpc
 //!      status    ──is_ready / startup_done / liveness_failed──► results (per container id)
 //! ```
 //!
@@ -29,6 +29,7 @@
 //!   namespace are made on a short-lived thread of their own.
 
 mod action;
+mod grpc;
 mod handler;
 mod http;
 mod manager;

@@ -22,7 +22,7 @@ pub enum Action {
     HttpGet(HttpGet),
     /// A TCP connect; connecting is success.
     TcpSocket { host: Option<String>, port: PortRef },
-    /// A gRPC health check (accepted, but answered as unsupported when run).
+    /// A gRPC health check (`grpc.health.v1.Health/Check` for `service`).
     Grpc { port: u16, service: Option<String> },
     /// Lifecycle hooks only: sleep, then succeed.
     Sleep(Duration),

@@ -10,6 +10,7 @@ use std::time::Duration;
 use ironlet_runtime::{Runtime, RuntimeError};
 
 use super::action::Action;
+use super::grpc::grpc_check;
 use super::http::{http_get, HttpUse};
 use super::{net, ProbeOutcome, ProbeTarget};
 
@@ -23,7 +24,7 @@ const MAX_MESSAGE: usize = 10 * 1024;
 /// - exec: `exit 0` is success, another exit code a failure carrying the output.
 /// - httpGet: HTTP or HTTPS, same-host redirects followed; see the `http` module.
 /// - tcpSocket: connecting is success.
-/// - grpc: [`ProbeOutcome::Unknown`], not supported.
+/// - grpc: `grpc.health.v1.Health/Check` says `SERVING`; see the `grpc` module.
 /// - sleep (hooks): sleeps, cut short by `timeout` (a failure then).
 pub async fn run_handler(
     runtime: &dyn Runtime,
@@ -59,9 +60,9 @@ async fn run(
         Action::TcpSocket { host, port } => {
             net::tcp_socket(target, host.as_deref(), port, timeout).await
         }
-        Action::Grpc { port, .. } => ProbeOutcome::Unknown(format!(
-            "gRPC probe on port {port}: gRPC probes are not supported"
-        )),
+        Action::Grpc { port, service } => {
+            grpc_check(target, *port, service.as_deref(), timeout).await
+        }
         Action::Sleep(duration) if *duration <= timeout => {
             tokio::time::sleep(*duration).await;
             ProbeOutcome::Success
