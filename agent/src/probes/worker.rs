@@ -520,4 +520,24 @@ mod tests {
         );
         assert!(rig.updates.try_recv().is_err(), "more than one update");
     }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_warning_counts_as_a_success_and_is_reported_each_time() {
+        let mut rig = Rig::new(true);
+        let warning = || ProbeOutcome::Warning("Probe terminated redirects".into());
+        rig.prober.script("l", [warning(), warning()]);
+        let task = rig.spawn(exec_spec(ProbeKind::Liveness, "l"));
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        task.abort();
+        let mut warnings = Vec::new();
+        while let Ok(update) = rig.updates.try_recv() {
+            assert_eq!(update.result, ProbeResult::Success, "{update:?}");
+            warnings.extend(update.warning);
+        }
+        assert_eq!(
+            warnings,
+            vec!["Probe terminated redirects".to_owned(); 2],
+            "one ProbeWarning per warned run"
+        );
+    }
 }
