@@ -2,8 +2,9 @@
 //! containers and the restart policy make Pending, Running, Succeeded or Failed.
 //!
 //! The rules, in order:
-//! 1. an init container that failed (exit code ≠ 0, now or in its last state) under
-//!    `restartPolicy: Never` ⇒ **Failed**;
+//! 1. an init container that failed (exit code ≠ 0, now or in its last state) and is not
+//!    restarted (its own `restartPolicy`/`restartPolicyRules`, else the pod's `Never`)
+//!    ⇒ **Failed**;
 //! 2. a regular init container not finished, a sidecar not started while no app container has
 //!    run in the current sandbox, or an app container waiting for its first run ⇒ **Pending**;
 //! 3. app containers all known and one running ⇒ **Running**;
@@ -132,7 +133,12 @@ pub(super) fn get_phase(
         let started = status.and_then(|s| s.started).unwrap_or(false);
         match (is_restartable_init_container(c), stand(status)) {
             (false, Stand::Exited(code) | Stand::Restarting(code)) => {
-                n.failed_init += u32::from(code != 0);
+                // Failed for good when the container's own policy (else the pod's) gives up.
+                let gives_up = match c.restart_policy {
+                    Some(_) => !should_restart(c, Some(spec), Some(code)),
+                    None => spec.restart_policy.as_deref() == Some("Never"),
+                };
+                n.failed_init += u32::from(code != 0 && gives_up);
             }
             (false, _) => n.pending_init += 1,
             (true, Stand::Running) => {
@@ -167,8 +173,7 @@ pub(super) fn get_phase(
         }
     }
 
-    let policy = spec.restart_policy.as_deref().unwrap_or("Always");
-    if n.failed_init > 0 && policy == "Never" {
+    if n.failed_init > 0 {
         return Phase::Failed;
     }
     if n.pending_init > 0 || (n.pending_sidecars > 0 && !initialized) || n.waiting > 0 {
@@ -285,6 +290,15 @@ mod tests {
         assert_eq!(
             phase(always_in_never, &[], &[("a", State::Exited(0))]),
             Phase::Running
+        );
+    }
+
+    #[test]
+    fn an_init_container_whose_own_policy_is_never_fails_the_pod_under_always() {
+        let spec = "initContainers: [{name: i, image: i, restartPolicy: Never}]\ncontainers: [{name: a, image: i}]";
+        assert_eq!(
+            phase(spec, &[("i", State::Exited(1))], &[("a", State::Creating)]),
+            Phase::Failed
         );
     }
 

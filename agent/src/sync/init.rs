@@ -27,6 +27,7 @@ use k8s_openapi::api::core::v1::Container;
 
 use super::actions::{ContainerKind, KillReason};
 use super::plan::{init_failed, Ctx, Plan, RestartPolicy};
+use super::restart::should_restart;
 
 /// Where the init phase stands after this sync's decisions.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -107,7 +108,13 @@ fn init_step(
         return Step::Wait;
     };
     if init_failed(status) {
-        if ctx.policy == RestartPolicy::Never {
+        // The container's own restart policy and rules when it has them (kubelet's
+        // ContainerShouldRestart), else the pod's: only `Never` gives up.
+        let gives_up = match container.restart_policy {
+            Some(_) => !should_restart(container, ctx.pod.spec.as_ref(), status.exit_code),
+            None => ctx.policy == RestartPolicy::Never,
+        };
+        if gives_up {
             return Step::Fail {
                 exit_code: status.exit_code,
             };
@@ -273,6 +280,38 @@ mod tests {
                 }
             }
         );
+    }
+
+    #[test]
+    fn an_init_container_whose_own_policy_is_never_fails_the_pod_under_always() {
+        let mut pod = pod(&["init-a"], &["web"]);
+        spec_mut(&mut pod, "init-a").restart_policy = Some("Never".into());
+        let failed = status(&pod)
+            .sandbox("s1", 0, Ready)
+            .container(exited("init-a", 3))
+            .build();
+        assert!(matches!(
+            compute(&pod, &failed),
+            PodActions::KillPod {
+                cause: PodDone::InitContainerFailed { .. }
+            }
+        ));
+        // A rule matching the exit code restarts it after all.
+        spec_mut(&mut pod, "init-a").restart_policy_rules =
+            Some(vec![k8s_openapi::api::core::v1::ContainerRestartRule {
+                action: "Restart".into(),
+                exit_codes: Some(
+                    k8s_openapi::api::core::v1::ContainerRestartRuleOnExitCodes {
+                        operator: "In".into(),
+                        values: Some(vec![3]),
+                    },
+                ),
+            }]);
+        let failed = status(&pod)
+            .sandbox("s1", 0, Ready)
+            .container(exited("init-a", 3))
+            .build();
+        assert_eq!(compute(&pod, &failed).starts()[0].name, "init-a");
     }
 
     #[test]
