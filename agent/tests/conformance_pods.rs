@@ -1,10 +1,13 @@
 //! Behaviours the Kubernetes node conformance suite checks, end to end with real containers
 //! under `ironlet run --pod-manifest-path`: container-level restart policies and rules,
-//! a liveness probe's own termination grace period, `runAsNonRoot` refusals and unsafe
+//! a liveness probe's own termination grace period, a gRPC liveness probe against a health
+//! server of the test (reached on the host network), `runAsNonRoot` refusals and unsafe
 //! sysctl rejection. Needs root (CI runs as root); skips otherwise.
 
 mod support;
 
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{ContainerStateTerminated, Pod};
@@ -224,4 +227,94 @@ spec:
         agent.processes_in_tree().is_empty(),
         "a rejected pod never starts"
     );
+}
+
+/// A `grpc.health.v1.Health` server on 127.0.0.1 answering every `Check` with the status in
+/// `status` (1 SERVING, 2 NOT_SERVING); runs on `rt` until the runtime is dropped.
+fn health_server(rt: &tokio::runtime::Runtime, status: Arc<AtomicU8>) -> u16 {
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .expect("bind loopback");
+    let port = listener.local_addr().expect("local addr").port();
+    rt.spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let status = status.clone();
+            tokio::spawn(async move {
+                let Ok(mut conn) = h2::server::handshake(tcp).await else {
+                    return;
+                };
+                while let Some(Ok((request, mut respond))) = conn.accept().await {
+                    let mut body = request.into_body();
+                    while let Some(Ok(chunk)) = body.data().await {
+                        let _ = body.flow_control().release_capacity(chunk.len());
+                    }
+                    let head = http::Response::builder()
+                        .status(200)
+                        .header("content-type", "application/grpc")
+                        .body(())
+                        .expect("response head");
+                    let Ok(mut send) = respond.send_response(head, false) else {
+                        continue;
+                    };
+                    // HealthCheckResponse { status = 1 } behind the 5-byte gRPC prefix.
+                    let message = vec![0, 0, 0, 0, 2, 0x08, status.load(Ordering::SeqCst)];
+                    let _ = send.send_data(bytes::Bytes::from(message), false);
+                    let mut trailers = http::HeaderMap::new();
+                    trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+                    let _ = send.send_trailers(trailers);
+                }
+            });
+        }
+    });
+    port
+}
+
+#[test]
+fn a_grpc_liveness_probe_keeps_a_serving_container_and_restarts_a_not_serving_one() {
+    if !support::is_root() {
+        return;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let status = Arc::new(AtomicU8::new(1));
+    let port = health_server(&rt, status.clone());
+    let agent = Agent::start();
+    agent.write_manifest(
+        "grpc.yaml",
+        &format!(
+            r#"
+apiVersion: v1
+kind: Pod
+metadata: {{name: grpc}}
+spec:
+  hostNetwork: true
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: app
+    image: busybox
+    command: [sleep, "3600"]
+    livenessProbe:
+      grpc: {{port: {port}}}
+      periodSeconds: 1
+      failureThreshold: 1
+"#
+        ),
+    );
+    agent.wait_pod("grpc", "Running", Duration::from_secs(30), |p| {
+        running(p, "app")
+    });
+    std::thread::sleep(Duration::from_secs(4));
+    let pod = agent.pod("grpc").expect("pod");
+    assert_eq!(restart_count(&pod, "app"), 0, "SERVING keeps it running");
+    status.store(2, Ordering::SeqCst);
+    agent.wait_pod(
+        "grpc",
+        "restarted by the gRPC liveness probe",
+        Duration::from_secs(30),
+        |p| restart_count(p, "app") >= 1,
+    );
+    status.store(1, Ordering::SeqCst);
 }
