@@ -217,16 +217,6 @@ async fn run(runtime: &LocalRuntime, root: &Path) -> Result<()> {
     let mounts = container_mounts(pod, container, &pod_volumes, &env)?;
     let (command, args) = expand_command_and_args(container, &env);
 
-    let sandbox = runtime
-        .run_pod_sandbox(&PodSandboxConfig {
-            pod_uid: uid.clone(),
-            name: "web".into(),
-            namespace: "default".into(),
-            hostname: "web".into(),
-            log_directory: root.join("logs"),
-            ..PodSandboxConfig::default()
-        })
-        .await?;
     let config = ContainerConfig {
         name: container.name.clone(),
         image: "busybox".into(),
@@ -238,38 +228,23 @@ async fn run(runtime: &LocalRuntime, root: &Path) -> Result<()> {
         labels: BTreeMap::new(),
         ..ContainerConfig::default()
     };
-    let outcome = async {
-        let id = runtime.create_container(&sandbox, &config).await?;
-        runtime.start_container(&id).await?;
-        let status = tokio::time::timeout(Duration::from_secs(30), runtime.wait(&id))
-            .await
-            .context("the container did not exit within 30 s")??;
-        ensure!(
-            status.exit_code == Some(0),
-            "exit code {:?}",
-            status.exit_code
-        );
-        let log = log_text(&status.log_path, "scratch-write=").await;
-        for want in [
-            "greeting=hello",
-            "single=hello",
-            "password=hunter2 mode=400",
-            "labels=app=\"web\"",
-            "env=hello/hunter2/web-node-1/64",
-            "cfg=read-only",
-            "scratch=tmpfs",
-            "scratch-write=hi",
-        ] {
-            ensure!(
-                log.contains(want),
-                "{want:?} missing from the container output:\n{log}"
-            );
-        }
-        anyhow::Ok(())
-    }
-    .await;
-    runtime.stop_pod_sandbox(&sandbox).await?;
-    runtime.remove_pod_sandbox(&sandbox).await?;
+    let outcome = run_to_exit(runtime, root, &uid, "web", &config, "scratch-write=")
+        .await
+        .and_then(|log| {
+            expect_lines(
+                &log,
+                &[
+                    "greeting=hello",
+                    "single=hello",
+                    "password=hunter2 mode=400",
+                    "labels=app=\"web\"",
+                    "env=hello/hunter2/web-node-1/64",
+                    "cfg=read-only",
+                    "scratch=tmpfs",
+                    "scratch-write=hi",
+                ],
+            )
+        });
     volumes.teardown_pod_volumes(&uid).await?;
     outcome
 }
@@ -319,49 +294,75 @@ async fn run_fs_group(runtime: &LocalRuntime, root: &Path) -> Result<()> {
         seccomp_default: false,
         seccomp_dir: &root.join("seccomp"),
     })?;
+    let outcome = run_to_exit(runtime, &root, &uid, "nonroot", &config, "projected=")
+        .await
+        .and_then(|log| {
+            ensure!(
+                log.split_whitespace().any(|w| w == "1001") && log.contains("groups="),
+                "the fsGroup is not among the process groups:\n{log}"
+            );
+            expect_lines(
+                &log,
+                &[
+                    "cfg=hello 440 1001",
+                    "secret=hunter2 440 1001",
+                    "projected=hunter2 440 1001",
+                ],
+            )
+        });
+    volumes.teardown_pod_volumes(&uid).await?;
+    outcome
+}
+
+/// Runs `config` in a new sandbox of pod `uid` until it exits 0; its output, once `marker`
+/// is in it. The sandbox is removed whatever happens.
+async fn run_to_exit(
+    runtime: &LocalRuntime,
+    root: &Path,
+    uid: &str,
+    name: &str,
+    config: &ContainerConfig,
+    marker: &str,
+) -> Result<String> {
     let sandbox = runtime
         .run_pod_sandbox(&PodSandboxConfig {
-            pod_uid: uid.clone(),
-            name: "nonroot".into(),
+            pod_uid: uid.to_owned(),
+            name: name.into(),
             namespace: "default".into(),
-            hostname: "nonroot".into(),
+            hostname: name.into(),
             log_directory: root.join("logs"),
             ..PodSandboxConfig::default()
         })
         .await?;
     let outcome = async {
-        let id = runtime.create_container(&sandbox, &config).await?;
+        let id = runtime.create_container(&sandbox, config).await?;
         runtime.start_container(&id).await?;
         let status = tokio::time::timeout(Duration::from_secs(30), runtime.wait(&id))
             .await
             .context("the container did not exit within 30 s")??;
-        let log = log_text(&status.log_path, "projected=").await;
+        let log = log_text(&status.log_path, marker).await;
         ensure!(
             status.exit_code == Some(0),
             "exit code {:?}:\n{log}",
             status.exit_code
         );
-        ensure!(
-            log.split_whitespace().any(|w| w == "1001") && log.contains("groups="),
-            "the fsGroup is not among the process groups:\n{log}"
-        );
-        for want in [
-            "cfg=hello 440 1001",
-            "secret=hunter2 440 1001",
-            "projected=hunter2 440 1001",
-        ] {
-            ensure!(
-                log.contains(want),
-                "{want:?} missing from the container output:\n{log}"
-            );
-        }
-        anyhow::Ok(())
+        anyhow::Ok(log)
     }
     .await;
     runtime.stop_pod_sandbox(&sandbox).await?;
     runtime.remove_pod_sandbox(&sandbox).await?;
-    volumes.teardown_pod_volumes(&uid).await?;
     outcome
+}
+
+/// Every line of `wants` is in the container output `log`.
+fn expect_lines(log: &str, wants: &[&str]) -> Result<()> {
+    for want in wants {
+        ensure!(
+            log.contains(want),
+            "{want:?} missing from the container output:\n{log}"
+        );
+    }
+    Ok(())
 }
 
 /// The container's log as text, once `marker` is in it (or after 5 s).

@@ -11,6 +11,14 @@ use crate::probes::ProbeNetwork;
 
 /// Serves the scripted replies, one connection each, in order; returns the request heads.
 async fn serve(replies: Vec<String>) -> (u16, tokio::task::JoinHandle<Vec<String>>) {
+    serve_with(replies, None).await
+}
+
+/// [`serve`], over TLS when `acceptor` is set.
+async fn serve_with(
+    replies: Vec<String>,
+    acceptor: Option<tokio_rustls::TlsAcceptor>,
+) -> (u16, tokio::task::JoinHandle<Vec<String>>) {
     let listener = TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind loopback");
@@ -18,13 +26,21 @@ async fn serve(replies: Vec<String>) -> (u16, tokio::task::JoinHandle<Vec<String
     let server = tokio::spawn(async move {
         let mut requests = Vec::new();
         for reply in replies {
-            let Ok((mut conn, _)) = listener.accept().await else {
+            let Ok((tcp, _)) = listener.accept().await else {
                 break;
+            };
+            let mut conn: Box<dyn Io> = match &acceptor {
+                None => Box::new(tcp),
+                Some(acceptor) => match acceptor.accept(tcp).await {
+                    Ok(tls) => Box::new(tls),
+                    Err(_) => continue,
+                },
             };
             let mut buf = [0u8; 2048];
             let n = conn.read(&mut buf).await.unwrap_or(0);
             requests.push(String::from_utf8_lossy(&buf[..n]).into_owned());
             let _ = conn.write_all(reply.as_bytes()).await;
+            let _ = conn.shutdown().await;
         }
         requests
     });
@@ -210,7 +226,7 @@ async fn an_empty_reply_is_eof_as_in_go_and_a_hook_ignores_the_status() {
     server.abort();
 }
 
-/// A TLS server with a fresh self-signed certificate answering `reply` once per connection.
+/// A TLS server with a fresh self-signed certificate answering `replies` in order.
 async fn serve_tls(replies: Vec<String>) -> (u16, tokio::task::JoinHandle<Vec<String>>) {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let cert = rcgen::generate_simple_self_signed(vec!["unrelated.test".to_owned()])
@@ -220,29 +236,11 @@ async fn serve_tls(replies: Vec<String>) -> (u16, tokio::task::JoinHandle<Vec<St
         .with_no_client_auth()
         .with_single_cert(vec![cert.cert.der().clone()], key)
         .expect("server config");
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-    let listener = TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind loopback");
-    let port = listener.local_addr().expect("local addr").port();
-    let server = tokio::spawn(async move {
-        let mut requests = Vec::new();
-        for reply in replies {
-            let Ok((tcp, _)) = listener.accept().await else {
-                break;
-            };
-            let Ok(mut conn) = acceptor.accept(tcp).await else {
-                continue;
-            };
-            let mut buf = [0u8; 2048];
-            let n = conn.read(&mut buf).await.unwrap_or(0);
-            requests.push(String::from_utf8_lossy(&buf[..n]).into_owned());
-            let _ = conn.write_all(reply.as_bytes()).await;
-            let _ = conn.shutdown().await;
-        }
-        requests
-    });
-    (port, server)
+    serve_with(
+        replies,
+        Some(tokio_rustls::TlsAcceptor::from(Arc::new(config))),
+    )
+    .await
 }
 
 #[tokio::test]
