@@ -75,6 +75,11 @@ fn redirect(location: &str) -> String {
 
 const TIMEOUT: Duration = Duration::from_secs(5);
 
+/// One httpGet of `path` on the loopback port.
+async fn fetch(scheme: Scheme, port: u16, path: &str, usage: HttpUse) -> ProbeOutcome {
+    http_get(&target(), &get(scheme, port, path), TIMEOUT, usage).await
+}
+
 #[test]
 fn the_request_lets_action_headers_replace_the_defaults() {
     let mut action = get(Scheme::Http, 80, "/healthz");
@@ -147,13 +152,7 @@ async fn an_http_server_answering_500_fails_and_200_succeeds() {
 #[tokio::test]
 async fn a_redirect_to_the_same_host_is_followed_and_judged_by_its_target() {
     let (port, server) = serve(vec![redirect("/healthz"), status("503 Unavailable")]).await;
-    let outcome = http_get(
-        &target(),
-        &get(Scheme::Http, port, "/redirect"),
-        TIMEOUT,
-        HttpUse::Probe,
-    )
-    .await;
+    let outcome = fetch(Scheme::Http, port, "/redirect", HttpUse::Probe).await;
     assert_eq!(
         outcome,
         ProbeOutcome::Failure("HTTP probe failed with statuscode: 503".into())
@@ -163,13 +162,7 @@ async fn a_redirect_to_the_same_host_is_followed_and_judged_by_its_target() {
     assert!(requests[1].starts_with("GET /healthz "), "{requests:?}");
 
     let (port, server) = serve(vec![redirect("/healthz"), status("200 OK")]).await;
-    let outcome = http_get(
-        &target(),
-        &get(Scheme::Http, port, "/redirect"),
-        TIMEOUT,
-        HttpUse::Probe,
-    )
-    .await;
+    let outcome = fetch(Scheme::Http, port, "/redirect", HttpUse::Probe).await;
     assert_eq!(outcome, ProbeOutcome::Success);
     server.abort();
 }
@@ -177,13 +170,7 @@ async fn a_redirect_to_the_same_host_is_followed_and_judged_by_its_target() {
 #[tokio::test]
 async fn a_redirect_to_another_host_is_a_success_with_a_warning() {
     let (port, server) = serve(vec![redirect("http://0.0.0.0/healthz")]).await;
-    let outcome = http_get(
-        &target(),
-        &get(Scheme::Http, port, "/redirect"),
-        TIMEOUT,
-        HttpUse::Probe,
-    )
-    .await;
+    let outcome = fetch(Scheme::Http, port, "/redirect", HttpUse::Probe).await;
     assert!(
         matches!(&outcome, ProbeOutcome::Warning(m) if m.starts_with("Probe terminated redirects")),
         "{outcome:?}"
@@ -196,13 +183,7 @@ async fn a_redirect_to_another_host_is_a_success_with_a_warning() {
 #[tokio::test]
 async fn more_than_ten_redirects_fail() {
     let (port, server) = serve(vec![redirect("/again"); 11]).await;
-    let outcome = http_get(
-        &target(),
-        &get(Scheme::Http, port, "/"),
-        TIMEOUT,
-        HttpUse::Probe,
-    )
-    .await;
+    let outcome = fetch(Scheme::Http, port, "/", HttpUse::Probe).await;
     assert_eq!(
         outcome,
         ProbeOutcome::Failure(format!(
@@ -264,13 +245,7 @@ async fn https_does_not_verify_the_certificate_and_judges_the_status() {
 #[tokio::test]
 async fn https_to_a_plain_http_server_fails() {
     let (port, server) = serve(vec![status("200 OK")]).await;
-    let outcome = http_get(
-        &target(),
-        &get(Scheme::Https, port, "/"),
-        TIMEOUT,
-        HttpUse::Hook,
-    )
-    .await;
+    let outcome = fetch(Scheme::Https, port, "/", HttpUse::Hook).await;
     assert!(
         matches!(&outcome, ProbeOutcome::Failure(m) if m.contains("TLS handshake")),
         "{outcome:?}"
