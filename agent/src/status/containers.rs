@@ -31,6 +31,7 @@ use super::{
     CONTAINER_STATUS_UNKNOWN, POD_INITIALIZING,
 };
 use crate::qos::is_restartable_init_container;
+use crate::sync::restart;
 
 /// The scheme of `containerID`s: `ironlet://<id>`, as containerd reports `containerd://<id>`.
 pub const CONTAINER_ID_SCHEME: &str = "ironlet";
@@ -295,11 +296,9 @@ impl<'a> Context<'a> {
             RtState::Running => false,
             RtState::Created | RtState::Unknown => true,
             RtState::Exited if is_restartable_init_container(spec) => true,
-            RtState::Exited => match self.restart_policy() {
-                "Never" => false,
-                "OnFailure" => c.exit_code.unwrap_or_default() != 0,
-                _ => true,
-            },
+            // The container's own restartPolicy and rules, else the pod's (as the sync
+            // decides): a container that stays down never shows a waiting reason.
+            RtState::Exited => restart::should_restart(spec, self.pod.spec.as_ref(), c.exit_code),
         }
     }
 
@@ -346,15 +345,6 @@ impl<'a> Context<'a> {
         } else {
             started && running_id.is_some_and(|id| self.probes.is_ready(&spec.name, id))
         };
-    }
-
-    fn restart_policy(&self) -> &str {
-        let policy = self
-            .pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.restart_policy.as_deref());
-        policy.unwrap_or("Always")
     }
 
     fn deleting(&self) -> bool {
@@ -508,6 +498,17 @@ mod tests {
         let mut deleted = crash_loop();
         deleted.pod.metadata.deletion_timestamp = Some(crate::status::time::api_time(t(900)));
         assert!(terminated_of(container(&deleted.generate(), "a").state.as_ref()).is_some());
+    }
+
+    #[test]
+    fn a_container_whose_own_policy_is_never_shows_terminated_under_pod_policy_always() {
+        let mut own_never = crash_loop();
+        own_never.pod.spec.as_mut().unwrap().containers[0].restart_policy = Some("Never".into());
+        let status = own_never.generate();
+        assert!(
+            terminated_of(container(&status, "a").state.as_ref()).is_some(),
+            "a terminated container must never go back to waiting"
+        );
     }
 
     #[test]
