@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use ironlet_e2e::{eventually, run_suite, ClusterAgent, ControlPlane, SuiteTest};
+use ironlet_runtime::testkit::processes_with_cmdline;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
@@ -523,22 +524,15 @@ fn kubectl_with_stdin(env: &Env, args: &[&str], stdin: &[u8]) -> Result<std::pro
     child.wait_with_output().context("waiting for kubectl")
 }
 
+/// `kubectl exec POD -- sh -c SCRIPT` run to its end.
+fn kubectl_exec_sh(env: &Env, pod: &str, script: &str) -> Result<std::process::Output> {
+    kubectl_with_stdin(env, &["exec", pod, "--", "sh", "-c", script], b"")
+}
+
 fn exec_streams_and_exit_code(env: &Env) -> Result<()> {
     let name = "kapi-exec";
     with_pod(env, name, SLEEPER, "Never", |_pods| async move {
-        let out = env
-            .plane
-            .kubectl_command()
-            .args([
-                "exec",
-                name,
-                "--",
-                "sh",
-                "-c",
-                "echo out; echo err >&2; exit 3",
-            ])
-            .output()
-            .context("running kubectl exec")?;
+        let out = kubectl_exec_sh(env, name, "echo out; echo err >&2; exit 3")?;
         assert_eq!(out.status.code(), Some(3), "{out:?}");
         assert_eq!(String::from_utf8_lossy(&out.stdout), "out\n");
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -616,19 +610,7 @@ fn exec_container_exits(env: &Env) -> Result<()> {
     let name = "kapi-exec-exits";
     with_pod(env, name, "sleep 10", "Never", |_pods| async move {
         let started = Instant::now();
-        let out = env
-            .plane
-            .kubectl_command()
-            .args([
-                "exec",
-                name,
-                "--",
-                "sh",
-                "-c",
-                "echo started; exec sleep 600",
-            ])
-            .output()
-            .context("running kubectl exec")?;
+        let out = kubectl_exec_sh(env, name, "echo started; exec sleep 600")?;
         // The container's end kills the exec'd process (SIGKILL: 137), and the exec ends.
         assert_eq!(String::from_utf8_lossy(&out.stdout), "started\n", "{out:?}");
         assert!(!out.status.success(), "{out:?}");
@@ -639,25 +621,6 @@ fn exec_container_exits(env: &Env) -> Result<()> {
         );
         Ok(())
     })
-}
-
-/// Host processes whose command line is exactly `args`.
-fn processes(args: &[&str]) -> Vec<i32> {
-    let want: Vec<u8> = args
-        .iter()
-        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
-        .collect();
-    let Ok(procs) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    procs
-        .flatten()
-        .filter_map(|p| {
-            let pid = p.file_name().to_str()?.parse::<i32>().ok()?;
-            let cmdline = std::fs::read(p.path().join("cmdline")).ok()?;
-            (cmdline == want).then_some(pid)
-        })
-        .collect()
 }
 
 fn exec_client_killed(env: &Env) -> Result<()> {
@@ -685,7 +648,9 @@ fn exec_client_killed(env: &Env) -> Result<()> {
             let running = eventually(
                 "the exec'd sleep runs in the container",
                 Duration::from_secs(30),
-                || async { Ok((!processes(&["sleep", &seconds]).is_empty()).then_some(())) },
+                || async {
+                    Ok((!processes_with_cmdline(&["sleep", &seconds]).is_empty()).then_some(()))
+                },
             )
             .await;
             let _ = client.kill();
@@ -695,8 +660,9 @@ fn exec_client_killed(env: &Env) -> Result<()> {
                 "the exec'd processes are gone",
                 Duration::from_secs(15),
                 || async {
-                    let left = processes(&["sleep", &seconds]).is_empty()
-                        && processes(&["sh", "-c", &format!("sleep {seconds}; true")]).is_empty();
+                    let left = processes_with_cmdline(&["sleep", &seconds]).is_empty()
+                        && processes_with_cmdline(&["sh", "-c", &format!("sleep {seconds}; true")])
+                            .is_empty();
                     Ok(left.then_some(()))
                 },
             )

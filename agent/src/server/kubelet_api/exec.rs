@@ -26,7 +26,8 @@ use ironlet_runtime::types::{ExecReader, ExecSession};
 use serde_json::{json, Value};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
-use tokio_tungstenite::tungstenite::protocol::Role;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
@@ -216,13 +217,20 @@ where
     let ws = WebSocketStream::from_raw_socket(stream, Role::Server, None).await;
     let (mut sink, mut source) = ws.split();
     let (tx, mut rx) = mpsc::channel::<Message>(OUTBOUND_QUEUE);
-    // One writer owns the sink; it ends (with a Close frame) when every sender is gone.
+    // One writer owns the sink; it ends with a Close frame when every sender is gone. The
+    // frame carries 1000 (normal closure): gorilla/websocket reports one without a code as
+    // 1005, an error, and kubectl fails with "error reading from error stream".
     let writer = tokio::spawn(async move {
         while let Some(message) = rx.recv().await {
             if sink.send(message).await.is_err() {
                 return;
             }
         }
+        let normal = CloseFrame {
+            code: CloseCode::Normal,
+            reason: "".into(),
+        };
+        let _ = sink.send(Message::Close(Some(normal))).await;
         let _ = sink.close().await;
     });
     let ready = if opts.stdout {
@@ -532,6 +540,37 @@ mod session_tests {
         }
     }
 
+    /// Serves `start` on one end of an in-memory socket; the client end as a WebSocket.
+    async fn connect<F>(
+        start: F,
+    ) -> (
+        WebSocketStream<tokio::io::DuplexStream>,
+        tokio::task::JoinHandle<Option<i32>>,
+    )
+    where
+        F: std::future::Future<Output = Result<ExecSession, String>> + Send + 'static,
+    {
+        let (server, client) = duplex(64 * 1024);
+        let served = tokio::spawn(async move { serve(server, Protocol::V5, &opts(), start).await });
+        let ws = WebSocketStream::from_raw_socket(client, Role::Client, None).await;
+        (ws, served)
+    }
+
+    /// Every binary message until the server's Close, and that Close's frame.
+    async fn receive_all(
+        ws: &mut WebSocketStream<tokio::io::DuplexStream>,
+    ) -> (Vec<Vec<u8>>, Option<CloseFrame>) {
+        let mut received = Vec::new();
+        while let Some(Ok(message)) = ws.next().await {
+            match message {
+                Message::Binary(data) => received.push(data.to_vec()),
+                Message::Close(frame) => return (received, frame),
+                _ => {}
+            }
+        }
+        (received, None)
+    }
+
     fn opts() -> ExecOptions {
         ExecOptions {
             command: vec!["cat".into()],
@@ -544,27 +583,21 @@ mod session_tests {
 
     #[tokio::test]
     async fn stdin_reaches_the_process_and_the_exit_status_ends_the_stream() {
-        let (server, client) = duplex(64 * 1024);
         let killed = Arc::new(AtomicBool::new(false));
         let session = cat_session(killed.clone());
-        let served = tokio::spawn(async move {
-            serve(server, Protocol::V5, &opts(), async { Ok(session) }).await
-        });
-        let mut ws = WebSocketStream::from_raw_socket(client, Role::Client, None).await;
+        let (mut ws, served) = connect(async { Ok(session) }).await;
         ws.send(Message::binary(frame(STDIN, b"hello")))
             .await
             .expect("send stdin");
         ws.send(Message::binary(vec![CLOSE, STDIN]))
             .await
             .expect("send close");
-        let mut received: Vec<Vec<u8>> = Vec::new();
-        while let Some(Ok(message)) = ws.next().await {
-            match message {
-                Message::Binary(data) => received.push(data.to_vec()),
-                Message::Close(_) => break,
-                _ => {}
-            }
-        }
+        let (received, close) = receive_all(&mut ws).await;
+        assert_eq!(
+            close.map(|f| f.code),
+            Some(CloseCode::Normal),
+            "kubectl needs 1000"
+        );
         assert_eq!(received.first(), Some(&vec![STDOUT]), "ready signal first");
         let stdout: Vec<u8> = received
             .iter()
@@ -585,13 +618,9 @@ mod session_tests {
 
     #[tokio::test]
     async fn a_client_that_goes_away_kills_the_process() {
-        let (server, client) = duplex(64 * 1024);
         let killed = Arc::new(AtomicBool::new(false));
         let session = cat_session(killed.clone());
-        let served = tokio::spawn(async move {
-            serve(server, Protocol::V5, &opts(), async { Ok(session) }).await
-        });
-        let mut ws = WebSocketStream::from_raw_socket(client, Role::Client, None).await;
+        let (mut ws, served) = connect(async { Ok(session) }).await;
         ws.send(Message::binary(frame(STDIN, b"partial")))
             .await
             .expect("send stdin");
@@ -606,20 +635,10 @@ mod session_tests {
 
     #[tokio::test]
     async fn a_failed_start_is_an_internal_error_status() {
-        let (server, client) = duplex(64 * 1024);
-        let served = tokio::spawn(async move {
-            serve(server, Protocol::V5, &opts(), async {
-                Err::<ExecSession, _>("container is Exited".to_owned())
-            })
-            .await
-        });
-        let mut ws = WebSocketStream::from_raw_socket(client, Role::Client, None).await;
-        let mut last = Vec::new();
-        while let Some(Ok(message)) = ws.next().await {
-            if let Message::Binary(data) = message {
-                last = data.to_vec();
-            }
-        }
+        let (mut ws, served) =
+            connect(async { Err::<ExecSession, _>("container is Exited".to_owned()) }).await;
+        let (received, _) = receive_all(&mut ws).await;
+        let last = received.last().expect("a status");
         assert_eq!(last.first(), Some(&ERROR));
         let status: Value = serde_json::from_slice(&last[1..]).expect("status json");
         assert_eq!(status, internal_error("container is Exited"));
