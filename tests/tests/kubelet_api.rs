@@ -52,6 +52,10 @@ const TESTS: &[SuiteTest<Env>] = &[
         cp_both_ways,
     ),
     (
+        "twenty_concurrent_execs_each_get_their_own_output",
+        exec_concurrent,
+    ),
+    (
         "an_exec_into_a_container_that_exits_ends_cleanly",
         exec_container_exits,
     ),
@@ -604,6 +608,46 @@ fn cp_both_ways(env: &Env) -> Result<()> {
     });
     let _ = std::fs::remove_dir_all(&dir);
     result
+}
+
+fn exec_concurrent(env: &Env) -> Result<()> {
+    let name = "kapi-exec-many";
+    with_pod(env, name, SLEEPER, "Never", |_pods| async move {
+        // One exec alone first: its round trip, for the record.
+        let mut rounds = Vec::new();
+        for _ in 0..5 {
+            let started = Instant::now();
+            let out = kubectl_exec_sh(env, name, "true")?;
+            assert!(out.status.success(), "{out:?}");
+            rounds.push(started.elapsed());
+        }
+        rounds.sort();
+        eprintln!("kubectl exec -- true round trip: median {:?}", rounds[2]);
+        let children: Vec<_> = (0..20)
+            .map(|i| {
+                env.plane
+                    .kubectl_command()
+                    .args([
+                        "exec",
+                        name,
+                        "--",
+                        "sh",
+                        "-c",
+                        &format!("sleep 1; echo exec-{i}"),
+                    ])
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .context("starting kubectl exec")
+            })
+            .collect::<Result<_>>()?;
+        for (i, child) in children.into_iter().enumerate() {
+            let out = child.wait_with_output().context("waiting for kubectl")?;
+            assert!(out.status.success(), "exec {i}: {out:?}");
+            assert_eq!(String::from_utf8_lossy(&out.stdout), format!("exec-{i}\n"));
+        }
+        Ok(())
+    })
 }
 
 fn exec_container_exits(env: &Env) -> Result<()> {
