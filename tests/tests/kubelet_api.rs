@@ -528,6 +528,22 @@ fn kubectl_with_stdin(env: &Env, args: &[&str], stdin: &[u8]) -> Result<std::pro
     child.wait_with_output().context("waiting for kubectl")
 }
 
+/// `kubectl exec POD -- sh -c SCRIPT` started, its stdout and stderr to `output`.
+fn spawn_exec_sh(
+    env: &Env,
+    pod: &str,
+    script: &str,
+    output: fn() -> Stdio,
+) -> Result<std::process::Child> {
+    env.plane
+        .kubectl_command()
+        .args(["exec", pod, "--", "sh", "-c", script])
+        .stdout(output())
+        .stderr(output())
+        .spawn()
+        .context("starting kubectl exec")
+}
+
 /// `kubectl exec POD -- sh -c SCRIPT` run to its end.
 fn kubectl_exec_sh(env: &Env, pod: &str, script: &str) -> Result<std::process::Output> {
     kubectl_with_stdin(env, &["exec", pod, "--", "sh", "-c", script], b"")
@@ -624,22 +640,7 @@ fn exec_concurrent(env: &Env) -> Result<()> {
         rounds.sort();
         eprintln!("kubectl exec -- true round trip: median {:?}", rounds[2]);
         let children: Vec<_> = (0..20)
-            .map(|i| {
-                env.plane
-                    .kubectl_command()
-                    .args([
-                        "exec",
-                        name,
-                        "--",
-                        "sh",
-                        "-c",
-                        &format!("sleep 1; echo exec-{i}"),
-                    ])
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::piped())
-                    .spawn()
-                    .context("starting kubectl exec")
-            })
+            .map(|i| spawn_exec_sh(env, name, &format!("sleep 1; echo exec-{i}"), Stdio::piped))
             .collect::<Result<_>>()?;
         for (i, child) in children.into_iter().enumerate() {
             let out = child.wait_with_output().context("waiting for kubectl")?;
@@ -674,21 +675,8 @@ fn exec_client_killed(env: &Env) -> Result<()> {
     with_pod(env, name, SLEEPER, "Never", |_pods| {
         let seconds = seconds.clone();
         async move {
-            let mut client = env
-                .plane
-                .kubectl_command()
-                .args([
-                    "exec",
-                    name,
-                    "--",
-                    "sh",
-                    "-c",
-                    &format!("sleep {seconds}; true"),
-                ])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .context("starting kubectl exec")?;
+            let script = format!("sleep {seconds}; true");
+            let mut client = spawn_exec_sh(env, name, &script, Stdio::null)?;
             let running = eventually(
                 "the exec'd sleep runs in the container",
                 Duration::from_secs(30),
@@ -705,8 +693,7 @@ fn exec_client_killed(env: &Env) -> Result<()> {
                 Duration::from_secs(15),
                 || async {
                     let left = processes_with_cmdline(&["sleep", &seconds]).is_empty()
-                        && processes_with_cmdline(&["sh", "-c", &format!("sleep {seconds}; true")])
-                            .is_empty();
+                        && processes_with_cmdline(&["sh", "-c", &script]).is_empty();
                     Ok(left.then_some(()))
                 },
             )
