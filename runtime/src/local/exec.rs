@@ -268,6 +268,7 @@ mod tests {
             std::thread::sleep(Duration::from_millis(20));
         }
         let own = std::process::id() as i32;
+        let parent = parent_pid(root);
         let _ = child.kill();
         for pid in &found {
             // SAFETY: plain kill(2) of the test's own grandchildren.
@@ -276,6 +277,6 @@ mod tests {
         let _ = child.wait();
         assert_eq!(found.len(), 2, "{found:?}");
         assert!(!found.contains(&root) && !found.contains(&own));
-        assert_eq!(parent_pid(root), Some(own));
+        assert_eq!(parent, Some(own));
     }
 }
