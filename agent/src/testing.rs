@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use ironlet_runtime::types::{
-    ContainerConfig, ContainerFilter, ContainerId, ContainerStatus, ExecOutput, GcPolicy,
-    PodSandboxConfig, PodSandboxStatus, PodStatus, SandboxId,
+    ContainerConfig, ContainerFilter, ContainerId, ContainerStatus, ExecOutput, ExecRequest,
+    ExecSession, GcPolicy, PodSandboxConfig, PodSandboxStatus, PodStatus, SandboxId,
 };
 use ironlet_runtime::{Runtime, RuntimeError, RuntimeEvent, RuntimeVersion};
 
@@ -81,6 +81,9 @@ impl Runtime for StaticRuntime {
         _: &[String],
         _: Option<Duration>,
     ) -> Result<ExecOutput, RuntimeError> {
+        Err(refused())
+    }
+    async fn exec(&self, _: &ContainerId, _: &ExecRequest) -> Result<ExecSession, RuntimeError> {
         Err(refused())
     }
     async fn garbage_collect(&self, _: &GcPolicy) -> Result<usize, RuntimeError> {

@@ -116,3 +116,23 @@ pub fn busybox_sh(name: &str, script: &str) -> crate::types::ContainerConfig {
         ..crate::types::ContainerConfig::default()
     }
 }
+
+/// Host processes whose command line is exactly `args` (`/proc/<pid>/cmdline`): how a
+/// test sees that an exec'd process runs, or is gone.
+pub fn processes_with_cmdline(args: &[&str]) -> Vec<i32> {
+    let want: Vec<u8> = args
+        .iter()
+        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
+        .collect();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    procs
+        .flatten()
+        .filter_map(|p| {
+            let pid = p.file_name().to_str()?.parse::<i32>().ok()?;
+            let cmdline = std::fs::read(p.path().join("cmdline")).ok()?;
+            (cmdline == want).then_some(pid)
+        })
+        .collect()
+}

@@ -16,8 +16,9 @@ use async_trait::async_trait;
 use crate::error::{ImageError, RuntimeError};
 use crate::image::{PullReport, PullRequest};
 use crate::types::{
-    ContainerConfig, ContainerFilter, ContainerId, ContainerStatus, ExecOutput, GcPolicy, Image,
-    ImageStats, PodSandboxConfig, PodSandboxStatus, PodStatus, SandboxId,
+    ContainerConfig, ContainerFilter, ContainerId, ContainerStatus, ExecOutput, ExecRequest,
+    ExecSession, GcPolicy, Image, ImageStats, PodSandboxConfig, PodSandboxStatus, PodStatus,
+    SandboxId,
 };
 
 /// An event the runtime reports without being asked: what the PLEG is fed with.
@@ -79,6 +80,14 @@ pub trait Runtime: Send + Sync {
         cmd: &[String],
         timeout: Option<Duration>,
     ) -> Result<ExecOutput, RuntimeError>;
+
+    /// Starts `request.cmd` in a running container with its stdio as streams (CRI `Exec`,
+    /// for `kubectl exec`). The process runs until it exits or the session is dropped.
+    async fn exec(
+        &self,
+        id: &ContainerId,
+        request: &ExecRequest,
+    ) -> Result<ExecSession, RuntimeError>;
 
     /// Removes dead containers beyond the policy; returns how many were removed.
     async fn garbage_collect(&self, policy: &GcPolicy) -> Result<usize, RuntimeError>;

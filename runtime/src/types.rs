@@ -332,6 +332,81 @@ pub struct ExecOutput {
     pub exit_code: i32,
 }
 
+/// A process to run in a running container with its stdio streamed (CRI `Exec`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecRequest {
+    pub cmd: Vec<String>,
+    /// Give the process a stdin the caller writes ([`ExecSession::stdin`]); else it reads
+    /// `/dev/null`.
+    pub stdin: bool,
+}
+
+/// A byte stream from an exec'd process.
+pub type ExecReader = Box<dyn tokio::io::AsyncRead + Send + Unpin>;
+/// A byte stream to an exec'd process; dropping (or shutting down) it closes its stdin.
+pub type ExecWriter = Box<dyn tokio::io::AsyncWrite + Send + Unpin>;
+
+/// A running exec process ([`Runtime::exec`](crate::Runtime::exec)): its stdio and its
+/// exit. Dropping the session before the exit was seen kills the process and whatever it
+/// started, so a caller that goes away leaves nothing running.
+pub struct ExecSession {
+    pub stdin: Option<ExecWriter>,
+    pub stdout: ExecReader,
+    pub stderr: ExecReader,
+    pub exit: ExecExit,
+}
+
+impl fmt::Debug for ExecSession {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ExecSession")
+            .field("stdin", &self.stdin.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The exit of an exec process; kills the process when dropped before [`ExecExit::wait`]
+/// returned its code.
+pub struct ExecExit {
+    code: tokio::sync::oneshot::Receiver<i32>,
+    kill: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl ExecExit {
+    /// `code` delivers the exit code; `kill` ends the process (and its children).
+    pub fn new(
+        code: tokio::sync::oneshot::Receiver<i32>,
+        kill: impl FnOnce() + Send + 'static,
+    ) -> Self {
+        Self {
+            code,
+            kill: Some(Box::new(kill)),
+        }
+    }
+
+    /// The exit code (128 + signal for a signalled process); `None` when the runtime lost
+    /// track of the process. Cancel-safe.
+    pub async fn wait(&mut self) -> Option<i32> {
+        let code = (&mut self.code).await.ok();
+        if code.is_some() {
+            self.kill = None;
+        }
+        code
+    }
+
+    /// Kills the process now (a no-op once it exited).
+    pub fn kill(&mut self) {
+        if let Some(kill) = self.kill.take() {
+            kill();
+        }
+    }
+}
+
+impl Drop for ExecExit {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
 /// The parts of an OCI image config that shape a container.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ImageConfig {

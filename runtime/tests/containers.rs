@@ -8,11 +8,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
 use ironlet_runtime::types::{
-    ContainerConfig, ContainerState, ExitReason, LinuxResources, PodSandboxConfig, SandboxId,
-    SeccompProfile,
+    ContainerConfig, ContainerState, ExecRequest, ExitReason, LinuxResources, PodSandboxConfig,
+    SandboxId, SeccompProfile,
 };
 use ironlet_runtime::{LocalRuntime, LocalRuntimeConfig, Runtime};
 use libtest_mimic::{Arguments, Failed, Trial};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 type TestFn = fn(&Env) -> Result<()>;
 
@@ -22,7 +23,7 @@ struct Env {
     root: PathBuf,
 }
 
-use ironlet_runtime::testkit::{busybox_sh, busybox_store};
+use ironlet_runtime::testkit::{busybox_sh, busybox_store, processes_with_cmdline};
 
 fn main() {
     let args = Arguments::from_args();
@@ -65,6 +66,10 @@ fn main() {
             host_device_unopenable,
         ),
         ("exec_returns_output_and_exit_code", exec_output),
+        (
+            "a_streaming_exec_takes_stdin_to_eof_and_dropping_it_kills_the_process_tree",
+            exec_streaming,
+        ),
         (
             "the_status_after_an_exit_comes_with_the_whole_log_written",
             status_after_exit_has_whole_log,
@@ -486,6 +491,84 @@ fn exec_output(env: &Env) -> Result<()> {
             "exec disturbed the container: {st:?}"
         );
         cleanup(env, &sandbox).await
+    })
+}
+
+fn exec_streaming(env: &Env) -> Result<()> {
+    env.rt.block_on(async {
+        let (sandbox, id) = start_one(env, &busybox_sh("stream", "sleep 60")).await?;
+        let result = async {
+            let cat = ExecRequest {
+                cmd: vec!["cat".into()],
+                stdin: true,
+            };
+            let mut session = env.runtime.exec(&id, &cat).await?;
+            let mut stdin = session.stdin.take().context("a stdin was asked for")?;
+            stdin.write_all(b"ping\n").await?;
+            drop(stdin);
+            let mut out = Vec::new();
+            tokio::time::timeout(
+                Duration::from_secs(10),
+                session.stdout.read_to_end(&mut out),
+            )
+            .await
+            .context("cat never saw end-of-file")??;
+            ensure!(
+                out == b"ping\n",
+                "stdout {:?}",
+                String::from_utf8_lossy(&out)
+            );
+            let code = tokio::time::timeout(Duration::from_secs(10), session.exit.wait()).await?;
+            ensure!(code == Some(0), "exit {code:?}");
+
+            // Without stdin the process reads /dev/null; a non-zero code comes back.
+            let fail = ExecRequest {
+                cmd: ["sh", "-c", "cat; echo e >&2; exit 4"]
+                    .map(String::from)
+                    .to_vec(),
+                stdin: false,
+            };
+            let mut session = env.runtime.exec(&id, &fail).await?;
+            ensure!(session.stdin.is_none());
+            let mut err = Vec::new();
+            session.stderr.read_to_end(&mut err).await?;
+            ensure!(err == b"e\n", "stderr {:?}", String::from_utf8_lossy(&err));
+            ensure!(session.exit.wait().await == Some(4));
+
+            // Dropped mid-run: the shell and the sleep it forked both die.
+            let marker = format!("{}", 700 + std::process::id() % 200);
+            let script = format!("sleep {marker}; true");
+            let tree = ExecRequest {
+                cmd: ["sh", "-c", &script].map(String::from).to_vec(),
+                stdin: false,
+            };
+            let session = env.runtime.exec(&id, &tree).await?;
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while processes_with_cmdline(&["sleep", &marker]).is_empty() {
+                ensure!(Instant::now() < deadline, "the exec'd sleep never ran");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            drop(session);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !processes_with_cmdline(&["sleep", &marker]).is_empty()
+                || !processes_with_cmdline(&["sh", "-c", &script]).is_empty()
+            {
+                ensure!(
+                    Instant::now() < deadline,
+                    "the exec'd processes outlived the session"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let st = env.runtime.container_status(&id).await?;
+            ensure!(
+                st.state == ContainerState::Running,
+                "the container died: {st:?}"
+            );
+            Ok(())
+        }
+        .await;
+        cleanup(env, &sandbox).await?;
+        result
     })
 }
 

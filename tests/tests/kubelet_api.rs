@@ -2,20 +2,24 @@
 //! (`scripts/controlplane`), driven by the real `kubectl` through the real kube-apiserver
 //! (which reaches the node with its kubelet client certificate and verifies the node's
 //! serving certificate): `kubectl logs` plain, `--tail`, `-f` until the container exits,
-//! `--previous` after a restart; a follower that goes away leaves no reader behind; and the
-//! node itself refuses requests without credentials (401), with a token whose user has no
+//! `--previous` after a restart; a follower that goes away leaves no reader behind;
+//! `kubectl exec` (streams, exit code, stdin, `kubectl cp` both ways, a container that exits
+//! under it, a client killed mid-exec leaves no process) through the WebSocket the API
+//! server proxies to the node (`ExtendWebSocketsToKubelet`); and the node itself refuses requests without credentials (401), with a token whose user has no
 //! RBAC for `nodes/proxy` (403, then allowed once it has), and with a client certificate
 //! from another CA (handshake refused).
 //!
 //! One control plane and one agent (node `e2e-kapi-<pid>`) serve every test of this binary;
 //! the tests use distinct pod names. Needs root (containers, cgroups, CNI).
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use ironlet_e2e::{eventually, run_suite, ClusterAgent, ControlPlane, SuiteTest};
+use ironlet_runtime::testkit::processes_with_cmdline;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
@@ -37,6 +41,31 @@ const TESTS: &[SuiteTest<Env>] = &[
     (
         "a_follower_that_goes_away_leaves_no_reader_on_the_node",
         follower_disconnects,
+    ),
+    (
+        "kubectl_exec_carries_stdout_stderr_and_the_exit_code",
+        exec_streams_and_exit_code,
+    ),
+    ("kubectl_exec_i_feeds_stdin_until_it_closes", exec_stdin),
+    (
+        "kubectl_cp_copies_a_file_into_and_out_of_the_pod_unchanged",
+        cp_both_ways,
+    ),
+    (
+        "twenty_concurrent_execs_each_get_their_own_output",
+        exec_concurrent,
+    ),
+    (
+        "an_exec_into_a_container_that_exits_ends_cleanly",
+        exec_container_exits,
+    ),
+    (
+        "a_killed_exec_client_leaves_no_process_in_the_container",
+        exec_client_killed,
+    ),
+    (
+        "exec_on_the_node_is_refused_without_credentials_401_and_without_rbac_403",
+        exec_refused,
     ),
     (
         "the_node_refuses_no_credentials_401_a_token_without_rbac_403_and_allows_it_with_rbac",
@@ -477,6 +506,237 @@ fn client_certificates(env: &Env) -> Result<()> {
     })();
     let _ = std::fs::remove_dir_all(&dir);
     result
+}
+
+/// A pod that only sleeps, for execs.
+const SLEEPER: &str = "exec sleep 3600";
+
+/// `kubectl` with `args` run to its end with `stdin` fed to it; its output and exit code.
+fn kubectl_with_stdin(env: &Env, args: &[&str], stdin: &[u8]) -> Result<std::process::Output> {
+    let mut child = env
+        .plane
+        .kubectl_command()
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting kubectl {}", args.join(" ")))?;
+    if let Some(mut pipe) = child.stdin.take() {
+        pipe.write_all(stdin).context("writing kubectl's stdin")?;
+    }
+    child.wait_with_output().context("waiting for kubectl")
+}
+
+/// `kubectl exec POD -- sh -c SCRIPT` started, its stdout and stderr to `output`.
+fn spawn_exec_sh(
+    env: &Env,
+    pod: &str,
+    script: &str,
+    output: fn() -> Stdio,
+) -> Result<std::process::Child> {
+    env.plane
+        .kubectl_command()
+        .args(["exec", pod, "--", "sh", "-c", script])
+        .stdout(output())
+        .stderr(output())
+        .spawn()
+        .context("starting kubectl exec")
+}
+
+/// `kubectl exec POD -- sh -c SCRIPT` run to its end.
+fn kubectl_exec_sh(env: &Env, pod: &str, script: &str) -> Result<std::process::Output> {
+    kubectl_with_stdin(env, &["exec", pod, "--", "sh", "-c", script], b"")
+}
+
+fn exec_streams_and_exit_code(env: &Env) -> Result<()> {
+    let name = "kapi-exec";
+    with_pod(env, name, SLEEPER, "Never", |_pods| async move {
+        let out = kubectl_exec_sh(env, name, "echo out; echo err >&2; exit 3")?;
+        assert_eq!(out.status.code(), Some(3), "{out:?}");
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "out\n");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.starts_with("err\n"), "{stderr:?}");
+        // Success, and output larger than one pipe buffer and one frame arrives whole.
+        let big = env.plane.kubectl(&[
+            "exec",
+            name,
+            "--",
+            "sh",
+            "-c",
+            "head -c 3000000 /dev/zero | tr '\\0' x",
+        ])?;
+        assert_eq!(big.len(), 3_000_000);
+        assert!(big.bytes().all(|b| b == b'x'));
+        Ok(())
+    })
+}
+
+fn exec_stdin(env: &Env) -> Result<()> {
+    let name = "kapi-exec-stdin";
+    with_pod(env, name, SLEEPER, "Never", |_pods| async move {
+        let out = kubectl_with_stdin(env, &["exec", "-i", name, "--", "cat"], b"hi\n")?;
+        assert!(out.status.success(), "{out:?}");
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "hi\n");
+        // The process sees end-of-file: `wc -c` ends and counts every byte.
+        let input = vec![b'y'; 200_000];
+        let out = kubectl_with_stdin(env, &["exec", "-i", name, "--", "wc", "-c"], &input)?;
+        assert!(out.status.success(), "{out:?}");
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "200000");
+        Ok(())
+    })
+}
+
+fn cp_both_ways(env: &Env) -> Result<()> {
+    let name = "kapi-cp";
+    let dir = std::env::temp_dir().join(format!("kapi-cp-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).context("creating the cp dir")?;
+    let result = with_pod(env, name, SLEEPER, "Never", |_pods| {
+        let dir = dir.clone();
+        async move {
+            // 1 MiB that no compression or line ending change leaves alone.
+            let mut content = Vec::with_capacity(1 << 20);
+            let mut x: u32 = 2_463_534_242;
+            while content.len() < 1 << 20 {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                content.extend_from_slice(&x.to_le_bytes());
+            }
+            let local = dir.join("in.bin");
+            std::fs::write(&local, &content).context("writing the local file")?;
+            let local_arg = local.to_string_lossy().into_owned();
+            env.plane
+                .kubectl(&["cp", &local_arg, &format!("{name}:/tmp/copied.bin")])?;
+            let size = env
+                .plane
+                .kubectl(&["exec", name, "--", "wc", "-c", "/tmp/copied.bin"])?;
+            assert!(size.starts_with("1048576 "), "{size:?}");
+            let back = dir.join("out.bin");
+            let back_arg = back.to_string_lossy().into_owned();
+            env.plane
+                .kubectl(&["cp", &format!("{name}:/tmp/copied.bin"), &back_arg])?;
+            let returned = std::fs::read(&back).context("reading the copied-back file")?;
+            assert!(returned == content, "the round trip changed the file");
+            Ok(())
+        }
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+fn exec_concurrent(env: &Env) -> Result<()> {
+    let name = "kapi-exec-many";
+    with_pod(env, name, SLEEPER, "Never", |_pods| async move {
+        // One exec alone first: its round trip, for the record.
+        let mut rounds = Vec::new();
+        for _ in 0..5 {
+            let started = Instant::now();
+            let out = kubectl_exec_sh(env, name, "true")?;
+            assert!(out.status.success(), "{out:?}");
+            rounds.push(started.elapsed());
+        }
+        rounds.sort();
+        eprintln!("kubectl exec -- true round trip: median {:?}", rounds[2]);
+        let children: Vec<_> = (0..20)
+            .map(|i| spawn_exec_sh(env, name, &format!("sleep 1; echo exec-{i}"), Stdio::piped))
+            .collect::<Result<_>>()?;
+        for (i, child) in children.into_iter().enumerate() {
+            let out = child.wait_with_output().context("waiting for kubectl")?;
+            assert!(out.status.success(), "exec {i}: {out:?}");
+            assert_eq!(String::from_utf8_lossy(&out.stdout), format!("exec-{i}\n"));
+        }
+        Ok(())
+    })
+}
+
+fn exec_container_exits(env: &Env) -> Result<()> {
+    let name = "kapi-exec-exits";
+    with_pod(env, name, "sleep 10", "Never", |_pods| async move {
+        let started = Instant::now();
+        let out = kubectl_exec_sh(env, name, "echo started; exec sleep 600")?;
+        // The container's end kills the exec'd process (SIGKILL: 137), and the exec ends.
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "started\n", "{out:?}");
+        assert!(!out.status.success(), "{out:?}");
+        assert!(
+            started.elapsed() < Duration::from_secs(40),
+            "took {:?}",
+            started.elapsed()
+        );
+        Ok(())
+    })
+}
+
+fn exec_client_killed(env: &Env) -> Result<()> {
+    let name = "kapi-exec-killed";
+    // A marker no other process on the host runs.
+    let seconds = format!("{}", 1000 + std::process::id() % 1000);
+    with_pod(env, name, SLEEPER, "Never", |_pods| {
+        let seconds = seconds.clone();
+        async move {
+            let script = format!("sleep {seconds}; true");
+            let mut client = spawn_exec_sh(env, name, &script, Stdio::null)?;
+            let running = eventually(
+                "the exec'd sleep runs in the container",
+                Duration::from_secs(30),
+                || async {
+                    Ok((!processes_with_cmdline(&["sleep", &seconds]).is_empty()).then_some(()))
+                },
+            )
+            .await;
+            let _ = client.kill();
+            let _ = client.wait();
+            running?;
+            eventually(
+                "the exec'd processes are gone",
+                Duration::from_secs(15),
+                || async {
+                    let left = processes_with_cmdline(&["sleep", &seconds]).is_empty()
+                        && processes_with_cmdline(&["sh", "-c", &script]).is_empty();
+                    Ok(left.then_some(()))
+                },
+            )
+            .await
+        }
+    })
+}
+
+fn exec_refused(env: &Env) -> Result<()> {
+    let port = node_port(env)?;
+    let name = "kapi-exec-refused";
+    let sa = "kapi-exec-nobody";
+    with_pod(env, name, SLEEPER, "Never", |_pods| async move {
+        let path = format!("/exec/default/{name}/main?command=true&stdout=1");
+        let upgrade = [
+            "-H",
+            "Connection: Upgrade",
+            "-H",
+            "Upgrade: websocket",
+            "-H",
+            "Sec-WebSocket-Version: 13",
+            "-H",
+            "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==",
+            "-H",
+            "Sec-WebSocket-Protocol: v5.channel.k8s.io",
+        ];
+        assert_eq!(curl(env, port, &path, &upgrade)?, "401", "no credentials");
+        env.plane.kubectl(&["create", "serviceaccount", sa])?;
+        let result = (|| {
+            let token = env.plane.kubectl(&["create", "token", sa])?;
+            let header = format!("Authorization: Bearer {}", token.trim());
+            let mut args = upgrade.to_vec();
+            args.extend(["-H", &header]);
+            assert_eq!(
+                curl(env, port, &path, &args)?,
+                "403",
+                "no RBAC for nodes/proxy"
+            );
+            Ok(())
+        })();
+        let _ = env.plane.kubectl(&["delete", "serviceaccount", sa]);
+        result
+    })
 }
 
 fn tempdir() -> Result<PathBuf> {

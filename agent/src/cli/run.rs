@@ -355,7 +355,8 @@ fn run_agent(
             ..Default::default()
         };
         let node_name = config.node_name.clone();
-        let kubelet = Kubelet::start_with_api(config, Arc::new(runtime), images, client.clone())
+        let runtime: Arc<dyn ironlet_runtime::Runtime> = Arc::new(runtime);
+        let kubelet = Kubelet::start_with_api(config, runtime.clone(), images, client.clone())
             .await
             .context("starting the node agent")?;
         let (stop_node, node_stopped) = tokio::sync::oneshot::channel::<()>();
@@ -388,6 +389,7 @@ fn run_agent(
                 metrics: kubelet.metrics(),
                 authenticator,
                 authorizer,
+                runtime,
             };
             tokio::spawn(api.serve(services, async move {
                 let _ = api_stopped.await;

@@ -61,6 +61,12 @@ pub(crate) struct StatusReporter {
     report_frequency: Duration,
 }
 
+/// `status.declaredFeatures` of a node serving the kubelet API, sorted as kubelet sorts
+/// them. `ExtendWebSocketsToKubelet`: the API server proxies `kubectl exec`'s WebSocket
+/// (`v5.channel.k8s.io`) to the node as it is, rather than translating it to SPDY, which
+/// the node does not serve (`pkg/registry/core/pod/rest/subresources.go`).
+pub const DECLARED_FEATURES: &[&str] = &["ExtendWebSocketsToKubelet"];
+
 impl StatusReporter {
     /// A reporter that has reported nothing, continuing `transitions`.
     pub fn new(transitions: Transitions, report_frequency: Duration) -> Self {
@@ -95,6 +101,9 @@ impl StatusReporter {
                     port: i32::from(port),
                 }),
             }),
+            declared_features: snapshot
+                .kubelet_port
+                .map(|_| DECLARED_FEATURES.iter().map(|f| (*f).to_owned()).collect()),
             ..NodeStatus::default()
         }
     }
@@ -162,6 +171,19 @@ mod tests {
             .and_then(|d| d.kubelet_endpoint)
             .map(|e| e.port);
         assert_eq!(port, Some(10250));
+    }
+
+    #[test]
+    fn a_node_serving_the_kubelet_api_declares_websockets_to_the_kubelet() {
+        let status = reporter().status(&snapshot(true), Timestamp::UNIX_EPOCH);
+        assert_eq!(
+            status.declared_features,
+            Some(vec!["ExtendWebSocketsToKubelet".to_owned()])
+        );
+        let mut without_api = snapshot(true);
+        without_api.kubelet_port = None;
+        let status = reporter().status(&without_api, Timestamp::UNIX_EPOCH);
+        assert_eq!(status.declared_features, None);
     }
 
     fn reporter() -> StatusReporter {

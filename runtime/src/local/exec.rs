@@ -1,5 +1,12 @@
-//! `exec_sync`: run a command in a running container and collect its output and exit code
-//! (CRI `ExecSync`, used by exec probes and `ironlet ctr exec`).
+//! Running a command in a running container: `exec_sync` collects its output and exit code
+//! (CRI `ExecSync`, used by exec probes and `ironlet ctr exec`); `exec` hands its stdio out
+//! as streams (CRI `Exec`, for `kubectl exec`).
+//!
+//! Both ask the zygote for a libcontainer tenant process whose stdout and stderr (and, for a
+//! streaming exec with stdin, stdin) are pipes, and learn its exit code from the zygote's
+//! exit event for its exec id. A streaming exec whose session is dropped before the exit
+//! kills the process and its descendants; the exit event still arrives and clears the
+//! waiter.
 
 use std::os::fd::OwnedFd;
 use std::time::Duration;
@@ -9,25 +16,36 @@ use tokio::sync::oneshot;
 
 use super::{not_found, Inner};
 use crate::error::RuntimeError;
-use crate::types::{ContainerId, ContainerState, ExecOutput};
-use crate::zygote::ExecProcess;
+use crate::types::{
+    ContainerId, ContainerState, ExecExit, ExecOutput, ExecReader, ExecRequest, ExecSession,
+    ExecWriter,
+};
+use crate::zygote::{ExecHandle, ExecProcess};
 
 /// Output beyond this is dropped (the process still runs to completion): exec is for
 /// probes and short commands, not for streaming.
 const MAX_EXEC_OUTPUT: usize = 16 * 1024 * 1024;
 
+/// A started exec process and the receiver of its exit code.
+struct Started {
+    exec_id: String,
+    handle: ExecHandle,
+    exit: oneshot::Receiver<i32>,
+}
+
 impl Inner {
-    pub(crate) async fn exec_sync(
+    /// Starts `cmd` in running container `id`; the exit code arrives on `Started::exit`.
+    async fn start_exec(
         &self,
         id: &ContainerId,
         cmd: &[String],
-        timeout: Option<Duration>,
-    ) -> Result<ExecOutput, RuntimeError> {
+        stdin: bool,
+    ) -> Result<Started, RuntimeError> {
         if cmd.is_empty() {
             return Err(RuntimeError::InvalidConfig("exec needs a command".into()));
         }
         let exec_id = ContainerId::random().to_string();
-        let (tx, rx) = oneshot::channel();
+        let (tx, exit) = oneshot::channel();
         {
             let mut state = self.lock();
             let entry = state
@@ -44,7 +62,7 @@ impl Inner {
             }
             state.exec_waiters.insert(exec_id.clone(), tx);
         }
-        let handle = match self
+        let started = self
             .zygote
             .exec(
                 id.as_str(),
@@ -55,23 +73,41 @@ impl Inner {
                     args: cmd.to_vec(),
                     env: Vec::new(),
                     cwd: None,
+                    stdin,
                 },
             )
-            .await
-        {
-            Ok(h) => h,
+            .await;
+        match started {
+            Ok(handle) => Ok(Started {
+                exec_id,
+                handle,
+                exit,
+            }),
             Err(e) => {
                 self.lock().exec_waiters.remove(&exec_id);
-                return Err(RuntimeError::Exec {
+                Err(RuntimeError::Exec {
                     id: id.clone(),
                     message: e.to_string(),
-                });
+                })
             }
-        };
+        }
+    }
+
+    pub(crate) async fn exec_sync(
+        &self,
+        id: &ContainerId,
+        cmd: &[String],
+        timeout: Option<Duration>,
+    ) -> Result<ExecOutput, RuntimeError> {
+        let Started {
+            exec_id,
+            handle,
+            exit,
+        } = self.start_exec(id, cmd, false).await?;
         let pid = handle.pid;
         let run = async {
             let (stdout, stderr) = tokio::join!(read_all(handle.stdout), read_all(handle.stderr));
-            let exit_code = rx.await.unwrap_or(-1);
+            let exit_code = exit.await.unwrap_or(-1);
             ExecOutput {
                 stdout,
                 stderr,
@@ -96,6 +132,102 @@ impl Inner {
             },
         }
     }
+
+    pub(crate) async fn exec(
+        &self,
+        id: &ContainerId,
+        request: &ExecRequest,
+    ) -> Result<ExecSession, RuntimeError> {
+        let Started { handle, exit, .. } = self.start_exec(id, &request.cmd, request.stdin).await?;
+        let ExecHandle {
+            pid,
+            stdin,
+            stdout,
+            stderr,
+        } = handle;
+        // Opened now, while the process surely lives: the kill later can't hit a reused pid.
+        let pidfd = crate::zygote::sys::pidfd_open(pid).ok();
+        let exec_err = |what: &str, e: std::io::Error| RuntimeError::Exec {
+            id: id.clone(),
+            message: format!("{what} pipe: {e}"),
+        };
+        let stdin: Option<ExecWriter> = match stdin {
+            Some(fd) => Some(Box::new(
+                tokio::net::unix::pipe::Sender::from_owned_fd(fd)
+                    .map_err(|e| exec_err("stdin", e))?,
+            )),
+            None => None,
+        };
+        let reader = |fd: OwnedFd, what: &str| -> Result<ExecReader, RuntimeError> {
+            Ok(Box::new(
+                tokio::net::unix::pipe::Receiver::from_owned_fd(fd)
+                    .map_err(|e| exec_err(what, e))?,
+            ))
+        };
+        let (stdout, stderr) = (reader(stdout, "stdout")?, reader(stderr, "stderr")?);
+        let container = id.clone();
+        let kill = move || {
+            tracing::info!(container_id = %container, pid, "killing an exec process nobody waits for");
+            kill_tree(pid, pidfd.as_ref());
+        };
+        Ok(ExecSession {
+            stdin,
+            stdout,
+            stderr,
+            exit: ExecExit::new(exit, kill),
+        })
+    }
+}
+
+/// SIGKILLs process `pid` (through `pidfd`, immune to pid reuse) and every descendant it
+/// has: a `sh -c` exec leaves its children behind otherwise, reparented to the container's
+/// init. Descendants are found first and each pinned with its own pidfd, so killing the
+/// parent (which reparents them) doesn't lose them.
+fn kill_tree(pid: i32, pidfd: Option<&OwnedFd>) {
+    let Some(pidfd) = pidfd else {
+        return;
+    };
+    let descendants: Vec<OwnedFd> = descendants(pid)
+        .into_iter()
+        .filter_map(|child| crate::zygote::sys::pidfd_open(child).ok())
+        .collect();
+    let _ = crate::zygote::sys::pidfd_send_signal(pidfd, libc::SIGKILL);
+    for fd in &descendants {
+        let _ = crate::zygote::sys::pidfd_send_signal(fd, libc::SIGKILL);
+    }
+}
+
+/// Every process below `root`, from each process's parent pid in `/proc/<pid>/stat`.
+fn descendants(root: i32) -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let parents: Vec<(i32, i32)> = dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|pid| Some((pid, parent_pid(pid)?)))
+        .collect();
+    let mut found = vec![root];
+    let mut i = 0;
+    while i < found.len() {
+        let parent = found[i];
+        found.extend(
+            parents
+                .iter()
+                .filter(|(_, ppid)| *ppid == parent)
+                .map(|(pid, _)| *pid),
+        );
+        i += 1;
+    }
+    found.remove(0);
+    found
+}
+
+/// Field 4 of `/proc/<pid>/stat` (after the parenthesised command name).
+fn parent_pid(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.split_whitespace().nth(1)?.parse().ok()
 }
 
 async fn read_all(fd: OwnedFd) -> Vec<u8> {
@@ -112,5 +244,39 @@ async fn read_all(fd: OwnedFd) -> Vec<u8> {
                 out.extend_from_slice(&buf[..n.min(room)]);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descendants_finds_children_and_grandchildren_not_the_root() {
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "sleep 30 & sleep 30 & wait"])
+            .spawn()
+            .expect("spawning sh");
+        let root = i32::try_from(child.id()).expect("pid fits");
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let mut found = Vec::new();
+        while std::time::Instant::now() < deadline {
+            found = descendants(root);
+            if found.len() >= 2 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let own = std::process::id() as i32;
+        let parent = parent_pid(root);
+        let _ = child.kill();
+        for pid in &found {
+            // SAFETY: plain kill(2) of the test's own grandchildren.
+            unsafe { libc::kill(*pid, libc::SIGKILL) };
+        }
+        let _ = child.wait();
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(!found.contains(&root) && !found.contains(&own));
+        assert_eq!(parent, Some(own));
     }
 }

@@ -40,8 +40,8 @@ use crate::error::RuntimeError;
 use crate::image::ImageStore;
 use crate::traits::{Runtime, RuntimeEvent, RuntimeVersion};
 use crate::types::{
-    ContainerConfig, ContainerFilter, ContainerId, ContainerStatus, ExecOutput, ExitReason,
-    GcPolicy, PodSandboxConfig, PodSandboxStatus, PodStatus, SandboxId,
+    ContainerConfig, ContainerFilter, ContainerId, ContainerStatus, ExecOutput, ExecRequest,
+    ExecSession, ExitReason, GcPolicy, PodSandboxConfig, PodSandboxStatus, PodStatus, SandboxId,
 };
 use crate::zygote::{Event, WireExit, ZygoteClient, ZygoteHandle};
 use logs::OutputChunk;
@@ -585,6 +585,14 @@ impl Runtime for LocalRuntime {
         timeout: Option<Duration>,
     ) -> Result<ExecOutput, RuntimeError> {
         self.inner.exec_sync(id, cmd, timeout).await
+    }
+
+    async fn exec(
+        &self,
+        id: &ContainerId,
+        request: &ExecRequest,
+    ) -> Result<ExecSession, RuntimeError> {
+        self.inner.exec(id, request).await
     }
 
     async fn garbage_collect(&self, policy: &GcPolicy) -> Result<usize, RuntimeError> {

@@ -38,6 +38,9 @@ enum WorkerKind {
         id: String,
         exec_id: String,
         pipes: Vec<OwnedFd>,
+        /// The write end of the process's stdin, handed to the client (never kept: the
+        /// process sees end-of-file once the client closes it).
+        stdin: Option<OwnedFd>,
     },
     Plain,
 }
@@ -52,6 +55,13 @@ impl Server {
             }
             _ => None,
         };
+        let (stdin_r, mut stdin_w) = match &request {
+            Request::Exec { stdin: true, .. } => {
+                let (r, w) = sys::pipe().map_err(|e| format!("pipe: {e}"))?;
+                (Some(r), Some(w))
+            }
+            _ => (None, None),
+        };
         let (mut pipes, stdio) = if wants_stdio {
             let (out_r, out_w) = sys::pipe().map_err(|e| format!("pipe: {e}"))?;
             let (err_r, err_w) = sys::pipe().map_err(|e| format!("pipe: {e}"))?;
@@ -60,6 +70,7 @@ impl Server {
             (
                 vec![out_r, err_r],
                 Some(Stdio {
+                    stdin: stdin_r,
                     stdout: out_w,
                     stderr: err_w,
                 }),
@@ -76,6 +87,7 @@ impl Server {
                 id: id.clone(),
                 exec_id: exec_id.clone(),
                 pipes: std::mem::take(&mut pipes),
+                stdin: stdin_w.take(),
             },
             _ => WorkerKind::Plain,
         };
@@ -245,12 +257,22 @@ impl Server {
                     Err(message) => self.reply(seq, Reply::Failed { message }, &[]),
                 }
             }
-            (WorkerKind::Exec { id, exec_id, pipes }, Some(pid)) => {
-                let fds = raw_fds(&pipes);
+            (
+                WorkerKind::Exec {
+                    id,
+                    exec_id,
+                    pipes,
+                    stdin,
+                },
+                Some(pid),
+            ) => {
+                let mut fds = raw_fds(&pipes);
+                fds.extend(stdin.as_ref().map(AsRawFd::as_raw_fd));
                 match self.watch(id, Some(exec_id), pid, pipes, parent) {
                     Ok(()) => self.reply(seq, Reply::Execd { pid }, &fds),
                     Err(message) => self.reply(seq, Reply::Failed { message }, &[]),
                 }
+                // `stdin` closes here: the client holds the only write end now.
             }
             (_, None) => self.reply(
                 seq,

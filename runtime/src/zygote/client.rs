@@ -39,11 +39,15 @@ pub struct ExecProcess {
     pub args: Vec<String>,
     pub env: Vec<(String, String)>,
     pub cwd: Option<PathBuf>,
+    /// Give the process a stdin pipe (else it reads `/dev/null`).
+    pub stdin: bool,
 }
 
-/// The output pipes and pid of a started exec process.
+/// The pipes and pid of a started exec process.
 pub struct ExecHandle {
     pub pid: i32,
+    /// The write end of its stdin, when asked for.
+    pub stdin: Option<OwnedFd>,
     pub stdout: OwnedFd,
     pub stderr: OwnedFd,
 }
@@ -174,11 +178,13 @@ impl ZygoteClient {
             args,
             env,
             cwd,
+            stdin,
         } = process;
         let (reply, fds) = self
             .call(Request::Exec {
                 id: id.to_owned(),
                 exec_id,
+                stdin,
                 state_root,
                 bundle,
                 args,
@@ -186,13 +192,24 @@ impl ZygoteClient {
                 cwd,
             })
             .await?;
-        match (reply, two_fds(fds)) {
-            (Reply::Execd { pid }, Some((stdout, stderr))) => Ok(ExecHandle {
-                pid,
-                stdout,
-                stderr,
-            }),
-            (other, _) => Err(ZygoteError::Unexpected(format!("{other:?}"))),
+        let mut fds = fds.into_iter();
+        let (stdout, stderr, stdin_w) = (fds.next(), fds.next(), fds.next());
+        match (reply, stdout, stderr) {
+            (Reply::Execd { pid }, Some(stdout), Some(stderr)) => {
+                if stdin && stdin_w.is_none() {
+                    // A zygote from before stdin pipes: the process reads /dev/null.
+                    return Err(ZygoteError::Unexpected(format!(
+                        "exec process {pid} started without the stdin pipe asked for (zygote too old)"
+                    )));
+                }
+                Ok(ExecHandle {
+                    pid,
+                    stdin: stdin_w,
+                    stdout,
+                    stderr,
+                })
+            }
+            (other, _, _) => Err(ZygoteError::Unexpected(format!("{other:?}"))),
         }
     }
 

@@ -52,10 +52,16 @@ pub enum Request {
         force: bool,
     },
     /// Run a process in a running container (libcontainer tenant). Reply: [`Reply::Execd`]
-    /// with output pipes; the exit arrives as an [`Event::Exited`] with `exec_id`.
+    /// with the stdout and stderr read ends and, with `stdin`, the write end of the
+    /// process's stdin (else it reads `/dev/null`); the exit arrives as an
+    /// [`Event::Exited`] with `exec_id`.
     Exec {
         id: String,
         exec_id: String,
+        /// Added after version 2 without a version change: an older zygote ignores it and
+        /// replies with two descriptors, which the client reports as unsupported.
+        #[serde(default)]
+        stdin: bool,
         state_root: PathBuf,
         /// The container's bundle, for its precompiled seccomp profile.
         bundle: PathBuf,

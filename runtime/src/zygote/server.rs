@@ -138,6 +138,10 @@ impl Server {
     pub(super) fn forget_in_child(&mut self) {
         self.sock = None;
         self.logs.clear();
+        // Other workers' pipes, among them an exec's stdin write end: a copy held here (and
+        // by a container init this child makes, until it execs) would keep that exec from
+        // ever seeing end-of-file.
+        self.workers.clear();
         self.supervisor = None;
     }
 

@@ -34,6 +34,8 @@ pub(crate) enum WorkerResult {
 
 /// Descriptors a worker hands to the container process.
 pub(crate) struct Stdio {
+    /// The read end of an exec's stdin pipe; `/dev/null` without one.
+    pub stdin: Option<OwnedFd>,
     pub stdout: OwnedFd,
     pub stderr: OwnedFd,
 }
@@ -143,10 +145,19 @@ fn builder(
 ) -> Result<ContainerBuilder, String> {
     let mut builder = ContainerBuilder::new(id.to_owned(), SyscallType::Linux)
         .with_root_path(state_root)
-        .map_err(|e| format!("state root {}: {e}", state_root.display()))?
-        .with_stdin(dev_null()?);
-    if let Some(stdio) = stdio {
-        builder = builder.with_stdout(stdio.stdout).with_stderr(stdio.stderr);
+        .map_err(|e| format!("state root {}: {e}", state_root.display()))?;
+    match stdio {
+        Some(stdio) => {
+            let stdin = match stdio.stdin {
+                Some(fd) => fd,
+                None => dev_null()?,
+            };
+            builder = builder
+                .with_stdin(stdin)
+                .with_stdout(stdio.stdout)
+                .with_stderr(stdio.stderr);
+        }
+        None => builder = builder.with_stdin(dev_null()?),
     }
     if let Some(program) = seccomp {
         builder = builder.with_executor(super::seccomp::SeccompExecutor { program });

@@ -7,6 +7,7 @@
 //!             ──► authenticate: client cert subject, else Bearer token → TokenReview  (401)
 //!             ──► authorize: SubjectAccessReview on nodes/<subresource>               (403)
 //!             ──► /containerLogs/…  streamed (logs)
+//!                 /exec/…  upgraded to WebSocket, the process's stdio (exec)
 //!                 /pods /healthz /metrics  (the local server's routes)
 //! ```
 //!
@@ -15,6 +16,7 @@
 //! log reader watches the connection while it waits); shutdown aborts every connection.
 
 pub mod auth;
+pub mod exec;
 pub mod logs;
 pub mod tls;
 mod x509;
@@ -25,6 +27,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ironlet_runtime::types::{ContainerId, ExecRequest};
+use ironlet_runtime::Runtime;
 use k8s_openapi::api::core::v1::Pod;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::net::{TcpListener, TcpStream};
@@ -64,6 +68,8 @@ pub struct Services {
     pub metrics: Arc<Metrics>,
     pub authenticator: Arc<dyn TokenAuthenticator>,
     pub authorizer: Arc<dyn Authorizer>,
+    /// Runs `exec` processes.
+    pub runtime: Arc<dyn Runtime>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -255,6 +261,28 @@ async fn connection(
                 }
             }
         }
+        ["exec", namespace, pod, container] => {
+            let target = exec_target(namespace, pod, container, &request, services);
+            match target {
+                Err(response) => respond(&mut writer, response).await,
+                Ok((id, opts, head, protocol)) => {
+                    let mut stream = reader.unsplit(writer);
+                    let wrote = tokio::time::timeout(WRITE_TIMEOUT, stream.write_all(&head)).await;
+                    if !matches!(wrote, Ok(Ok(()))) {
+                        return;
+                    }
+                    let runtime = services.runtime.clone();
+                    let exec = ExecRequest {
+                        cmd: opts.command.clone(),
+                        stdin: opts.stdin,
+                    };
+                    let start =
+                        async move { runtime.exec(&id, &exec).await.map_err(|e| e.to_string()) };
+                    let code = exec::serve(stream, protocol, &opts, start).await;
+                    tracing::debug!(?code, command = ?opts.command, "exec ended");
+                }
+            }
+        }
         _ => {
             let response = super::routes::route(&request, &*services.view, &services.metrics);
             respond(&mut writer, response).await;
@@ -391,6 +419,52 @@ fn container_logs(
             && logs::instance_file(&dir, false).as_ref() == Some(&file)
     };
     Ok((path, opts, Box::new(running)))
+}
+
+type ExecTarget = (ContainerId, exec::ExecOptions, Vec<u8>, exec::Protocol);
+
+/// The running container an exec goes to, its options and the upgrade answer; else the
+/// error response (kubelet's codes: 400 bad request, 404 unknown pod or container).
+fn exec_target(
+    namespace: &str,
+    pod_name: &str,
+    container: &str,
+    request: &Request,
+    services: &Services,
+) -> Result<ExecTarget, Response> {
+    if request.method != "GET" && request.method != "POST" {
+        return Err(Response::text(405, "method not allowed\n"));
+    }
+    let opts = exec::ExecOptions::parse(request.query.as_deref())
+        .map_err(|e| Response::text(400, format!("{e}\n")))?;
+    if opts.tty {
+        return Err(Response::text(
+            400,
+            "a tty is not supported by this node yet; run without -t\n",
+        ));
+    }
+    let pod = find_pod(&*services.view, namespace, pod_name)
+        .ok_or_else(|| Response::text(404, "pod does not exist\n"))?;
+    let id = pod
+        .status
+        .and_then(|s| s.container_statuses)
+        .into_iter()
+        .flatten()
+        .find(|c| c.name == container)
+        .and_then(|c| c.container_id)
+        .and_then(|uri| {
+            let raw = uri.strip_prefix(crate::status::CONTAINER_ID_SCHEME)?;
+            ContainerId::parse(raw.strip_prefix("://")?)
+        })
+        .ok_or_else(|| {
+            Response::text(
+                404,
+                format!("container {container:?} not found in pod {pod_name:?}\n"),
+            )
+        })?;
+    let (head, protocol) =
+        exec::upgrade_response(request).map_err(|e| Response::text(400, format!("{e}\n")))?;
+    Ok((id, opts, head, protocol))
 }
 
 fn find_pod(view: &dyn PodsView, namespace: &str, name: &str) -> Option<Pod> {
