@@ -311,7 +311,7 @@ impl Inner {
     /// Waits up to `limit` for the container to exit. The exit normally arrives from our
     /// zygote; a container run by another process (another `ironlet ctr`) is watched
     /// through a pidfd and its exit read from the record that process's zygote wrote.
-    async fn wait_exited(&self, id: &ContainerId, limit: Duration) -> bool {
+    pub(super) async fn wait_exited(&self, id: &ContainerId, limit: Duration) -> bool {
         let (mut rx, process) = {
             let state = self.lock();
             match state.containers.get(id) {
