@@ -11,6 +11,15 @@
 //! If the kernel rejects `lowerdir+`, the legacy `mount(2)` string is used when it fits in
 //! a page, else [`ImageError::MountOptionsTooLong`]. Errors carry the messages the kernel
 //! wrote to the fs context.
+//!
+//! Container root filesystems are mounted `volatile` (Linux 5.10; older kernels refuse the
+//! flag and get a plain overlay), as podman does for `--rm` containers: overlayfs then skips
+//! every sync of the upper layer, above all the `syncfs` of the whole upper file system at
+//! unmount, which waits for *everyone's* dirty data on that disk (80–190 ms measured with
+//! 200 MB written by another process, against 3–10 ms volatile). What volatile gives up is
+//! the writable layer's durability across a host crash (and remounting it after one), which
+//! a Kubernetes container never uses: after a crash or restart it is created anew, on a
+//! fresh upper directory.
 
 use std::ffi::CString;
 use std::io;
@@ -64,6 +73,22 @@ impl FsContext {
                 libc::FSCONFIG_SET_STRING,
                 k.as_ptr(),
                 v.as_ptr(),
+                0,
+            )
+        };
+        check(ret)
+    }
+
+    fn set_flag(&self, key: &str) -> io::Result<()> {
+        let k = cstr(key)?;
+        // SAFETY: k is a valid C string for the duration of the call.
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_fsconfig,
+                self.fd.as_raw_fd(),
+                libc::FSCONFIG_SET_FLAG,
+                k.as_ptr(),
+                std::ptr::null::<libc::c_char>(),
                 0,
             )
         };
@@ -188,6 +213,9 @@ pub(crate) fn mount_overlay(spec: &OverlaySpec, target: &Path) -> Result<(), Ima
         .map_err(|e| err("fsconfig(upperdir)", e, Some(&ctx)))?;
     ctx.set_string("workdir", &path_str(&spec.work)?)
         .map_err(|e| err("fsconfig(workdir)", e, Some(&ctx)))?;
+    if let Err(e) = ctx.set_flag("volatile") {
+        tracing::debug!(err = %e, kernel_log = %ctx.log(), "kernel refuses volatile overlays; syncing at unmount");
+    }
     ctx.create()
         .map_err(|e| err("fsconfig(FSCONFIG_CMD_CREATE)", e, Some(&ctx)))?;
     let mnt = ctx.mount().map_err(|e| err("fsmount", e, Some(&ctx)))?;
@@ -341,6 +369,15 @@ mod tests {
             }
             assert!(is_mount_point(&merged));
             assert!(merged.join("top").exists() && merged.join("bottom").exists());
+            if !legacy {
+                // The kernel here (6.x) takes the flag: no sync of the upper at unmount.
+                let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+                let line = mountinfo
+                    .lines()
+                    .find(|l| l.contains(&*merged.to_string_lossy()))
+                    .unwrap_or_default();
+                assert!(line.contains("volatile"), "not volatile: {line}");
+            }
             unmount(&merged).unwrap();
             assert!(!is_mount_point(&merged));
             unmount(&merged).unwrap();
