@@ -884,10 +884,12 @@ fn ctr_run_flags_take_effect(
 
 /// `-d`, then `ctr ps`, `ctr logs -f` (returns when the container ends), `ctr stop`
 /// (SIGTERM honoured; SIGKILL after `-t`), `ctr rm`: nothing is left under `root`, no log
-/// directory under `log_root`, no process of the container or its monitor.
+/// directory under `log_root`, no process of the container or its monitor. Rootless,
+/// `-d` warns that limits are not enforced, as a foreground run does.
 fn ctr_run_detached_lifecycle(
     root: &std::path::Path,
     log_root: &std::path::Path,
+    rootless: bool,
     cmd: impl Fn(&[&str]) -> Command,
 ) {
     let run = |args: &[&str]| cmd(args).output().expect("ironlet runs");
@@ -909,6 +911,12 @@ fn ctr_run_detached_lifecycle(
         "echo started; trap 'echo got-term; exit 7' TERM; while true; do sleep 0.1; done",
     ]);
     assert!(detached.status.success(), "{}", text(&detached.stderr));
+    assert_eq!(
+        text(&detached.stderr).contains("NOT enforced"),
+        rootless,
+        "{}",
+        text(&detached.stderr)
+    );
     let id = text(&detached.stdout).trim().to_owned();
     assert_eq!(id.len(), 32, "-d prints the container id: {id:?}");
     assert!(
@@ -1066,6 +1074,7 @@ fn ctr_run_detached_then_logs_stop_rm_leaves_nothing_as_root() {
     ctr_run_detached_lifecycle(
         node.root.path(),
         std::path::Path::new("/var/log/pods"),
+        false,
         |args| node.cmd(args),
     );
 }
@@ -1101,5 +1110,5 @@ fn ctr_run_docker_flags_and_detach_work_rootless() {
         "0:0",
     );
     let root = rootless.work.path().join("root");
-    ctr_run_detached_lifecycle(&root, &root.join("logs"), |args| rootless.cmd(args));
+    ctr_run_detached_lifecycle(&root, &root.join("logs"), true, |args| rootless.cmd(args));
 }

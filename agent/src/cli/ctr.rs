@@ -128,6 +128,10 @@ pub struct RunArgs {
 pub fn run(root_flag: Option<PathBuf>, cmd: CtrCommand) -> anyhow::Result<ExitCode> {
     let mut reporter = detach::Reporter::from_env();
     if matches!(&cmd, CtrCommand::Run(a) if a.detach) && reporter.is_none() {
+        // The monitor's stderr is /dev/null: the caller says what it would have said.
+        if super::running_rootless() {
+            warn_rootless_limits();
+        }
         return detach::launch();
     }
     let result = run_here(root_flag, cmd, reporter.as_mut());
