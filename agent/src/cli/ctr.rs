@@ -195,7 +195,7 @@ fn warn_rootless_limits() {
     if !delegated {
         eprintln!(
             "ironlet: rootless without a delegated cgroup v2 subtree: resource limits \
-             (--memory, --pids) are NOT enforced"
+             (--cpus, --memory, --pids) are NOT enforced"
         );
     }
 }
