@@ -998,11 +998,18 @@ fn ctr_run_detached_lifecycle(
             "log directory of {name}"
         );
     }
-    assert_eq!(
-        cgroups_of(&id),
-        Vec::<PathBuf>::new(),
-        "cgroups of the removed container"
-    );
+    for removed in [
+        &id,
+        text(&stubborn.stdout).trim(),
+        text(&gone.stdout).trim(),
+    ] {
+        assert_eq!(removed.len(), 32, "-d prints the container id: {removed:?}");
+        assert_eq!(
+            cgroups_of(removed),
+            Vec::<PathBuf>::new(),
+            "cgroups of the removed container {removed}"
+        );
+    }
 }
 
 #[test]
