@@ -63,32 +63,25 @@ impl FsContext {
     }
 
     fn set_string(&self, key: &str, value: &str) -> io::Result<()> {
-        let k = cstr(key)?;
-        let v = cstr(value)?;
-        // SAFETY: k and v are valid C strings for the duration of the call.
-        let ret = unsafe {
-            libc::syscall(
-                libc::SYS_fsconfig,
-                self.fd.as_raw_fd(),
-                libc::FSCONFIG_SET_STRING,
-                k.as_ptr(),
-                v.as_ptr(),
-                0,
-            )
-        };
-        check(ret)
+        self.set(libc::FSCONFIG_SET_STRING, key, Some(&cstr(value)?))
     }
 
     fn set_flag(&self, key: &str) -> io::Result<()> {
+        self.set(libc::FSCONFIG_SET_FLAG, key, None)
+    }
+
+    /// `fsconfig(cmd, key, value)`; a flag has no value.
+    fn set(&self, cmd: libc::c_uint, key: &str, value: Option<&CString>) -> io::Result<()> {
         let k = cstr(key)?;
-        // SAFETY: k is a valid C string for the duration of the call.
+        let v = value.map_or(std::ptr::null(), |v| v.as_ptr());
+        // SAFETY: k and v (when not null) are valid C strings for the duration of the call.
         let ret = unsafe {
             libc::syscall(
                 libc::SYS_fsconfig,
                 self.fd.as_raw_fd(),
-                libc::FSCONFIG_SET_FLAG,
+                cmd,
                 k.as_ptr(),
-                std::ptr::null::<libc::c_char>(),
+                v,
                 0,
             )
         };
