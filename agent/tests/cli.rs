@@ -731,3 +731,391 @@ impl Drop for StopOnDrop {
         let _ = self.agent.wait();
     }
 }
+
+/// Waits for `child` up to `limit`; kills it and fails the test past that.
+fn output_within(mut child: std::process::Child, limit: Duration, what: &str) -> Output {
+    let start = Instant::now();
+    while child.try_wait().expect("try_wait").is_none() {
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("killed child");
+            panic!(
+                "{what} still running after {limit:?}; stdout: {} stderr: {}",
+                text(&out.stdout),
+                text(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().expect("child output")
+}
+
+/// Processes whose command line mentions `needle` (a test's own root directory).
+fn processes_mentioning(needle: &std::path::Path) -> Vec<String> {
+    let needle = needle.to_string_lossy().into_owned();
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            let cmdline = text(&cmdline).replace('\0', " ");
+            cmdline
+                .contains(&needle)
+                .then(|| format!("{}: {cmdline}", e.file_name().to_string_lossy()))
+        })
+        .collect()
+}
+
+/// Cgroup directories named `id` under the `/ironlet` parent, in every v1 hierarchy or v2.
+fn cgroups_of(id: &str) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    for hierarchy in std::fs::read_dir("/sys/fs/cgroup")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        for candidate in [
+            hierarchy.path().join("ironlet").join(id),
+            PathBuf::from("/sys/fs/cgroup/ironlet").join(id),
+        ] {
+            if candidate.exists() && !found.contains(&candidate) {
+                found.push(candidate);
+            }
+        }
+    }
+    found
+}
+
+/// The docker-style flags of `ctr run`, checked inside the container (`run` runs `ironlet
+/// --root-dir R ARGS` as root or as the unprivileged user; `user` is what `-u` asks and
+/// `id` must then print).
+fn ctr_run_flags_take_effect(
+    run: impl Fn(&[&str], &[(&str, &str)]) -> Output,
+    scratch: &std::path::Path,
+    user: &str,
+) {
+    let ro = scratch.join("ro");
+    let rw = scratch.join("rw");
+    std::fs::write(ro.join("file"), "from-the-host\n").expect("ro file");
+    let ro_volume = format!("{}:/data:ro", ro.display());
+    let rw_volume = format!("{}:/out", rw.display());
+    let out = run(
+        &[
+            "ctr",
+            "run",
+            "--rm",
+            "-w",
+            "/tmp",
+            "-u",
+            user,
+            "-e",
+            "FROM_HOST",
+            "-e",
+            "SET=x=y",
+            "-e",
+            "NOT_ON_HOST",
+            "-v",
+            &ro_volume,
+            "--volume",
+            &rw_volume,
+            "busybox",
+            "--",
+            "sh",
+            "-c",
+            "pwd; id -u; id -g; echo \"$FROM_HOST $SET ${NOT_ON_HOST-unset}\"; cat /data/file; \
+             touch /data/new 2>/dev/null && echo ro-written || echo ro-refused; \
+             echo inside > /out/made",
+        ],
+        &[("FROM_HOST", "host-value")],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let (uid, gid) = user.split_once(':').unwrap_or((user, user));
+    assert_eq!(
+        text(&out.stdout),
+        format!("/tmp\n{uid}\n{gid}\nhost-value x=y unset\nfrom-the-host\nro-refused\n"),
+        "stderr: {}",
+        text(&out.stderr)
+    );
+    assert!(!ro.join("new").exists(), "the :ro volume was written");
+    assert_eq!(
+        std::fs::read_to_string(rw.join("made")).expect("written through the rw volume"),
+        "inside\n"
+    );
+    // Bad volumes are refused before anything is made, naming the flag and the path.
+    let missing = run(
+        &[
+            "ctr",
+            "run",
+            "--rm",
+            "-v",
+            "/no/such/dir:/data",
+            "busybox",
+            "--",
+            "true",
+        ],
+        &[],
+    );
+    assert_eq!(missing.status.code(), Some(2), "{}", text(&missing.stderr));
+    assert!(
+        text(&missing.stderr).contains("/no/such/dir does not exist"),
+        "{}",
+        text(&missing.stderr)
+    );
+    let relative = run(
+        &[
+            "ctr",
+            "run",
+            "--rm",
+            "-v",
+            &format!("{}:data", ro.display()),
+            "busybox",
+            "--",
+            "true",
+        ],
+        &[],
+    );
+    assert!(
+        text(&relative.stderr).contains("must be absolute"),
+        "{}",
+        text(&relative.stderr)
+    );
+}
+
+/// `-d`, then `ctr ps`, `ctr logs -f` (returns when the container ends), `ctr stop`
+/// (SIGTERM honoured; SIGKILL after `-t`), `ctr rm`: nothing is left under `root`, no log
+/// directory under `log_root`, no process of the container or its monitor. Rootless,
+/// `-d` warns that limits are not enforced, as a foreground run does.
+fn ctr_run_detached_lifecycle(
+    root: &std::path::Path,
+    log_root: &std::path::Path,
+    rootless: bool,
+    cmd: impl Fn(&[&str]) -> Command,
+) {
+    let run = |args: &[&str]| cmd(args).output().expect("ironlet runs");
+    // The runtime's directories exist once a container has run.
+    let first = run(&["ctr", "run", "--rm", "busybox", "--", "true"]);
+    assert!(first.status.success(), "{}", text(&first.stderr));
+    let before = state_tree(root);
+    let started = Instant::now();
+    let detached = run(&[
+        "ctr",
+        "run",
+        "-d",
+        "--name",
+        "bg",
+        "busybox",
+        "--",
+        "sh",
+        "-c",
+        "echo started; trap 'echo got-term; exit 7' TERM; while true; do sleep 0.1; done",
+    ]);
+    assert!(detached.status.success(), "{}", text(&detached.stderr));
+    assert_eq!(
+        text(&detached.stderr).contains("NOT enforced"),
+        rootless,
+        "{}",
+        text(&detached.stderr)
+    );
+    let id = text(&detached.stdout).trim().to_owned();
+    assert_eq!(id.len(), 32, "-d prints the container id: {id:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "-d returned after {:?}",
+        started.elapsed()
+    );
+    let ps = run(&["ctr", "ps"]);
+    assert!(
+        text(&ps.stdout).contains(&id[..12]),
+        "running in ctr ps: {}",
+        text(&ps.stdout)
+    );
+    // A container that ignores SIGTERM (sleep as pid 1) is killed after -t.
+    let stubborn = run(&[
+        "ctr", "run", "-d", "--name", "stubborn", "busybox", "--", "sleep", "600",
+    ]);
+    assert!(stubborn.status.success(), "{}", text(&stubborn.stderr));
+
+    let follow = cmd(&["ctr", "logs", "-f", &id])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("logs -f starts");
+    std::thread::sleep(Duration::from_millis(500));
+    let stop_started = Instant::now();
+    let stop = run(&["ctr", "stop", "-t", "10", "bg"]);
+    assert!(stop.status.success(), "{}", text(&stop.stderr));
+    assert!(
+        stop_started.elapsed() < Duration::from_secs(5),
+        "SIGTERM was not used: {:?}",
+        stop_started.elapsed()
+    );
+    let logs = output_within(follow, Duration::from_secs(10), "ctr logs -f");
+    assert_eq!(
+        text(&logs.stdout),
+        "started\ngot-term\n",
+        "{}",
+        text(&logs.stderr)
+    );
+    let stop_started = Instant::now();
+    let stop = run(&["ctr", "stop", "-t", "1", "stubborn"]);
+    assert!(stop.status.success(), "{}", text(&stop.stderr));
+    let took = stop_started.elapsed();
+    assert!(
+        took >= Duration::from_secs(1) && took < Duration::from_secs(8),
+        "stop -t 1 took {took:?}"
+    );
+
+    let ps = text(&run(&["ctr", "ps", "-a"]).stdout);
+    assert!(
+        ps.contains("Exited(7)") && ps.contains("Exited(137)"),
+        "{ps}"
+    );
+    let rm = run(&["ctr", "rm", "bg", "stubborn"]);
+    assert!(rm.status.success(), "{}", text(&rm.stderr));
+
+    // `-d --rm`: the monitor removes the container when it ends.
+    let gone = run(&[
+        "ctr", "run", "-d", "--rm", "--name", "bg-rm", "busybox", "--", "true",
+    ]);
+    assert!(gone.status.success(), "{}", text(&gone.stderr));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !processes_mentioning(root).is_empty() || state_tree(root) != before {
+        assert!(
+            Instant::now() < deadline,
+            "left behind: processes {:?}, state {:?}",
+            processes_mentioning(root),
+            state_tree(root)
+                .symmetric_difference(&before)
+                .collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for name in ["bg", "stubborn", "bg-rm"] {
+        assert_eq!(
+            ctr_log_dirs(log_root, name),
+            Vec::<String>::new(),
+            "log directory of {name}"
+        );
+    }
+    for removed in [
+        &id,
+        text(&stubborn.stdout).trim(),
+        text(&gone.stdout).trim(),
+    ] {
+        assert_eq!(removed.len(), 32, "-d prints the container id: {removed:?}");
+        assert_eq!(
+            cgroups_of(removed),
+            Vec::<PathBuf>::new(),
+            "cgroups of the removed container {removed}"
+        );
+    }
+}
+
+#[test]
+fn ctr_run_docker_flags_take_effect_as_root() {
+    if !is_root() {
+        return;
+    }
+    let node = Node::new();
+    let scratch = tempfile::tempdir().expect("scratch");
+    for dir in ["ro", "rw"] {
+        std::fs::create_dir(scratch.path().join(dir)).expect("volume dir");
+    }
+    // 1000 must be able to write the rw volume.
+    let chown = Command::new("chown")
+        .arg("1000:1000")
+        .arg(scratch.path().join("rw"))
+        .status()
+        .expect("chown");
+    assert!(chown.success());
+    ctr_run_flags_take_effect(
+        |args, env| {
+            node.cmd(args)
+                .envs(env.iter().copied())
+                .output()
+                .expect("ironlet runs")
+        },
+        scratch.path(),
+        "1000:1000",
+    );
+}
+
+#[test]
+fn ctr_run_cpus_and_pids_limits_are_enforced_as_root() {
+    if !is_root() {
+        return;
+    }
+    let node = Node::new();
+    let out = node.ironlet(&[
+        "ctr", "run", "--rm", "--cpus", "1.5", "--pids", "8", "busybox", "--", "sh", "-c",
+        "if [ -f /sys/fs/cgroup/cpu.max ]; then cat /sys/fs/cgroup/cpu.max; \
+         else echo \"$(cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us) $(cat /sys/fs/cgroup/cpu/cpu.cfs_period_us)\"; fi; \
+         (for i in 1 2 3 4 5 6 7 8 9 10; do sleep 5 & echo ok; done) 2>/dev/null | wc -l",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(
+        lines.first(),
+        Some(&"150000 100000"),
+        "--cpus 1.5 as a CFS quota: {stdout}"
+    );
+    // The shell, the subshell and wc count too: at most 5 sleeps fit in 8 pids.
+    let started: usize = lines
+        .get(1)
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{stdout} {}", text(&out.stderr)));
+    assert!(
+        (1..=5).contains(&started),
+        "--pids 8 let {started} of 10 processes start"
+    );
+}
+
+#[test]
+fn ctr_run_detached_then_logs_stop_rm_leaves_nothing_as_root() {
+    if !is_root() {
+        return;
+    }
+    let node = Node::new();
+    ctr_run_detached_lifecycle(
+        node.root.path(),
+        std::path::Path::new("/var/log/pods"),
+        false,
+        |args| node.cmd(args),
+    );
+}
+
+#[test]
+fn ctr_run_docker_flags_and_detach_work_rootless() {
+    if !is_root() {
+        return;
+    }
+    let rootless = Rootless::new();
+    rootless.import_busybox();
+    let scratch = rootless.work.path().join("volumes");
+    for dir in ["", "ro", "rw"] {
+        std::fs::create_dir(scratch.join(dir)).expect("volume dir");
+    }
+    let chown = Command::new("chown")
+        .arg("-R")
+        .arg(format!("{0}:{0}", rootless.uid))
+        .arg(&scratch)
+        .status()
+        .expect("chown");
+    assert!(chown.success());
+    // Only the user's own uid is mapped (to 0): that is the id -u can ask for.
+    ctr_run_flags_take_effect(
+        |args, env| {
+            rootless
+                .cmd(args)
+                .envs(env.iter().copied())
+                .output()
+                .expect("setpriv runs")
+        },
+        &scratch,
+        "0:0",
+    );
+    let root = rootless.work.path().join("root");
+    ctr_run_detached_lifecycle(&root, &root.join("logs"), true, |args| rootless.cmd(args));
+}

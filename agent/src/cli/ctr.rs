@@ -2,7 +2,14 @@
 //! style, on the same in-process runtime the agent uses.
 //!
 //! Each container made by `ctr run` gets a sandbox of its own in the `ironlet-ctr`
-//! namespace; `ctr rm` removes the sandbox with its last container.
+//! namespace; `ctr rm` removes the sandbox with its last container. `ctr run` takes
+//! docker/podman flag names (`-d`, `-v`, `-w`, `-u`, `-e`, `--cpus`, `--memory`, `--pids`,
+//! `--rm`); `flags` parses their values, `detach` runs a `-d` container from a monitor
+//! process, `logs` prints and follows log files.
+
+mod detach;
+mod flags;
+mod logs;
 
 use super::output::{outln, stdout_error};
 use std::collections::BTreeMap;
@@ -12,10 +19,10 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
-use ironlet_runtime::local::logs::{open_log_for_reading, parse_record, LogStream};
+use ironlet_runtime::local::logs::LogStream;
 use ironlet_runtime::types::{
     ContainerConfig, ContainerFilter, ContainerId, ContainerState, ContainerStatus, LinuxResources,
-    PodSandboxConfig, SandboxId,
+    Mount, PodSandboxConfig, SandboxId,
 };
 use ironlet_runtime::{LocalRuntime, LocalRuntimeConfig, Runtime};
 use tokio::io::AsyncWriteExt;
@@ -25,7 +32,8 @@ const CTR_NAMESPACE: &str = "ironlet-ctr";
 
 #[derive(Debug, Subcommand)]
 pub enum CtrCommand {
-    /// Run a container in the foreground; exits with the container's exit code.
+    /// Run a container: in the foreground (exits with the container's exit code), or with
+    /// -d in the background (prints its id).
     Run(RunArgs),
     /// List containers.
     Ps {
@@ -37,7 +45,20 @@ pub enum CtrCommand {
         quiet: bool,
     },
     /// Print a container's logs.
-    Logs { id: String },
+    Logs {
+        /// Follow the output until the container exits.
+        #[arg(short, long)]
+        follow: bool,
+        id: String,
+    },
+    /// Stop running containers: SIGTERM, then SIGKILL after the timeout.
+    Stop {
+        /// Seconds to wait after SIGTERM before SIGKILL.
+        #[arg(short = 't', long = "time", default_value_t = 10)]
+        time: u64,
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
     /// Run a command in a running container.
     Exec {
         id: String,
@@ -56,8 +77,23 @@ pub enum CtrCommand {
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
+    /// Run in the background and print the container id (then `ctr logs -f`, `ctr stop`).
+    #[arg(short, long)]
+    pub detach: bool,
+    /// Bind mount a host path: HOST:CONTAINER[:ro|rw]; the host path must exist.
+    #[arg(short = 'v', long = "volume", value_parser = flags::parse_volume)]
+    pub volumes: Vec<Mount>,
+    /// Working directory inside the container (absolute).
+    #[arg(short = 'w', long, value_parser = flags::parse_workdir)]
+    pub workdir: Option<String>,
+    /// Run as UID[:GID] (numeric).
+    #[arg(short, long, value_parser = flags::parse_user)]
+    pub user: Option<(u32, Option<u32>)>,
+    /// CPU limit in CPUs, e.g. 1.5 (a CFS quota over a 100 ms period).
+    #[arg(long, value_parser = flags::parse_cpus, value_name = "CPUS")]
+    pub cpus: Option<i64>,
     /// Memory limit, e.g. 64m, 1g or bytes.
-    #[arg(long, value_parser = parse_bytes)]
+    #[arg(long, value_parser = flags::parse_bytes)]
     pub memory: Option<i64>,
     /// Maximum number of processes.
     #[arg(long)]
@@ -77,7 +113,7 @@ pub struct RunArgs {
     /// Override the image's entrypoint.
     #[arg(long)]
     pub entrypoint: Option<String>,
-    /// Environment variables, KEY=VALUE.
+    /// Environment variables: KEY=VALUE, or KEY for ironlet's own value of KEY.
     #[arg(short, long = "env")]
     pub env: Vec<String>,
     /// Make the root filesystem read-only.
@@ -89,29 +125,27 @@ pub struct RunArgs {
     pub command: Vec<String>,
 }
 
-fn parse_bytes(s: &str) -> Result<i64, String> {
-    let s = s.trim();
-    let (digits, mult) = match s.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
-        None => (s, 1i64),
-        Some((i, _)) => {
-            let mult = match s[i..].to_ascii_lowercase().as_str() {
-                "b" => 1,
-                "k" | "kb" | "ki" | "kib" => 1 << 10,
-                "m" | "mb" | "mi" | "mib" => 1 << 20,
-                "g" | "gb" | "gi" | "gib" => 1 << 30,
-                other => return Err(format!("unknown unit {other:?} (use k, m or g)")),
-            };
-            (&s[..i], mult)
+pub fn run(root_flag: Option<PathBuf>, cmd: CtrCommand) -> anyhow::Result<ExitCode> {
+    let mut reporter = detach::Reporter::from_env();
+    if matches!(&cmd, CtrCommand::Run(a) if a.detach) && reporter.is_none() {
+        // The monitor's stderr is /dev/null: the caller says what it would have said.
+        if super::running_rootless() {
+            warn_rootless_limits();
         }
-    };
-    let n: i64 = digits
-        .parse()
-        .map_err(|_| format!("{s:?} is not a size (e.g. 64m)"))?;
-    n.checked_mul(mult)
-        .ok_or_else(|| format!("{s} is too large"))
+        return detach::launch();
+    }
+    let result = run_here(root_flag, cmd, reporter.as_mut());
+    if let (Err(err), Some(reporter)) = (&result, reporter.as_mut()) {
+        reporter.failed(err);
+    }
+    result
 }
 
-pub fn run(root_flag: Option<PathBuf>, cmd: CtrCommand) -> anyhow::Result<ExitCode> {
+fn run_here(
+    root_flag: Option<PathBuf>,
+    cmd: CtrCommand,
+    reporter: Option<&mut detach::Reporter>,
+) -> anyhow::Result<ExitCode> {
     let rootless = super::running_rootless() || matches!(&cmd, CtrCommand::Run(a) if a.rootless);
     if rootless && !super::running_rootless() {
         bail!("--rootless runs containers as the invoking user; run it as an unprivileged user");
@@ -139,9 +173,14 @@ pub fn run(root_flag: Option<PathBuf>, cmd: CtrCommand) -> anyhow::Result<ExitCo
             .await
             .with_context(|| format!("opening the runtime at {}", root_dir.display()))?;
         match cmd {
-            CtrCommand::Run(args) => run_container(&runtime, args).await,
+            CtrCommand::Run(args) => run_container(&runtime, args, reporter).await,
             CtrCommand::Ps { all, quiet } => ps(&runtime, all, quiet).await,
-            CtrCommand::Logs { id } => logs(&runtime, &id).await,
+            CtrCommand::Logs { follow, id } => {
+                let status = resolve(&runtime, &id).await?;
+                logs::print(&runtime, &status, follow).await?;
+                Ok(ExitCode::SUCCESS)
+            }
+            CtrCommand::Stop { time, ids } => stop(&runtime, Duration::from_secs(time), ids).await,
             CtrCommand::Exec { id, command } => exec(&runtime, &id, command).await,
             CtrCommand::Rm { force, ids } => rm(&runtime, force, ids).await,
         }
@@ -156,7 +195,7 @@ fn warn_rootless_limits() {
     if !delegated {
         eprintln!(
             "ironlet: rootless without a delegated cgroup v2 subtree: resource limits \
-             (--memory, --pids) are NOT enforced"
+             (--cpus, --memory, --pids) are NOT enforced"
         );
     }
 }
@@ -181,7 +220,24 @@ fn default_name(image: &str) -> String {
     }
 }
 
-async fn run_container(runtime: &LocalRuntime, args: RunArgs) -> anyhow::Result<ExitCode> {
+/// The container's environment from `-e`: KEY=VALUE, or KEY with this process's value.
+fn env_of(args: &RunArgs) -> anyhow::Result<Vec<(String, String)>> {
+    let host = |key: &str| std::env::var(key).ok();
+    let mut env = Vec::new();
+    for kv in &args.env {
+        if let Some(pair) = flags::parse_env(kv, host).map_err(anyhow::Error::msg)? {
+            env.push(pair);
+        }
+    }
+    Ok(env)
+}
+
+async fn run_container(
+    runtime: &LocalRuntime,
+    args: RunArgs,
+    detached: Option<&mut detach::Reporter>,
+) -> anyhow::Result<ExitCode> {
+    let env = env_of(&args)?;
     let name = args
         .name
         .clone()
@@ -205,23 +261,19 @@ async fn run_container(runtime: &LocalRuntime, args: RunArgs) -> anyhow::Result<
         .run_pod_sandbox(&sandbox_config)
         .await
         .context("creating the sandbox")?;
-    let env = args
-        .env
-        .iter()
-        .map(|kv| match kv.split_once('=') {
-            Some((k, v)) => Ok((k.to_owned(), v.to_owned())),
-            None => Err(anyhow::anyhow!("--env {kv:?} is not KEY=VALUE")),
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
     let mut config = ContainerConfig {
         name: name.clone(),
         image: args.image.clone(),
         command: args.entrypoint.iter().cloned().collect(),
         args: args.command.clone(),
         env,
+        working_dir: args.workdir.clone(),
+        mounts: args.volumes.clone(),
         resources: LinuxResources {
             memory_limit_bytes: args.memory,
             pids_limit: args.pids,
+            cpu_quota: args.cpus,
+            cpu_period: args.cpus.map(|_| flags::CPU_PERIOD_US),
             ..LinuxResources::default()
         },
         log_path: PathBuf::from(format!("{name}/0.log")),
@@ -229,6 +281,10 @@ async fn run_container(runtime: &LocalRuntime, args: RunArgs) -> anyhow::Result<
         ..ContainerConfig::default()
     };
     config.security.read_only_rootfs = args.read_only;
+    if let Some((uid, gid)) = args.user {
+        config.security.run_as_user = Some(uid);
+        config.security.run_as_group = gid;
+    }
     let log_dir = &sandbox_config.log_directory;
     let id = match runtime.create_container(&sandbox, &config).await {
         Ok(id) => id,
@@ -239,11 +295,30 @@ async fn run_container(runtime: &LocalRuntime, args: RunArgs) -> anyhow::Result<
             return Err(err).with_context(|| format!("creating container from {}", args.image));
         }
     };
-    let mut output = runtime.tap_output(&id)?;
-    runtime
-        .start_container(&id)
-        .await
-        .context("starting the container")?;
+    // A detached container's output goes to its log file only.
+    let output = match detached {
+        None => Some(runtime.tap_output(&id)?),
+        Some(_) => None,
+    };
+    if let Err(err) = runtime.start_container(&id).await {
+        if args.rm {
+            if let Err(cleanup) = remove_all(runtime, &id, &sandbox, log_dir).await {
+                tracing::warn!(container_id = %id, err = %format!("{cleanup:#}"), "removing a container that did not start");
+            }
+        }
+        return Err(err).context("starting the container");
+    }
+    if let Some(reporter) = detached {
+        reporter.started(&id);
+        let status = runtime.wait(&id).await?;
+        if args.rm {
+            remove_all(runtime, &id, &sandbox, log_dir).await?;
+        }
+        return Ok(ExitCode::from(
+            status.exit_code.unwrap_or(1).clamp(0, 255) as u8
+        ));
+    }
+    let mut output = output.context("the container's output")?;
     let copy = async {
         let mut stdout = tokio::io::stdout();
         let mut stderr = tokio::io::stderr();
@@ -268,12 +343,22 @@ async fn run_container(runtime: &LocalRuntime, args: RunArgs) -> anyhow::Result<
         eprintln!("ironlet: container {} was {}", id.short(), reason.as_str());
     }
     if args.rm {
-        runtime.remove_container(&id).await?;
-        remove_sandbox(runtime, &sandbox, log_dir).await?;
+        remove_all(runtime, &id, &sandbox, log_dir).await?;
     } else {
         println_stderr_id(&id);
     }
     Ok(ExitCode::from(code.clamp(0, 255) as u8))
+}
+
+/// Removes a `ctr run` container with its sandbox and log directory.
+async fn remove_all(
+    runtime: &LocalRuntime,
+    id: &ContainerId,
+    sandbox: &SandboxId,
+    log_dir: &Path,
+) -> anyhow::Result<()> {
+    runtime.remove_container(id).await?;
+    remove_sandbox(runtime, sandbox, log_dir).await
 }
 
 /// Removes a `ctr run` sandbox and its log directory, which `ctr run` made for it: after
@@ -370,37 +455,44 @@ async fn ps(runtime: &LocalRuntime, all: bool, quiet: bool) -> anyhow::Result<Ex
     Ok(ExitCode::SUCCESS)
 }
 
-async fn logs(runtime: &LocalRuntime, id: &str) -> anyhow::Result<ExitCode> {
-    let status = resolve(runtime, id).await?;
-    let read = |path: &Path| -> std::io::Result<String> {
-        let mut text = String::new();
-        std::io::Read::read_to_string(&mut open_log_for_reading(path)?, &mut text)?;
-        Ok(text)
-    };
-    let text = match read(&status.log_path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
-        Err(e) => return Err(e).with_context(|| format!("reading {}", status.log_path.display())),
-    };
-    let mut stdout = tokio::io::stdout();
-    let mut stderr = tokio::io::stderr();
-    for line in text.lines() {
-        let Some((stream, partial, content)) = parse_record(line) else {
-            continue;
-        };
-        let mut bytes = content.as_bytes().to_vec();
-        if !partial {
-            bytes.push(b'\n');
-        }
-        if stream == "stderr" {
-            stderr.write_all(&bytes).await?;
-        } else {
-            stdout.write_all(&bytes).await.map_err(stdout_error)?;
+async fn stop(
+    runtime: &LocalRuntime,
+    grace: Duration,
+    ids: Vec<String>,
+) -> anyhow::Result<ExitCode> {
+    for_each_id(ids, |wanted| async move {
+        let status = resolve(runtime, &wanted).await?;
+        runtime
+            .stop_container(&status.id, grace)
+            .await
+            .with_context(|| format!("stopping {}", status.id.short()))?;
+        outln!("{}", status.id)
+    })
+    .await
+}
+
+/// Runs `each` for every id; failures are printed and make the exit code 1, except a
+/// closed stdout, which ends the command.
+async fn for_each_id<F, Fut>(ids: Vec<String>, mut each: F) -> anyhow::Result<ExitCode>
+where
+    F: FnMut(String) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
+    let mut failed = false;
+    for wanted in ids {
+        if let Err(err) = each(wanted).await {
+            if super::output::is_stdout_closed(&err) {
+                return Err(err);
+            }
+            eprintln!("ironlet: {err:#}");
+            failed = true;
         }
     }
-    stdout.flush().await.map_err(stdout_error)?;
-    stderr.flush().await?;
-    Ok(ExitCode::SUCCESS)
+    Ok(if failed {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 async fn exec(runtime: &LocalRuntime, id: &str, command: Vec<String>) -> anyhow::Result<ExitCode> {
@@ -419,61 +511,35 @@ async fn exec(runtime: &LocalRuntime, id: &str, command: Vec<String>) -> anyhow:
 }
 
 async fn rm(runtime: &LocalRuntime, force: bool, ids: Vec<String>) -> anyhow::Result<ExitCode> {
-    let mut failed = false;
-    for wanted in ids {
-        let result = async {
-            let status = resolve(runtime, &wanted).await?;
-            if status.state == ContainerState::Running && !force {
-                bail!(
-                    "container {} is running; stop it first or use --force",
-                    status.id.short()
-                );
-            }
-            runtime.remove_container(&status.id).await?;
-            let left = runtime
-                .list_containers(&ContainerFilter {
-                    sandbox_id: Some(status.sandbox_id.clone()),
-                    ..ContainerFilter::default()
-                })
-                .await?;
-            if left.is_empty() {
-                let sandbox = runtime.pod_sandbox_status(&status.sandbox_id).await.ok();
-                if let Some(sandbox) = sandbox.filter(|s| s.config.namespace == CTR_NAMESPACE) {
-                    remove_sandbox(runtime, &status.sandbox_id, &sandbox.config.log_directory)
-                        .await?;
-                }
-            }
-            outln!("{}", status.id)?;
-            Ok(())
+    for_each_id(ids, |wanted| async move {
+        let status = resolve(runtime, &wanted).await?;
+        if status.state == ContainerState::Running && !force {
+            bail!(
+                "container {} is running; stop it first or use --force",
+                status.id.short()
+            );
         }
-        .await;
-        if let Err(err) = result {
-            if super::output::is_stdout_closed(&err) {
-                return Err(err);
+        runtime.remove_container(&status.id).await?;
+        let left = runtime
+            .list_containers(&ContainerFilter {
+                sandbox_id: Some(status.sandbox_id.clone()),
+                ..ContainerFilter::default()
+            })
+            .await?;
+        if left.is_empty() {
+            let sandbox = runtime.pod_sandbox_status(&status.sandbox_id).await.ok();
+            if let Some(sandbox) = sandbox.filter(|s| s.config.namespace == CTR_NAMESPACE) {
+                remove_sandbox(runtime, &status.sandbox_id, &sandbox.config.log_directory).await?;
             }
-            eprintln!("ironlet: {err:#}");
-            failed = true;
         }
-    }
-    Ok(if failed {
-        ExitCode::from(1)
-    } else {
-        ExitCode::SUCCESS
+        outln!("{}", status.id)
     })
+    .await
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes_parse_with_units_like_docker() {
-        assert_eq!(parse_bytes("64m"), Ok(64 << 20));
-        assert_eq!(parse_bytes("1g"), Ok(1 << 30));
-        assert_eq!(parse_bytes("4096"), Ok(4096));
-        assert!(parse_bytes("12x").is_err());
-        assert!(parse_bytes("m").is_err());
-    }
 
     #[test]
     fn default_names_come_from_the_image() {

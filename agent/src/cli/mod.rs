@@ -32,8 +32,9 @@ pub struct Cli {
     /// $XDG_DATA_HOME/ironlet rootless.
     #[arg(long, global = true, env = "IRONLET_ROOT_DIR")]
     pub root_dir: Option<PathBuf>,
-    /// More logging (-v info, -vv debug); IRONLET_LOG overrides.
-    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    /// More logging (-v info, -vv debug); IRONLET_LOG overrides. Before the command:
+    /// `ctr run -v` is docker's --volume.
+    #[arg(short, long, action = clap::ArgAction::Count)]
     pub verbose: u8,
     #[command(subcommand)]
     pub command: Command,

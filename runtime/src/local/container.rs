@@ -19,6 +19,10 @@ use crate::types::{
     ContainerConfig, ContainerId, ContainerState, GcPolicy, SandboxId, SandboxState,
 };
 
+/// How long a container's exit may take to be recorded by the zygote that reaps it, after
+/// its process is gone; past that it is reported as killed.
+const EXIT_RECORD_WAIT: Duration = Duration::from_secs(2);
+
 /// How long to wait for a SIGKILLed container to be reaped before reporting an error.
 const KILL_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -311,7 +315,7 @@ impl Inner {
     /// Waits up to `limit` for the container to exit. The exit normally arrives from our
     /// zygote; a container run by another process (another `ironlet ctr`) is watched
     /// through a pidfd and its exit read from the record that process's zygote wrote.
-    async fn wait_exited(&self, id: &ContainerId, limit: Duration) -> bool {
+    pub(super) async fn wait_exited(&self, id: &ContainerId, limit: Duration) -> bool {
         let (mut rx, process) = {
             let state = self.lock();
             match state.containers.get(id) {
@@ -328,8 +332,15 @@ impl Inner {
             } else {
                 std::future::pending::<()>().await;
             }
-            // Let the owning zygote reap and record the exit first.
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            // Let the owning zygote (ours or another process's) reap and record the exit
+            // first: a loaded machine can delay that well past the exit itself, and without
+            // the record the exit is reported as a SIGKILL.
+            let recorded =
+                || crate::zygote::exits::read(&self.config.exits_dir(), id.as_str()).is_some();
+            let deadline = tokio::time::Instant::now() + EXIT_RECORD_WAIT;
+            while !recorded() && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
         };
         let outcome = tokio::time::timeout(limit, async {
             tokio::select! {

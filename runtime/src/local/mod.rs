@@ -117,6 +117,9 @@ impl Entry {
     }
 }
 
+/// [`LocalRuntime::wait`] waits in rounds of this (a bound tokio's timer can represent).
+const WAIT_ROUND: Duration = Duration::from_secs(24 * 3600);
+
 /// How long after an exit a status read may wait for the container's log pump to finish.
 const LOG_SETTLE_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -249,18 +252,15 @@ impl LocalRuntime {
         Ok(rx)
     }
 
-    /// Waits until the container has exited; returns its status.
+    /// Waits until the container has exited; returns its status. Works for a container
+    /// another process runs too (another `ironlet ctr`): its process is watched through a
+    /// pidfd and its exit read from the record that process's zygote wrote.
     pub async fn wait(&self, id: &ContainerId) -> Result<ContainerStatus, RuntimeError> {
-        let mut rx = {
-            let state = self.inner.lock();
-            let entry = state
-                .containers
-                .get(id)
-                .ok_or_else(|| not_found("container", id.as_str()))?;
-            entry.exited.subscribe()
-        };
-        // The sender lives as long as the entry; an error means it was removed meanwhile.
-        let _ = rx.wait_for(|exited| *exited).await;
+        if !self.inner.lock().containers.contains_key(id) {
+            return Err(not_found("container", id.as_str()));
+        }
+        // Returns at once if the entry is removed meanwhile.
+        while !self.inner.wait_exited(id, WAIT_ROUND).await {}
         self.inner.settle_logs(|e| e.record.id == *id).await;
         self.inner.status_of(id)
     }
