@@ -380,6 +380,7 @@ fn run_agent(
             let services = ironlet::server::kubelet_api::Services {
                 view: kubelet.view(),
                 metrics: kubelet.metrics(),
+                stats: kubelet.stats(),
                 authenticator,
                 authorizer,
             };

@@ -7,6 +7,8 @@
 //!             ──► authenticate: client cert subject, else Bearer token → TokenReview  (401)
 //!             ──► authorize: SubjectAccessReview on nodes/<subresource>               (403)
 //!             ──► /containerLogs/…  streamed (logs)
+//!                 /stats/summary /metrics/resource  (stats, from the StatsProvider)
+//!                 /runningpods/  (pods with a running container, as kubelet lists them)
 //!                 /pods /healthz /metrics  (the local server's routes)
 //! ```
 //!
@@ -16,6 +18,7 @@
 
 pub mod auth;
 pub mod logs;
+pub mod stats;
 pub mod tls;
 mod x509;
 
@@ -62,6 +65,7 @@ pub struct KubeletApiConfig {
 pub struct Services {
     pub view: Arc<dyn PodsView>,
     pub metrics: Arc<Metrics>,
+    pub stats: Arc<dyn stats::StatsProvider>,
     pub authenticator: Arc<dyn TokenAuthenticator>,
     pub authorizer: Arc<dyn Authorizer>,
 }
@@ -255,11 +259,82 @@ async fn connection(
                 }
             }
         }
+        ["stats", "summary"] | ["stats", "summary", ""] => {
+            let response = get_only(&request, || match services.stats.summary() {
+                Ok(summary) => super::routes::json(200, &summary),
+                Err(err) => {
+                    tracing::error!(%err, "Failed to get system container stats");
+                    Response::text(500, format!("Internal Error: {err}\n"))
+                }
+            });
+            respond(&mut writer, response).await;
+        }
+        ["metrics", "resource"] => {
+            let response = get_only(&request, || {
+                let summary = services.stats.summary();
+                let text = stats::resource_metrics(summary.as_ref().map_err(String::as_str));
+                Response::new(200, super::routes::METRICS_CONTENT_TYPE, text)
+            });
+            respond(&mut writer, response).await;
+        }
+        ["runningpods", ""] | ["runningpods"] => {
+            let response = get_only(&request, || {
+                super::routes::pod_list(running_pods(services.view.pods()))
+            });
+            respond(&mut writer, response).await;
+        }
         _ => {
             let response = super::routes::route(&request, &*services.view, &services.metrics);
             respond(&mut writer, response).await;
         }
     }
+}
+
+/// `answer()` for GET (HEAD too, answered without a body by the writer), else 405.
+fn get_only(request: &Request, answer: impl FnOnce() -> Response) -> Response {
+    if request.method == "GET" || request.method == "HEAD" {
+        answer()
+    } else {
+        let mut resp = Response::text(405, "method not allowed\n");
+        resp.allow = Some("GET, HEAD");
+        resp
+    }
+}
+
+/// kubelet's `/runningpods/`: the runtime's pods as bare `v1.Pod`s (uid, name, namespace and
+/// the running containers' names and images), here those with a running container.
+fn running_pods(pods: Vec<Pod>) -> Vec<Pod> {
+    use k8s_openapi::api::core::v1::{Container, PodSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    pods.into_iter()
+        .filter_map(|pod| {
+            let containers: Vec<Container> = pod
+                .status?
+                .container_statuses
+                .into_iter()
+                .flatten()
+                .filter(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
+                .map(|c| Container {
+                    name: c.name,
+                    image: Some(c.image),
+                    ..Container::default()
+                })
+                .collect();
+            (!containers.is_empty()).then(|| Pod {
+                metadata: ObjectMeta {
+                    name: pod.metadata.name,
+                    namespace: pod.metadata.namespace,
+                    uid: pod.metadata.uid,
+                    ..ObjectMeta::default()
+                },
+                spec: Some(PodSpec {
+                    containers,
+                    ..PodSpec::default()
+                }),
+                status: None,
+            })
+        })
+        .collect()
 }
 
 async fn respond<W: AsyncWrite + Unpin>(writer: &mut W, response: Response) {
