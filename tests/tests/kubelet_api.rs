@@ -5,7 +5,10 @@
 //! `--previous` after a restart; a follower that goes away leaves no reader behind; and the
 //! node itself refuses requests without credentials (401), with a token whose user has no
 //! RBAC for `nodes/proxy` (403, then allowed once it has), and with a client certificate
-//! from another CA (handshake refused).
+//! from another CA (handshake refused). The resource endpoints through the API server's node
+//! proxy: `/stats/summary` shows a pod holding 40 MiB with at least that working set and a
+//! busy container's CPU counter rising, and plausible node figures; `/metrics/resource` has
+//! kubelet's metric names with the same figures; `/runningpods/` lists the pod.
 //!
 //! One control plane and one agent (node `e2e-kapi-<pid>`) serve every test of this binary;
 //! the tests use distinct pod names. Needs root (containers, cgroups, CNI).
@@ -15,7 +18,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use ironlet_e2e::{eventually, run_suite, ClusterAgent, ControlPlane, SuiteTest};
+use ironlet_e2e::{eventually, routable_host_ip, run_suite, ClusterAgent, ControlPlane, SuiteTest};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
@@ -46,6 +49,10 @@ const TESTS: &[SuiteTest<Env>] = &[
         "the_node_refuses_a_client_certificate_from_another_ca_and_accepts_the_apiservers",
         client_certificates,
     ),
+    (
+        "stats_summary_metrics_resource_and_runningpods_show_a_40mib_busy_pod",
+        stats_endpoints,
+    ),
 ];
 
 const RUNNING_TIMEOUT: Duration = Duration::from_secs(60);
@@ -61,7 +68,11 @@ fn start() -> Result<Env> {
     let plane = ControlPlane::up()?;
     let node = format!("e2e-kapi-{}", std::process::id());
     let kubeconfig = plane.node_kubeconfig(&node)?;
-    let agent = ClusterAgent::start(&kubeconfig, &node, 100 + std::process::id() % 150)?;
+    // On the host's address: the API server's node proxy (`kubectl get --raw
+    // /api/v1/nodes/NODE/proxy/…`) refuses a loopback node.
+    let node_ip = routable_host_ip().context("no routable host address for the node")?;
+    let slot = 100 + std::process::id() % 150;
+    let agent = ClusterAgent::start_on(&kubeconfig, &node, slot, &[], node_ip)?;
     Ok(Env { plane, agent })
 }
 
@@ -484,4 +495,190 @@ fn tempdir() -> Result<PathBuf> {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).context("creating the cert dir")?;
     Ok(dir)
+}
+
+const MIB: u64 = 1 << 20;
+
+/// `kubectl get --raw` of a node path through the API server's node proxy.
+fn node_proxy(env: &Env, path: &str) -> Result<String> {
+    let url = format!("/api/v1/nodes/{}/proxy{path}", env.agent.node_name);
+    env.plane.kubectl(&["get", "--raw", &url])
+}
+
+fn summary(env: &Env) -> Result<serde_json::Value> {
+    let text = node_proxy(env, "/stats/summary")?;
+    serde_json::from_str(&text).with_context(|| format!("parsing the summary {text:?}"))
+}
+
+/// The summary entry of pod `name` in `default`, if listed.
+fn pod_entry<'a>(summary: &'a serde_json::Value, name: &str) -> Option<&'a serde_json::Value> {
+    summary["pods"]
+        .as_array()?
+        .iter()
+        .find(|p| p["podRef"]["name"] == name && p["podRef"]["namespace"] == "default")
+}
+
+/// The value of the sample `series` (name and labels exactly) in a Prometheus text, and its
+/// timestamp.
+fn sample(text: &str, series: &str) -> Option<(f64, Option<i64>)> {
+    text.lines().find_map(|line| {
+        let rest = line.strip_prefix(series)?.strip_prefix(' ')?;
+        let mut fields = rest.split(' ');
+        let value = fields.next()?.parse().ok()?;
+        Some((value, fields.next().and_then(|t| t.parse().ok())))
+    })
+}
+
+fn mem_total() -> Result<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo")?;
+    let kib: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .context("MemTotal")?;
+    Ok(kib * 1024)
+}
+
+fn stats_endpoints(env: &Env) -> Result<()> {
+    let name = "kapi-stats";
+    // tail holds the one 40 MiB "line" in anonymous memory while the sleep keeps its input
+    // open; the shell spins meanwhile.
+    let script = "{ head -c 41943040 /dev/zero; sleep 3600; } | tail & while :; do :; done";
+    with_pod(env, name, script, "Never", |_pods| async move {
+        // The allocation takes a moment: wait until the container's working set shows it.
+        let first = eventually(
+            "the pod's 40 MiB in /stats/summary",
+            Duration::from_secs(45),
+            || async {
+                let summary = summary(env)?;
+                let ws = pod_entry(&summary, name)
+                    .and_then(|p| p["containers"][0]["memory"]["workingSetBytes"].as_u64());
+                Ok(ws.filter(|ws| *ws >= 40 * MIB).map(|_| summary))
+            },
+        )
+        .await?;
+        let pod = pod_entry(&first, name).context("pod entry")?;
+        let container = &pod["containers"][0];
+        assert_eq!(container["name"], "main");
+        assert!(container["startTime"]
+            .as_str()
+            .is_some_and(|t| t.ends_with('Z')));
+        assert!(
+            pod["memory"]["workingSetBytes"].as_u64()
+                >= container["memory"]["workingSetBytes"].as_u64()
+        );
+        assert!(
+            container["memory"]["rssBytes"].as_u64().unwrap_or(0) >= 40 * MIB,
+            "{container}"
+        );
+        assert!(
+            container["logs"]["capacityBytes"].as_u64().unwrap_or(0) > 0,
+            "{container}"
+        );
+        assert!(
+            pod["process_stats"]["process_count"].as_u64().unwrap_or(0) >= 3,
+            "{pod}"
+        );
+        assert!(
+            pod["network"]["interfaces"]
+                .as_array()
+                .is_some_and(|i| !i.is_empty()),
+            "{pod}"
+        );
+        let cpu0 = container["cpu"]["usageCoreNanoSeconds"]
+            .as_u64()
+            .context("container cpu")?;
+
+        let node = &first["node"];
+        let total = mem_total()?;
+        assert_eq!(node["nodeName"], env.agent.node_name.as_str());
+        let node_ws = node["memory"]["workingSetBytes"]
+            .as_u64()
+            .context("node ws")?;
+        assert!(node_ws >= 40 * MIB && node_ws <= total, "{node}");
+        assert!(node["memory"]["availableBytes"]
+            .as_u64()
+            .is_some_and(|a| a > 0 && a <= total));
+        let node_cpu0 = node["cpu"]["usageCoreNanoSeconds"]
+            .as_u64()
+            .context("node cpu")?;
+        assert!(node["fs"]["capacityBytes"].as_u64() > node["fs"]["availableBytes"].as_u64());
+        assert!(node["rlimit"]["maxpid"].as_u64().unwrap_or(0) > 0, "{node}");
+
+        // The busy shell's CPU counter rises (and with it the node's).
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let second = summary(env)?;
+        let pod = pod_entry(&second, name).context("pod entry")?;
+        let cpu1 = pod["containers"][0]["cpu"]["usageCoreNanoSeconds"]
+            .as_u64()
+            .context("cpu")?;
+        assert!(
+            cpu1 >= cpu0 + 200_000_000,
+            "{cpu0} → {cpu1}: a spinning shell used < 0.2 s in 2 s"
+        );
+        assert!(
+            pod["containers"][0]["cpu"]["usageNanoCores"]
+                .as_u64()
+                .unwrap_or(0)
+                > 0
+        );
+        let node_cpu1 = second["node"]["cpu"]["usageCoreNanoSeconds"]
+            .as_u64()
+            .context("node cpu")?;
+        assert!(
+            node_cpu1 >= node_cpu0 + (cpu1 - cpu0) / 2,
+            "node {node_cpu0} → {node_cpu1}"
+        );
+
+        // /metrics/resource: kubelet's names and labels, the same figures, timestamps in ms.
+        let text = node_proxy(env, "/metrics/resource")?;
+        let labels = format!("{{container=\"main\",namespace=\"default\",pod=\"{name}\"}}");
+        let (ws, at) = sample(
+            &text,
+            &format!("container_memory_working_set_bytes{labels}"),
+        )
+        .with_context(|| format!("no container working set in {text}"))?;
+        assert!(ws >= (40 * MIB) as f64, "{ws}");
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_millis() as i64;
+        assert!(
+            at.is_some_and(|t| (now_ms - t).abs() < 60_000),
+            "timestamp {at:?}"
+        );
+        let (cpu, _) = sample(&text, &format!("container_cpu_usage_seconds_total{labels}"))
+            .context("container cpu")?;
+        assert!(cpu >= cpu1 as f64 / 1e9, "{cpu} s");
+        let (started, _) = sample(&text, &format!("container_start_time_seconds{labels}"))
+            .context("start time")?;
+        assert!((now_ms as f64 / 1000.0 - started) < 600.0, "{started}");
+        let pod_labels = format!("{{namespace=\"default\",pod=\"{name}\"}}");
+        for series in [
+            format!("pod_cpu_usage_seconds_total{pod_labels}"),
+            format!("pod_memory_working_set_bytes{pod_labels}"),
+            "node_cpu_usage_seconds_total".to_owned(),
+            "node_memory_working_set_bytes".to_owned(),
+        ] {
+            let (value, at) =
+                sample(&text, &series).with_context(|| format!("{series} in {text}"))?;
+            assert!(value > 0.0 && at.is_some(), "{series} {value}");
+        }
+        assert_eq!(sample(&text, "scrape_error"), Some((0.0, None)));
+        assert!(text.contains("# TYPE container_cpu_usage_seconds_total counter\n"));
+
+        // /runningpods/: a PodList with the pod and its running container.
+        let running: serde_json::Value = serde_json::from_str(&node_proxy(env, "/runningpods/")?)?;
+        assert_eq!(running["kind"], "PodList");
+        let listed = running["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|p| p["metadata"]["name"] == name && p["metadata"]["namespace"] == "default");
+        let listed = listed.with_context(|| format!("{name} not in {running}"))?;
+        assert_eq!(listed["spec"]["containers"][0]["name"], "main");
+        assert!(listed["metadata"]["uid"]
+            .as_str()
+            .is_some_and(|u| !u.is_empty()));
+        Ok(())
+    })
 }
