@@ -214,18 +214,7 @@ impl Family {
 
 /// `/metrics/resource` from a Summary, or with `scrape_error 1` when there is none.
 pub fn resource_metrics(summary: Result<&Summary, &str>) -> String {
-    use families::*;
-    let mut all = [
-        Family::new(CONTAINER_CPU.0, CONTAINER_CPU.1, "counter"),
-        Family::new(CONTAINER_MEMORY.0, CONTAINER_MEMORY.1, "gauge"),
-        Family::new(CONTAINER_START.0, CONTAINER_START.1, "gauge"),
-        Family::new(NODE_CPU.0, NODE_CPU.1, "counter"),
-        Family::new(NODE_MEMORY.0, NODE_MEMORY.1, "gauge"),
-        Family::new(POD_CPU.0, POD_CPU.1, "counter"),
-        Family::new(POD_MEMORY.0, POD_MEMORY.1, "gauge"),
-        Family::new(RESOURCE_SCRAPE_ERROR.0, RESOURCE_SCRAPE_ERROR.1, "gauge"),
-        Family::new(SCRAPE_ERROR.0, SCRAPE_ERROR.1, "gauge"),
-    ];
+    let mut all = FAMILIES.map(|(name, help, kind)| Family::new(name, help, kind));
     let [container_cpu, container_memory, container_start, node_cpu, node_memory, pod_cpu, pod_memory, resource_scrape_error, scrape_error] =
         &mut all;
     let error = match summary {
@@ -305,45 +294,55 @@ pub fn resource_metrics(summary: Result<&Summary, &str>) -> String {
     out
 }
 
-/// The names and help texts of kubelet's resource metrics (v1.37), stability prefix included.
-mod families {
-    pub const CONTAINER_CPU: (&str, &str) = (
+/// kubelet's resource metrics (v1.37): name, help text with its stability prefix, and type;
+/// in the Go exposition's order (by name).
+const FAMILIES: [(&str, &str, &str); 9] = [
+    (
         "container_cpu_usage_seconds_total",
         "[STABLE] Cumulative cpu time consumed by the container in core-seconds",
-    );
-    pub const CONTAINER_MEMORY: (&str, &str) = (
+        "counter",
+    ),
+    (
         "container_memory_working_set_bytes",
         "[STABLE] Current working set of the container in bytes",
-    );
-    pub const CONTAINER_START: (&str, &str) = (
+        "gauge",
+    ),
+    (
         "container_start_time_seconds",
         "[STABLE] Start time of the container since unix epoch in seconds",
-    );
-    pub const NODE_CPU: (&str, &str) = (
+        "gauge",
+    ),
+    (
         "node_cpu_usage_seconds_total",
         "[STABLE] Cumulative cpu time consumed by the node in core-seconds",
-    );
-    pub const NODE_MEMORY: (&str, &str) = (
+        "counter",
+    ),
+    (
         "node_memory_working_set_bytes",
         "[STABLE] Current working set of the node in bytes",
-    );
-    pub const POD_CPU: (&str, &str) = (
+        "gauge",
+    ),
+    (
         "pod_cpu_usage_seconds_total",
         "[STABLE] Cumulative cpu time consumed by the pod in core-seconds",
-    );
-    pub const POD_MEMORY: (&str, &str) = (
+        "counter",
+    ),
+    (
         "pod_memory_working_set_bytes",
         "[STABLE] Current working set of the pod in bytes",
-    );
-    pub const RESOURCE_SCRAPE_ERROR: (&str, &str) = (
+        "gauge",
+    ),
+    (
         "resource_scrape_error",
         "[STABLE] 1 if there was an error while getting container metrics, 0 otherwise",
-    );
-    pub const SCRAPE_ERROR: (&str, &str) = (
+        "gauge",
+    ),
+    (
         "scrape_error",
         "[ALPHA] 1 if there was an error while getting container metrics, 0 otherwise",
-    );
-}
+        "gauge",
+    ),
+];
 
 fn cpu_sample(labels: String, cpu: &CpuStats) -> (String, f64, Option<i64>) {
     (
