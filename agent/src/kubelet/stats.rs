@@ -14,7 +14,8 @@
 //! | pod `ephemeral-storage`                | Σ its containers' logs (layers and emptyDirs not counted) |
 //!
 //! Pods are those with a running container; containers those running. `usageNanoCores` is the
-//! rate since the previous readout of the same cgroup (kept here, absent on the first one).
+//! rate since the previous readout of the same cgroup (kept here for 5 minutes, absent on the
+//! first one).
 //! Without cgroups (rootless) the pods have no cpu/memory figures.
 
 use std::collections::HashMap;
@@ -76,6 +77,12 @@ impl StatsProvider for KubeletStats {
             .iter()
             .filter_map(|pod| self.pod_stats(pod, now))
             .collect();
+        // Forget the cgroups of pods gone for a while (the map would grow with every pod).
+        let stale = now - chrono::Duration::minutes(5);
+        self.previous_cpu
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|_, (at, _)| *at >= stale);
         Ok(Summary { node, pods })
     }
 }
@@ -341,16 +348,43 @@ Inter-|   Receive                                                |  Transmit
         assert!(network_stats("h\nh\n eth0: garbage\n", Utc::now()).is_none());
     }
 
-    #[test]
-    fn the_cpu_rate_comes_from_the_previous_readout() {
-        let stats = KubeletStats {
+    fn without_pods() -> KubeletStats {
+        KubeletStats {
             node_name: "n".into(),
             root_dir: "/".into(),
             pod_log_dir: "/".into(),
             cgroups: None,
             statuses: Arc::new(StatusStore::load(Path::new("/nonexistent-ironlet-stats"))),
             previous_cpu: Mutex::default(),
-        };
+        }
+    }
+
+    #[test]
+    fn a_summary_has_the_node_figures_and_forgets_stale_cgroups() {
+        let stats = without_pods();
+        let long_ago = Utc::now() - chrono::Duration::minutes(10);
+        stats
+            .previous_cpu
+            .lock()
+            .unwrap()
+            .insert("/kubepods/podgone".into(), (long_ago, 1));
+        let summary = stats.summary().unwrap();
+        let node = &summary.node;
+        assert_eq!(node.node_name, "n");
+        assert!(node.cpu.unwrap().usage_core_nano_seconds > 0);
+        let memory = node.memory.unwrap();
+        assert!(memory.working_set_bytes > 0 && memory.working_set_bytes <= memory.usage_bytes);
+        assert!(node.fs.unwrap().capacity_bytes.unwrap() > 0);
+        assert!(node.rlimit.unwrap().maxpid > 0);
+        assert!(node.start_time < Utc::now());
+        assert!(summary.pods.is_empty());
+        let previous = stats.previous_cpu.lock().unwrap();
+        assert!(previous.contains_key("/") && !previous.contains_key("/kubepods/podgone"));
+    }
+
+    #[test]
+    fn the_cpu_rate_comes_from_the_previous_readout() {
+        let stats = without_pods();
         let t0 = Utc::now();
         assert_eq!(stats.cpu("/", 1_000, t0).usage_nano_cores, None);
         let t1 = t0 + chrono::Duration::seconds(2);
