@@ -522,3 +522,56 @@ impl<S: AsyncRead + AsyncWrite + Send + Unpin> logs::Sink for ConnectionSink<S> 
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(name: &str, states: serde_json::Value) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": { "name": name, "namespace": "ns", "uid": format!("uid-{name}"),
+                          "labels": { "app": "x" } },
+            "spec": { "containers": [{ "name": "a", "image": "busybox" }, { "name": "b", "image": "busybox" }] },
+            "status": { "phase": "Running", "containerStatuses": states },
+        }))
+        .unwrap()
+    }
+
+    fn status(name: &str, state: serde_json::Value) -> serde_json::Value {
+        serde_json::json!({
+            "name": name, "image": "docker.io/library/busybox:latest", "imageID": "",
+            "ready": false, "restartCount": 0, "state": state,
+        })
+    }
+
+    #[test]
+    fn runningpods_lists_bare_pods_with_their_running_containers_only() {
+        let running = serde_json::json!({ "running": { "startedAt": "2026-01-01T00:00:00Z" } });
+        let exited = serde_json::json!({ "terminated": { "exitCode": 0 } });
+        let pods = vec![
+            pod(
+                "up",
+                serde_json::json!([status("a", running.clone()), status("b", exited.clone())]),
+            ),
+            pod(
+                "done",
+                serde_json::json!([status("a", exited.clone()), status("b", exited)]),
+            ),
+            Pod::default(),
+        ];
+        let listed = running_pods(pods);
+        assert_eq!(listed.len(), 1);
+        let up = &listed[0];
+        assert_eq!(up.metadata.name.as_deref(), Some("up"));
+        assert_eq!(up.metadata.namespace.as_deref(), Some("ns"));
+        assert_eq!(up.metadata.uid.as_deref(), Some("uid-up"));
+        assert!(up.metadata.labels.is_none() && up.status.is_none());
+        let containers = &up.spec.as_ref().unwrap().containers;
+        assert_eq!(containers.len(), 1);
+        assert_eq!(containers[0].name, "a");
+        assert_eq!(
+            containers[0].image.as_deref(),
+            Some("docker.io/library/busybox:latest")
+        );
+    }
+}
