@@ -29,6 +29,7 @@
 //!   namespace are made on a short-lived thread of their own.
 
 mod action;
+mod counts;
 mod handler;
 mod manager;
 mod net;
@@ -43,6 +44,7 @@ use ironlet_runtime::types::ContainerId;
 use k8s_openapi::api::core::v1::{Container, ContainerPort};
 
 pub use action::{Action, ActionError, HttpGet, PortRef, Scheme};
+pub use counts::ProbeCounts;
 pub use handler::run_handler;
 pub use manager::{Carried, ProbeManager, ProbeUpdate, RunningContainer};
 pub use spec::{ProbeSpec, ProbeSpecError};

@@ -381,6 +381,7 @@ fn run_agent(
                 view: kubelet.view(),
                 metrics: kubelet.metrics(),
                 stats: kubelet.stats(),
+                probes: kubelet.probe_counts(),
                 authenticator,
                 authorizer,
             };

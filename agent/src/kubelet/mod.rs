@@ -292,6 +292,11 @@ impl Kubelet {
         })
     }
 
+    /// The probe workers' counters behind the kubelet API's `/metrics/probes`.
+    pub fn probe_counts(&self) -> Arc<crate::probes::ProbeCounts> {
+        self.syncer.probes.counts()
+    }
+
     /// The agent's metrics (kubelet names), rendered at `/metrics`.
     pub fn metrics(&self) -> Arc<Metrics> {
         self.metrics.clone()

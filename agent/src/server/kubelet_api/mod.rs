@@ -8,6 +8,7 @@
 //!             ──► authorize: SubjectAccessReview on nodes/<subresource>               (403)
 //!             ──► /containerLogs/…  streamed (logs)
 //!                 /stats/summary /metrics/resource  (stats, from the StatsProvider)
+//!                 /metrics/probes  (prober_probe_total of the probe workers)
 //!                 /runningpods/  (pods with a running container, as kubelet lists them)
 //!                 /pods /healthz /metrics  (the local server's routes)
 //! ```
@@ -66,6 +67,8 @@ pub struct Services {
     pub view: Arc<dyn PodsView>,
     pub metrics: Arc<Metrics>,
     pub stats: Arc<dyn stats::StatsProvider>,
+    /// `/metrics/probes`.
+    pub probes: Arc<crate::probes::ProbeCounts>,
     pub authenticator: Arc<dyn TokenAuthenticator>,
     pub authorizer: Arc<dyn Authorizer>,
 }
@@ -273,6 +276,13 @@ async fn connection(
             let response = get_only(&request, || {
                 let summary = services.stats.summary();
                 let text = stats::resource_metrics(summary.as_ref().map_err(String::as_str));
+                Response::new(200, super::routes::METRICS_CONTENT_TYPE, text)
+            });
+            respond(&mut writer, response).await;
+        }
+        ["metrics", "probes"] => {
+            let response = get_only(&request, || {
+                let text = services.probes.render();
                 Response::new(200, super::routes::METRICS_CONTENT_TYPE, text)
             });
             respond(&mut writer, response).await;
