@@ -11,7 +11,7 @@
 //! kubelet's metric names with the same figures; `/runningpods/` lists the pod. metrics-server
 //! (built from its Go module, `scripts/metrics-server`) runs as a host process behind the
 //! `v1beta1.metrics.k8s.io` APIService, and `kubectl top pod` / `kubectl top node` show the
-//! pod's 40 MiB and the node.
+//! pod's 40 MiB and the node. `/metrics/probes` counts a pod's readiness probe runs.
 //!
 //! One control plane and one agent (node `e2e-kapi-<pid>`) serve every test of this binary;
 //! the tests use distinct pod names. Needs root (containers, cgroups, CNI).
@@ -59,6 +59,10 @@ const TESTS: &[SuiteTest<Env>] = &[
     (
         "kubectl_top_pod_and_node_through_metrics_server",
         kubectl_top,
+    ),
+    (
+        "metrics_probes_counts_a_readiness_probe_until_the_pod_goes",
+        metrics_probes,
     ),
 ];
 
@@ -874,6 +878,61 @@ fn kubectl_top(env: &Env) -> Result<()> {
         assert!(containers.contains(" main "), "{containers}");
         eprintln!("kubectl top node: {node_row:?}; kubectl top pod: {pod_row:?}");
         drop(server);
+        Ok(())
+    })
+}
+
+fn metrics_probes(env: &Env) -> Result<()> {
+    let name = "kapi-probed";
+    block_on(async {
+        let client = env.plane.admin_client().await?;
+        let pods: Api<Pod> = Api::namespaced(client, "default");
+        let pod: Pod = serde_json::from_value(json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": { "name": name, "namespace": "default" },
+            "spec": {
+                "nodeName": env.agent.node_name,
+                "terminationGracePeriodSeconds": 1,
+                "containers": [{
+                    "name": "main",
+                    "image": "busybox",
+                    "imagePullPolicy": "Never",
+                    "command": ["sleep", "3600"],
+                    "readinessProbe": { "exec": { "command": ["true"] }, "periodSeconds": 1 },
+                }],
+            },
+        }))?;
+        pods.create(&PostParams::default(), &pod).await?;
+        let result = async {
+            wait_running(&pods, name, 0).await?;
+            let uid = pods.get(name).await?.metadata.uid.context("uid")?;
+            let series = format!(
+                "prober_probe_total{{container=\"main\",namespace=\"default\",pod=\"{name}\",pod_uid=\"{uid}\",probe_type=\"Readiness\",result=\"successful\"}}"
+            );
+            eventually(
+                "two successful readiness probes in /metrics/probes",
+                Duration::from_secs(30),
+                || async {
+                    let text = node_proxy(env, "/metrics/probes")?;
+                    Ok(sample(&text, &series).filter(|(n, _)| *n >= 2.0).map(|_| ()))
+                },
+            )
+            .await?;
+            let text = node_proxy(env, "/metrics/probes")?;
+            assert!(text.contains("# TYPE prober_probe_total counter\n"), "{text}");
+            let failed = series.replace("result=\"successful\"", "result=\"failed\"");
+            assert_eq!(sample(&text, &failed), Some((0.0, None)), "{text}");
+            Ok::<_, anyhow::Error>(uid)
+        }
+        .await;
+        remove_pod(&pods, name).await?;
+        let uid = result?;
+        let text = node_proxy(env, "/metrics/probes")?;
+        assert!(
+            !text.contains(&uid),
+            "the removed pod's series stay: {text}"
+        );
         Ok(())
     })
 }
