@@ -510,6 +510,10 @@ fn tempdir() -> Result<PathBuf> {
 
 const MIB: u64 = 1 << 20;
 
+/// A container holding 40 MiB and spinning: tail keeps the one 40 MiB "line" in anonymous
+/// memory while the sleep keeps its input open; the shell spins meanwhile.
+const BUSY_40MIB: &str = "{ head -c 41943040 /dev/zero; sleep 3600; } | tail & while :; do :; done";
+
 /// `kubectl get --raw` of a node path through the API server's node proxy.
 fn node_proxy(env: &Env, path: &str) -> Result<String> {
     let url = format!("/api/v1/nodes/{}/proxy{path}", env.agent.node_name);
@@ -552,10 +556,7 @@ fn mem_total() -> Result<u64> {
 
 fn stats_endpoints(env: &Env) -> Result<()> {
     let name = "kapi-stats";
-    // tail holds the one 40 MiB "line" in anonymous memory while the sleep keeps its input
-    // open; the shell spins meanwhile.
-    let script = "{ head -c 41943040 /dev/zero; sleep 3600; } | tail & while :; do :; done";
-    with_pod(env, name, script, "Never", |_pods| async move {
+    with_pod(env, name, BUSY_40MIB, "Never", |_pods| async move {
         // The allocation takes a moment: wait until the container's working set shows it.
         let first = eventually(
             "the pod's 40 MiB in /stats/summary",
@@ -823,6 +824,13 @@ fn top_until(env: &Env, args: &[&str], name: &str, server: &MetricsServer) -> Re
     }
 }
 
+/// Column `index` of a `kubectl top` row as a number (see [`quantity`]).
+fn column(row: &[String], index: usize, what: &str) -> Result<u64> {
+    row.get(index)
+        .and_then(|c| quantity(c))
+        .with_context(|| format!("{what} in {row:?}"))
+}
+
 /// `41Mi` → bytes, `250m` → millicores (the quantities `kubectl top` prints).
 fn quantity(text: &str) -> Option<u64> {
     let (digits, factor) = if let Some(n) = text.strip_suffix("Mi") {
@@ -841,32 +849,19 @@ fn quantity(text: &str) -> Option<u64> {
 
 fn kubectl_top(env: &Env) -> Result<()> {
     let name = "kapi-top";
-    let script = "{ head -c 41943040 /dev/zero; sleep 3600; } | tail & while :; do :; done";
-    with_pod(env, name, script, "Never", |_pods| async move {
+    with_pod(env, name, BUSY_40MIB, "Never", |_pods| async move {
         let server = MetricsServer::start(env)?;
         let node = env.agent.node_name.as_str();
         // NAME CPU(cores) CPU(%) MEMORY(bytes) MEMORY(%)
         let node_row = top_until(env, &["top", "node", "--no-headers"], node, &server)?;
-        let cpu = node_row
-            .get(1)
-            .and_then(|c| quantity(c))
-            .context("node cpu")?;
-        let memory = node_row
-            .get(3)
-            .and_then(|m| quantity(m))
-            .context("node memory")?;
+        let cpu = column(&node_row, 1, "node cpu")?;
+        let memory = column(&node_row, 3, "node memory")?;
         assert!(cpu > 0, "{node_row:?}");
         assert!(memory >= 40 * MIB && memory <= mem_total()?, "{node_row:?}");
         // NAME CPU(cores) MEMORY(bytes): the spinning shell and tail's 40 MiB.
         let pod_row = top_until(env, &["top", "pod", name, "--no-headers"], name, &server)?;
-        let cpu = pod_row
-            .get(1)
-            .and_then(|c| quantity(c))
-            .context("pod cpu")?;
-        let memory = pod_row
-            .get(2)
-            .and_then(|m| quantity(m))
-            .context("pod memory")?;
+        let cpu = column(&pod_row, 1, "pod cpu")?;
+        let memory = column(&pod_row, 2, "pod memory")?;
         assert!(
             cpu >= 100,
             "a spinning shell uses at least 100m: {pod_row:?}"
