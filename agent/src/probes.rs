@@ -30,6 +30,7 @@
 
 mod action;
 mod grpc;
+mod counts;
 mod handler;
 mod http;
 mod manager;
@@ -45,6 +46,7 @@ use ironlet_runtime::types::ContainerId;
 use k8s_openapi::api::core::v1::{Container, ContainerPort};
 
 pub use action::{Action, ActionError, HttpGet, PortRef, Scheme};
+pub use counts::ProbeCounts;
 pub use handler::{run_handler, run_hook};
 pub use manager::{Carried, ProbeManager, ProbeUpdate, RunningContainer};
 pub use spec::{ProbeSpec, ProbeSpecError};

@@ -42,6 +42,7 @@
 //! | `node` | [`NodeCgroups`]: the kubepods tree, pod/container paths |
 //! | `qos`, `resources` | [`QosClass`], [`ResourceRequirements`] → [`CgroupSettings`] (pure) |
 //! | `create`, `apply`, `remove`, `usage` | the verbs on a [`Hierarchy`] |
+//! | `machine` | [`MachineUsage`]: the node's CPU and memory from `/proc` |
 //! | `watch` | [`OomWatcher`], [`EmptyWatcher`] (tokio) |
 //! | `capacity`, `delegation` | [`NodeCapacity`], [`Delegation`] |
 //! | `dynmods` | [`favor_dynamic_modifications`]: cheap task migration (`favordynmods`) |
@@ -69,6 +70,7 @@ mod dynmods;
 mod error;
 mod fs;
 mod hierarchy;
+mod machine;
 mod mountinfo;
 mod node;
 mod path;
@@ -86,6 +88,7 @@ pub use delegation::Delegation;
 pub use dynmods::{favor_dynamic_modifications, Dynmods};
 pub use error::{Error, Result};
 pub use hierarchy::Hierarchy;
+pub use machine::MachineUsage;
 pub use node::NodeCgroups;
 pub use path::CgroupPath;
 pub use qos::QosClass;
@@ -93,5 +96,5 @@ pub use resources::{
     milli_cpu_to_quota, milli_cpu_to_shares, shares_to_weight, CgroupOptions, CgroupSettings,
     PodResources, ResourceRequirements, MAX_SHARES, MIN_QUOTA_US, MIN_SHARES, QUOTA_PERIOD_US,
 };
-pub use usage::CgroupUsage;
+pub use usage::{CgroupUsage, V1Files, V2Files};
 pub use watch::{EmptyEvent, EmptyWatcher, OomEvent, OomWatcher};

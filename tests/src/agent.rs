@@ -7,6 +7,7 @@
 //! left: mounts under the data root, its bridge, its cgroup tree and the data root. Tests
 //! delete the API pods they create.
 
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -77,6 +78,18 @@ impl ClusterAgent {
         slot: u32,
         extra: &[&std::ffi::OsStr],
     ) -> Result<Self> {
+        Self::start_on(kubeconfig, node_name, slot, extra, LOOPBACK)
+    }
+
+    /// [`Self::start_with_args`] with `--node-ip node_ip` (the API server's node proxy,
+    /// `/api/v1/nodes/NAME/proxy/…`, refuses a loopback node: see [`routable_host_ip`]).
+    pub fn start_on(
+        kubeconfig: &Path,
+        node_name: &str,
+        slot: u32,
+        extra: &[&std::ffi::OsStr],
+        node_ip: IpAddr,
+    ) -> Result<Self> {
         let built = ironlet_binary()?;
         let root = std::env::temp_dir().join(format!("ironlet-e2e-{node_name}"));
         let _ = std::fs::remove_dir_all(&root);
@@ -121,7 +134,7 @@ impl ClusterAgent {
         });
         std::fs::write(cni.join("10-e2e.conflist"), conflist.to_string())
             .context("writing the CNI config")?;
-        let kubelet_api = kubelet_api_flags(kubeconfig, node_name);
+        let kubelet_api = kubelet_api_flags(kubeconfig, node_name, node_ip);
         let log_file = root.join("agent.log");
         let log = std::fs::File::create(&log_file).context("creating the agent log")?;
         let child = Command::new(&binary)
@@ -268,16 +281,32 @@ impl Drop for ClusterAgent {
     }
 }
 
-/// The kubelet API on loopback with a free port (agents run side by side), the serving
+const LOOPBACK: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+
+/// The host's address on its default route (no packet is sent), which `scripts/controlplane`
+/// also puts in node serving certificates; `None` on a machine without a route.
+pub fn routable_host_ip() -> Option<IpAddr> {
+    let socket = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    socket.connect("1.1.1.1:53").ok()?;
+    let ip = socket.local_addr().ok()?.ip();
+    (!ip.is_loopback() && !ip.is_unspecified()).then_some(ip)
+}
+
+/// The kubelet API on `node_ip` (loopback by default) with a free port (agents run side by side), the serving
 /// certificate `scripts/controlplane node` issued beside the kubeconfig
 /// (`DIR/nodes/NAME.kubeconfig` → `DIR/pki/node-NAME-serving.*`) and the control plane's CA
 /// for client certificates; without that certificate, the self-signed default.
-fn kubelet_api_flags(kubeconfig: &Path, node_name: &str) -> Vec<std::ffi::OsString> {
-    let mut flags: Vec<std::ffi::OsString> = ["--node-ip", "127.0.0.1", "--port", "0"]
-        .into_iter()
-        .chain(["--healthz-port", "0"])
-        .map(Into::into)
-        .collect();
+fn kubelet_api_flags(
+    kubeconfig: &Path,
+    node_name: &str,
+    node_ip: IpAddr,
+) -> Vec<std::ffi::OsString> {
+    let mut flags: Vec<std::ffi::OsString> = vec!["--node-ip".into(), node_ip.to_string().into()];
+    flags.extend(
+        ["--port", "0", "--healthz-port", "0"]
+            .into_iter()
+            .map(Into::into),
+    );
     let Some(pki) = kubeconfig
         .parent()
         .and_then(Path::parent)

@@ -11,7 +11,7 @@ mod agent;
 mod controlplane;
 mod suite;
 
-pub use agent::{images_out, ironlet_binary, ClusterAgent};
+pub use agent::{images_out, ironlet_binary, routable_host_ip, ClusterAgent};
 
 pub use controlplane::{client_from_kubeconfig, describe, eventually, script_down, ControlPlane};
 pub use suite::{block_on, is_selected, run_suite, SuiteTest};

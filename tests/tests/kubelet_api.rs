@@ -7,7 +7,13 @@
 //! under it, a client killed mid-exec leaves no process) through the WebSocket the API
 //! server proxies to the node (`ExtendWebSocketsToKubelet`); and the node itself refuses requests without credentials (401), with a token whose user has no
 //! RBAC for `nodes/proxy` (403, then allowed once it has), and with a client certificate
-//! from another CA (handshake refused).
+//! from another CA (handshake refused). The resource endpoints through the API server's node
+//! proxy: `/stats/summary` shows a pod holding 40 MiB with at least that working set and a
+//! busy container's CPU counter rising, and plausible node figures; `/metrics/resource` has
+//! kubelet's metric names with the same figures; `/runningpods/` lists the pod. metrics-server
+//! (built from its Go module, `scripts/metrics-server`) runs as a host process behind the
+//! `v1beta1.metrics.k8s.io` APIService, and `kubectl top pod` / `kubectl top node` show the
+//! pod's 40 MiB and the node. `/metrics/probes` counts a pod's readiness probe runs.
 //!
 //! One control plane and one agent (node `e2e-kapi-<pid>`) serve every test of this binary;
 //! the tests use distinct pod names. Needs root (containers, cgroups, CNI).
@@ -18,7 +24,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use ironlet_e2e::{eventually, run_suite, ClusterAgent, ControlPlane, SuiteTest};
+use ironlet_e2e::{eventually, routable_host_ip, run_suite, ClusterAgent, ControlPlane, SuiteTest};
 use ironlet_runtime::testkit::processes_with_cmdline;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, PostParams};
@@ -75,6 +81,18 @@ const TESTS: &[SuiteTest<Env>] = &[
         "the_node_refuses_a_client_certificate_from_another_ca_and_accepts_the_apiservers",
         client_certificates,
     ),
+    (
+        "stats_summary_metrics_resource_and_runningpods_show_a_40mib_busy_pod",
+        stats_endpoints,
+    ),
+    (
+        "kubectl_top_pod_and_node_through_metrics_server",
+        kubectl_top,
+    ),
+    (
+        "metrics_probes_counts_a_readiness_probe_until_the_pod_goes",
+        metrics_probes,
+    ),
 ];
 
 const RUNNING_TIMEOUT: Duration = Duration::from_secs(60);
@@ -90,7 +108,11 @@ fn start() -> Result<Env> {
     let plane = ControlPlane::up()?;
     let node = format!("e2e-kapi-{}", std::process::id());
     let kubeconfig = plane.node_kubeconfig(&node)?;
-    let agent = ClusterAgent::start(&kubeconfig, &node, 100 + std::process::id() % 150)?;
+    // On the host's address: the API server's node proxy (`kubectl get --raw
+    // /api/v1/nodes/NODE/proxy/…`) refuses a loopback node.
+    let node_ip = routable_host_ip().context("no routable host address for the node")?;
+    let slot = 100 + std::process::id() % 150;
+    let agent = ClusterAgent::start_on(&kubeconfig, &node, slot, &[], node_ip)?;
     Ok(Env { plane, agent })
 }
 
@@ -744,4 +766,428 @@ fn tempdir() -> Result<PathBuf> {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).context("creating the cert dir")?;
     Ok(dir)
+}
+
+const MIB: u64 = 1 << 20;
+
+/// A container holding 40 MiB and spinning: tail keeps the one 40 MiB "line" in anonymous
+/// memory while the sleep keeps its input open; the shell spins meanwhile.
+const BUSY_40MIB: &str = "{ head -c 41943040 /dev/zero; sleep 3600; } | tail & while :; do :; done";
+
+/// `kubectl get --raw` of a node path through the API server's node proxy.
+fn node_proxy(env: &Env, path: &str) -> Result<String> {
+    let url = format!("/api/v1/nodes/{}/proxy{path}", env.agent.node_name);
+    env.plane.kubectl(&["get", "--raw", &url])
+}
+
+fn summary(env: &Env) -> Result<serde_json::Value> {
+    let text = node_proxy(env, "/stats/summary")?;
+    serde_json::from_str(&text).with_context(|| format!("parsing the summary {text:?}"))
+}
+
+/// The summary entry of pod `name` in `default`, if listed.
+fn pod_entry<'a>(summary: &'a serde_json::Value, name: &str) -> Option<&'a serde_json::Value> {
+    summary["pods"]
+        .as_array()?
+        .iter()
+        .find(|p| p["podRef"]["name"] == name && p["podRef"]["namespace"] == "default")
+}
+
+/// The value of the sample `series` (name and labels exactly) in a Prometheus text, and its
+/// timestamp.
+fn sample(text: &str, series: &str) -> Option<(f64, Option<i64>)> {
+    text.lines().find_map(|line| {
+        let rest = line.strip_prefix(series)?.strip_prefix(' ')?;
+        let mut fields = rest.split(' ');
+        let value = fields.next()?.parse().ok()?;
+        Some((value, fields.next().and_then(|t| t.parse().ok())))
+    })
+}
+
+fn mem_total() -> Result<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo")?;
+    let kib: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .context("MemTotal")?;
+    Ok(kib * 1024)
+}
+
+fn stats_endpoints(env: &Env) -> Result<()> {
+    let name = "kapi-stats";
+    with_pod(env, name, BUSY_40MIB, "Never", |_pods| async move {
+        // The allocation takes a moment: wait until the container's working set shows it.
+        let first = eventually(
+            "the pod's 40 MiB in /stats/summary",
+            Duration::from_secs(45),
+            || async {
+                let summary = summary(env)?;
+                let ws = pod_entry(&summary, name)
+                    .and_then(|p| p["containers"][0]["memory"]["workingSetBytes"].as_u64());
+                Ok(ws.filter(|ws| *ws >= 40 * MIB).map(|_| summary))
+            },
+        )
+        .await?;
+        let pod = pod_entry(&first, name).context("pod entry")?;
+        let container = &pod["containers"][0];
+        assert_eq!(container["name"], "main");
+        assert!(container["startTime"]
+            .as_str()
+            .is_some_and(|t| t.ends_with('Z')));
+        assert!(
+            pod["memory"]["workingSetBytes"].as_u64()
+                >= container["memory"]["workingSetBytes"].as_u64()
+        );
+        // Most of it is anonymous memory (tail may still be filling its buffer's last pages).
+        assert!(
+            container["memory"]["rssBytes"].as_u64().unwrap_or(0) >= 32 * MIB,
+            "{container}"
+        );
+        assert!(
+            container["logs"]["capacityBytes"].as_u64().unwrap_or(0) > 0,
+            "{container}"
+        );
+        assert!(
+            pod["process_stats"]["process_count"].as_u64().unwrap_or(0) >= 3,
+            "{pod}"
+        );
+        assert!(
+            pod["network"]["interfaces"]
+                .as_array()
+                .is_some_and(|i| !i.is_empty()),
+            "{pod}"
+        );
+        let cpu0 = container["cpu"]["usageCoreNanoSeconds"]
+            .as_u64()
+            .context("container cpu")?;
+
+        let node = &first["node"];
+        let total = mem_total()?;
+        assert_eq!(node["nodeName"], env.agent.node_name.as_str());
+        let node_ws = node["memory"]["workingSetBytes"]
+            .as_u64()
+            .context("node ws")?;
+        assert!(node_ws >= 40 * MIB && node_ws <= total, "{node}");
+        assert!(node["memory"]["availableBytes"]
+            .as_u64()
+            .is_some_and(|a| a > 0 && a <= total));
+        let node_cpu0 = node["cpu"]["usageCoreNanoSeconds"]
+            .as_u64()
+            .context("node cpu")?;
+        assert!(node["fs"]["capacityBytes"].as_u64() > node["fs"]["availableBytes"].as_u64());
+        assert!(node["rlimit"]["maxpid"].as_u64().unwrap_or(0) > 0, "{node}");
+
+        // The busy shell's CPU counter rises (and with it the node's).
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let second = summary(env)?;
+        let pod = pod_entry(&second, name).context("pod entry")?;
+        let cpu1 = pod["containers"][0]["cpu"]["usageCoreNanoSeconds"]
+            .as_u64()
+            .context("cpu")?;
+        assert!(
+            cpu1 >= cpu0 + 200_000_000,
+            "{cpu0} → {cpu1}: a spinning shell used < 0.2 s in 2 s"
+        );
+        assert!(
+            pod["containers"][0]["cpu"]["usageNanoCores"]
+                .as_u64()
+                .unwrap_or(0)
+                > 0
+        );
+        let node_cpu1 = second["node"]["cpu"]["usageCoreNanoSeconds"]
+            .as_u64()
+            .context("node cpu")?;
+        assert!(
+            node_cpu1 >= node_cpu0 + (cpu1 - cpu0) / 2,
+            "node {node_cpu0} → {node_cpu1}"
+        );
+
+        // /metrics/resource: kubelet's names and labels, the same figures, timestamps in ms.
+        let text = node_proxy(env, "/metrics/resource")?;
+        let labels = format!("{{container=\"main\",namespace=\"default\",pod=\"{name}\"}}");
+        let (ws, at) = sample(
+            &text,
+            &format!("container_memory_working_set_bytes{labels}"),
+        )
+        .with_context(|| format!("no container working set in {text}"))?;
+        assert!(ws >= (40 * MIB) as f64, "{ws}");
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_millis() as i64;
+        assert!(
+            at.is_some_and(|t| (now_ms - t).abs() < 60_000),
+            "timestamp {at:?}"
+        );
+        let (cpu, _) = sample(&text, &format!("container_cpu_usage_seconds_total{labels}"))
+            .context("container cpu")?;
+        assert!(cpu >= cpu1 as f64 / 1e9, "{cpu} s");
+        let (started, _) = sample(&text, &format!("container_start_time_seconds{labels}"))
+            .context("start time")?;
+        assert!((now_ms as f64 / 1000.0 - started) < 600.0, "{started}");
+        let pod_labels = format!("{{namespace=\"default\",pod=\"{name}\"}}");
+        for series in [
+            format!("pod_cpu_usage_seconds_total{pod_labels}"),
+            format!("pod_memory_working_set_bytes{pod_labels}"),
+            "node_cpu_usage_seconds_total".to_owned(),
+            "node_memory_working_set_bytes".to_owned(),
+        ] {
+            let (value, at) =
+                sample(&text, &series).with_context(|| format!("{series} in {text}"))?;
+            assert!(value > 0.0 && at.is_some(), "{series} {value}");
+        }
+        assert_eq!(sample(&text, "scrape_error"), Some((0.0, None)));
+        assert!(text.contains("# TYPE container_cpu_usage_seconds_total counter\n"));
+
+        // /runningpods/: a PodList with the pod and its running container.
+        let running: serde_json::Value = serde_json::from_str(&node_proxy(env, "/runningpods/")?)?;
+        assert_eq!(running["kind"], "PodList");
+        let listed = running["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|p| p["metadata"]["name"] == name && p["metadata"]["namespace"] == "default");
+        let listed = listed.with_context(|| format!("{name} not in {running}"))?;
+        assert_eq!(listed["spec"]["containers"][0]["name"], "main");
+        assert!(listed["metadata"]["uid"]
+            .as_str()
+            .is_some_and(|u| !u.is_empty()));
+        Ok(())
+    })
+}
+
+/// metrics-server as a host process, with the APIService and the ExternalName Service that
+/// route `metrics.k8s.io` to it; all of it removed on drop.
+struct MetricsServer<'a> {
+    env: &'a Env,
+    child: std::process::Child,
+    dir: PathBuf,
+}
+
+impl<'a> MetricsServer<'a> {
+    fn start(env: &'a Env) -> Result<Self> {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/metrics-server");
+        let built = Command::new(&script)
+            .arg("build")
+            .stderr(Stdio::inherit())
+            .output()
+            .context("running scripts/metrics-server build")?;
+        if !built.status.success() {
+            bail!("scripts/metrics-server build failed");
+        }
+        let binary = PathBuf::from(String::from_utf8_lossy(&built.stdout).trim());
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let dir = std::env::temp_dir().join(format!("kapi-metrics-server-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        let admin = env.plane.admin_kubeconfig();
+        let log = std::fs::File::create(dir.join("metrics-server.log"))?;
+        let child = Command::new(&binary)
+            .arg(format!("--secure-port={port}"))
+            .arg("--bind-address=127.0.0.1")
+            .arg(format!("--cert-dir={}", dir.join("certs").display()))
+            .arg(format!("--kubeconfig={}", admin.display()))
+            .arg(format!("--authentication-kubeconfig={}", admin.display()))
+            .arg(format!("--authorization-kubeconfig={}", admin.display()))
+            .arg(format!(
+                "--kubelet-certificate-authority={}",
+                env.plane.dir().join("pki/ca.crt").display()
+            ))
+            .arg("--kubelet-preferred-address-types=InternalIP")
+            .arg("--kubelet-use-node-status-port")
+            .arg("--metric-resolution=10s")
+            .arg("--kubelet-request-timeout=5s")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("starting metrics-server")?;
+        let server = Self { env, child, dir };
+        let manifest = server.dir.join("apiservice.json");
+        let objects = json!({
+            "apiVersion": "v1",
+            "kind": "List",
+            "items": [
+                {
+                    "apiVersion": "v1",
+                    "kind": "Service",
+                    "metadata": { "name": "metrics-server", "namespace": "kube-system" },
+                    "spec": { "type": "ExternalName", "externalName": "localhost" },
+                },
+                {
+                    "apiVersion": "apiregistration.k8s.io/v1",
+                    "kind": "APIService",
+                    "metadata": { "name": "v1beta1.metrics.k8s.io" },
+                    "spec": {
+                        "group": "metrics.k8s.io",
+                        "version": "v1beta1",
+                        "groupPriorityMinimum": 100,
+                        "versionPriority": 100,
+                        "insecureSkipTLSVerify": true,
+                        "service": { "name": "metrics-server", "namespace": "kube-system", "port": port },
+                    },
+                },
+            ],
+        });
+        std::fs::write(&manifest, objects.to_string())?;
+        env.plane
+            .kubectl(&["apply", "-f", &manifest.to_string_lossy()])?;
+        Ok(server)
+    }
+
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(self.dir.join("metrics-server.log")).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+}
+
+impl Drop for MetricsServer<'_> {
+    fn drop(&mut self) {
+        let _ = self
+            .env
+            .plane
+            .kubectl(&["delete", "apiservice", "v1beta1.metrics.k8s.io"]);
+        let _ =
+            self.env
+                .plane
+                .kubectl(&["delete", "service", "-n", "kube-system", "metrics-server"]);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// `kubectl top …` until it succeeds with a line for `name`; that line's columns.
+fn top_until(env: &Env, args: &[&str], name: &str, server: &MetricsServer) -> Result<Vec<String>> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let out = env.plane.kubectl(args);
+        if let Ok(text) = &out {
+            let row = text
+                .lines()
+                .find(|l| l.split_whitespace().next() == Some(name));
+            if let Some(row) = row {
+                return Ok(row.split_whitespace().map(str::to_owned).collect());
+            }
+        }
+        if Instant::now() >= deadline {
+            bail!(
+                "kubectl {} never listed {name}: {out:?}\nmetrics-server log:\n{}",
+                args.join(" "),
+                server.log_tail()
+            );
+        }
+        std::thread::sleep(Duration::from_secs(2));
+    }
+}
+
+/// Column `index` of a `kubectl top` row as a number (see [`quantity`]).
+fn column(row: &[String], index: usize, what: &str) -> Result<u64> {
+    row.get(index)
+        .and_then(|c| quantity(c))
+        .with_context(|| format!("{what} in {row:?}"))
+}
+
+/// `41Mi` → bytes, `250m` → millicores (the quantities `kubectl top` prints).
+fn quantity(text: &str) -> Option<u64> {
+    let (digits, factor) = if let Some(n) = text.strip_suffix("Mi") {
+        (n, MIB)
+    } else if let Some(n) = text.strip_suffix("Ki") {
+        (n, 1024)
+    } else if let Some(n) = text.strip_suffix("Gi") {
+        (n, 1024 * MIB)
+    } else if let Some(n) = text.strip_suffix('m') {
+        (n, 1)
+    } else {
+        (text, 1)
+    };
+    digits.parse::<u64>().ok().map(|n| n * factor)
+}
+
+fn kubectl_top(env: &Env) -> Result<()> {
+    let name = "kapi-top";
+    with_pod(env, name, BUSY_40MIB, "Never", |_pods| async move {
+        let server = MetricsServer::start(env)?;
+        let node = env.agent.node_name.as_str();
+        // NAME CPU(cores) CPU(%) MEMORY(bytes) MEMORY(%)
+        let node_row = top_until(env, &["top", "node", "--no-headers"], node, &server)?;
+        let cpu = column(&node_row, 1, "node cpu")?;
+        let memory = column(&node_row, 3, "node memory")?;
+        assert!(cpu > 0, "{node_row:?}");
+        assert!(memory >= 40 * MIB && memory <= mem_total()?, "{node_row:?}");
+        // NAME CPU(cores) MEMORY(bytes): the spinning shell and tail's 40 MiB.
+        let pod_row = top_until(env, &["top", "pod", name, "--no-headers"], name, &server)?;
+        let cpu = column(&pod_row, 1, "pod cpu")?;
+        let memory = column(&pod_row, 2, "pod memory")?;
+        assert!(
+            cpu >= 100,
+            "a spinning shell uses at least 100m: {pod_row:?}"
+        );
+        assert!(memory >= 40 * MIB, "{pod_row:?}");
+        let containers =
+            env.plane
+                .kubectl(&["top", "pod", name, "--containers", "--no-headers"])?;
+        assert!(containers.contains(" main "), "{containers}");
+        eprintln!("kubectl top node: {node_row:?}; kubectl top pod: {pod_row:?}");
+        drop(server);
+        Ok(())
+    })
+}
+
+fn metrics_probes(env: &Env) -> Result<()> {
+    let name = "kapi-probed";
+    block_on(async {
+        let client = env.plane.admin_client().await?;
+        let pods: Api<Pod> = Api::namespaced(client, "default");
+        let pod: Pod = serde_json::from_value(json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": { "name": name, "namespace": "default" },
+            "spec": {
+                "nodeName": env.agent.node_name,
+                "terminationGracePeriodSeconds": 1,
+                "containers": [{
+                    "name": "main",
+                    "image": "busybox",
+                    "imagePullPolicy": "Never",
+                    "command": ["sleep", "3600"],
+                    "readinessProbe": { "exec": { "command": ["true"] }, "periodSeconds": 1 },
+                }],
+            },
+        }))?;
+        pods.create(&PostParams::default(), &pod).await?;
+        let result = async {
+            wait_running(&pods, name, 0).await?;
+            let uid = pods.get(name).await?.metadata.uid.context("uid")?;
+            let series = format!(
+                "prober_probe_total{{container=\"main\",namespace=\"default\",pod=\"{name}\",pod_uid=\"{uid}\",probe_type=\"Readiness\",result=\"successful\"}}"
+            );
+            eventually(
+                "two successful readiness probes in /metrics/probes",
+                Duration::from_secs(30),
+                || async {
+                    let text = node_proxy(env, "/metrics/probes")?;
+                    Ok(sample(&text, &series).filter(|(n, _)| *n >= 2.0).map(|_| ()))
+                },
+            )
+            .await?;
+            let text = node_proxy(env, "/metrics/probes")?;
+            assert!(text.contains("# TYPE prober_probe_total counter\n"), "{text}");
+            let failed = series.replace("result=\"successful\"", "result=\"failed\"");
+            assert_eq!(sample(&text, &failed), Some((0.0, None)), "{text}");
+            Ok::<_, anyhow::Error>(uid)
+        }
+        .await;
+        remove_pod(&pods, name).await?;
+        let uid = result?;
+        let text = node_proxy(env, "/metrics/probes")?;
+        assert!(
+            !text.contains(&uid),
+            "the removed pod's series stay: {text}"
+        );
+        Ok(())
+    })
 }

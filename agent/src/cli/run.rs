@@ -387,6 +387,8 @@ fn run_agent(
             let services = ironlet::server::kubelet_api::Services {
                 view: kubelet.view(),
                 metrics: kubelet.metrics(),
+                stats: kubelet.stats(),
+                probes: kubelet.probe_counts(),
                 authenticator,
                 authorizer,
                 runtime,

@@ -19,6 +19,7 @@ pub mod etc_files;
 pub mod events;
 mod housekeeping;
 pub mod security;
+pub mod stats;
 pub mod status_store;
 pub mod syncer;
 mod view;
@@ -279,6 +280,23 @@ impl Kubelet {
             pleg_config: self.pleg_config,
             started: self.started,
         })
+    }
+
+    /// The Summary behind the kubelet API's `/stats/summary` and `/metrics/resource`.
+    pub fn stats(&self) -> Arc<dyn crate::server::kubelet_api::stats::StatsProvider> {
+        Arc::new(stats::KubeletStats {
+            node_name: self.config.node_name.clone(),
+            root_dir: self.config.root_dir.clone(),
+            pod_log_dir: self.config.pod_log_dir.clone(),
+            cgroups: self.syncer.cgroups.clone(),
+            statuses: self.statuses.clone(),
+            previous_cpu: Mutex::default(),
+        })
+    }
+
+    /// The probe workers' counters behind the kubelet API's `/metrics/probes`.
+    pub fn probe_counts(&self) -> Arc<crate::probes::ProbeCounts> {
+        self.syncer.probes.counts()
     }
 
     /// The agent's metrics (kubelet names), rendered at `/metrics`.

@@ -25,6 +25,7 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
+use super::counts::{Counted, ProbeCounts, Series};
 use super::results::{ResultKey, ResultStore, Slot};
 use super::spec::ProbeSpec;
 use super::worker::{RunProbe, RuntimeProber, Worker};
@@ -129,6 +130,7 @@ pub struct ProbeManager {
     results: Arc<ResultStore>,
     updates: mpsc::UnboundedSender<ProbeUpdate>,
     pods: Mutex<HashMap<String, HashMap<String, ContainerProbes>>>,
+    counts: Arc<ProbeCounts>,
 }
 
 impl ProbeManager {
@@ -146,8 +148,14 @@ impl ProbeManager {
             results: Arc::default(),
             updates,
             pods: Mutex::default(),
+            counts: Arc::default(),
         };
         (manager, rx)
+    }
+
+    /// The workers' `prober_probe_total` counters (the kubelet API's `/metrics/probes`).
+    pub fn counts(&self) -> Arc<ProbeCounts> {
+        self.counts.clone()
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<String, HashMap<String, ContainerProbes>>> {
@@ -183,7 +191,7 @@ impl ProbeManager {
         });
         for (name, (container, running)) in wanted {
             if !containers.contains_key(name) {
-                let probes = self.start(uid, container, running, network);
+                let probes = self.start(pod, uid, container, running, network);
                 containers.insert(name.to_owned(), probes);
             }
         }
@@ -272,6 +280,7 @@ impl ProbeManager {
     /// Initialises the container's result slots and spawns a worker per valid probe.
     fn start(
         &self,
+        pod: &Pod,
         uid: &str,
         container: &Container,
         running: &RunningContainer,
@@ -343,6 +352,16 @@ impl ProbeManager {
                 runner: self.runner.clone(),
                 results: self.results.clone(),
                 updates: self.updates.clone(),
+                counted: Counted {
+                    counts: self.counts.clone(),
+                    series: Series {
+                        container: container.name.clone(),
+                        namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+                        pod: pod.metadata.name.clone().unwrap_or_default(),
+                        pod_uid: uid.to_owned(),
+                        kind,
+                    },
+                },
             };
             probes.workers.push(tokio::spawn(worker.run()));
         }

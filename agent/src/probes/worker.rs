@@ -27,6 +27,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 
 use super::action::Action;
+use super::counts::Counted;
 use super::handler::run_handler;
 use super::manager::ProbeUpdate;
 use super::results::{ResultKey, ResultStore};
@@ -132,6 +133,8 @@ pub(crate) struct Worker {
     pub runner: Arc<dyn RunProbe>,
     pub results: Arc<ResultStore>,
     pub updates: mpsc::UnboundedSender<ProbeUpdate>,
+    /// This worker's `prober_probe_total` series, gone with the worker.
+    pub counted: Counted,
 }
 
 impl Worker {
@@ -161,6 +164,7 @@ impl Worker {
                 ?outcome,
                 "probe ran"
             );
+            self.counted.record(&outcome);
             let (publish, next) = step(&self.spec, state, &outcome);
             if let Some(result) = publish {
                 self.publish(result, &outcome);
@@ -303,6 +307,7 @@ pub(crate) mod fake {
 mod tests {
     use super::fake::{exec_spec, ScriptedProber};
     use super::*;
+    use crate::probes::counts::Series;
     use crate::probes::results::Slot;
     use crate::probes::ProbeNetwork;
 
@@ -415,6 +420,7 @@ mod tests {
         }
 
         fn spawn(&self, spec: ProbeSpec) -> tokio::task::JoinHandle<()> {
+            let spec_kind = spec.kind;
             let key = ResultKey {
                 pod_uid: "uid".into(),
                 container: "c".into(),
@@ -442,6 +448,16 @@ mod tests {
                 runner: self.prober.clone(),
                 results: self.results.clone(),
                 updates: self.tx.clone(),
+                counted: Counted {
+                    counts: Arc::default(),
+                    series: Series {
+                        container: "c".into(),
+                        namespace: "ns".into(),
+                        pod: "p".into(),
+                        pod_uid: "uid".into(),
+                        kind: spec_kind,
+                    },
+                },
             };
             tokio::spawn(worker.run())
         }

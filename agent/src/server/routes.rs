@@ -19,7 +19,7 @@ use k8s_openapi::List;
 use super::http::{Request, Response, JSON};
 use super::{Metrics, PodsView};
 
-const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+pub(super) const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// The response to a parsed request.
 pub fn route(request: &Request, view: &dyn PodsView, metrics: &Metrics) -> Response {
@@ -88,7 +88,7 @@ impl VersionInfo {
     }
 }
 
-fn pod_list(mut pods: Vec<Pod>) -> Response {
+pub(super) fn pod_list(mut pods: Vec<Pod>) -> Response {
     pods.sort_by(|a, b| {
         let key = |p: &Pod| (p.metadata.namespace.clone(), p.metadata.name.clone());
         key(a).cmp(&key(b))
@@ -123,7 +123,7 @@ fn not_found(namespace: &str, name: &str) -> Response {
     )
 }
 
-fn json<T: serde::Serialize>(status: u16, value: &T) -> Response {
+pub(super) fn json<T: serde::Serialize>(status: u16, value: &T) -> Response {
     match serde_json::to_vec(value) {
         Ok(body) => Response::new(status, JSON, body),
         Err(err) => {

@@ -8,6 +8,9 @@
 //!             ──► authorize: SubjectAccessReview on nodes/<subresource>               (403)
 //!             ──► /containerLogs/…  streamed (logs)
 //!                 /exec/…  upgraded to WebSocket, the process's stdio (exec)
+//!                 /stats/summary /metrics/resource  (stats, from the StatsProvider)
+//!                 /metrics/probes  (prober_probe_total of the probe workers)
+//!                 /runningpods/  (pods with a running container, as kubelet lists them)
 //!                 /pods /healthz /metrics  (the local server's routes)
 //! ```
 //!
@@ -18,6 +21,7 @@
 pub mod auth;
 pub mod exec;
 pub mod logs;
+pub mod stats;
 pub mod tls;
 mod x509;
 
@@ -66,6 +70,9 @@ pub struct KubeletApiConfig {
 pub struct Services {
     pub view: Arc<dyn PodsView>,
     pub metrics: Arc<Metrics>,
+    pub stats: Arc<dyn stats::StatsProvider>,
+    /// `/metrics/probes`.
+    pub probes: Arc<crate::probes::ProbeCounts>,
     pub authenticator: Arc<dyn TokenAuthenticator>,
     pub authorizer: Arc<dyn Authorizer>,
     /// Runs `exec` processes.
@@ -283,11 +290,89 @@ async fn connection(
                 }
             }
         }
+        ["stats", "summary"] | ["stats", "summary", ""] => {
+            let response = get_only(&request, || match services.stats.summary() {
+                Ok(summary) => super::routes::json(200, &summary),
+                Err(err) => {
+                    tracing::error!(%err, "Failed to get system container stats");
+                    Response::text(500, format!("Internal Error: {err}\n"))
+                }
+            });
+            respond(&mut writer, response).await;
+        }
+        ["metrics", "resource"] => {
+            let response = get_only(&request, || {
+                let summary = services.stats.summary();
+                let text = stats::resource_metrics(summary.as_ref().map_err(String::as_str));
+                Response::new(200, super::routes::METRICS_CONTENT_TYPE, text)
+            });
+            respond(&mut writer, response).await;
+        }
+        ["metrics", "probes"] => {
+            let response = get_only(&request, || {
+                let text = services.probes.render();
+                Response::new(200, super::routes::METRICS_CONTENT_TYPE, text)
+            });
+            respond(&mut writer, response).await;
+        }
+        ["runningpods", ""] | ["runningpods"] => {
+            let response = get_only(&request, || {
+                super::routes::pod_list(running_pods(services.view.pods()))
+            });
+            respond(&mut writer, response).await;
+        }
         _ => {
             let response = super::routes::route(&request, &*services.view, &services.metrics);
             respond(&mut writer, response).await;
         }
     }
+}
+
+/// `answer()` for GET (HEAD too, answered without a body by the writer), else 405.
+fn get_only(request: &Request, answer: impl FnOnce() -> Response) -> Response {
+    if request.method == "GET" || request.method == "HEAD" {
+        answer()
+    } else {
+        let mut resp = Response::text(405, "method not allowed\n");
+        resp.allow = Some("GET, HEAD");
+        resp
+    }
+}
+
+/// kubelet's `/runningpods/`: the runtime's pods as bare `v1.Pod`s (uid, name, namespace and
+/// the running containers' names and images), here those with a running container.
+fn running_pods(pods: Vec<Pod>) -> Vec<Pod> {
+    use k8s_openapi::api::core::v1::{Container, PodSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    pods.into_iter()
+        .filter_map(|pod| {
+            let containers: Vec<Container> = pod
+                .status?
+                .container_statuses
+                .into_iter()
+                .flatten()
+                .filter(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
+                .map(|c| Container {
+                    name: c.name,
+                    image: Some(c.image),
+                    ..Container::default()
+                })
+                .collect();
+            (!containers.is_empty()).then(|| Pod {
+                metadata: ObjectMeta {
+                    name: pod.metadata.name,
+                    namespace: pod.metadata.namespace,
+                    uid: pod.metadata.uid,
+                    ..ObjectMeta::default()
+                },
+                spec: Some(PodSpec {
+                    containers,
+                    ..PodSpec::default()
+                }),
+                status: None,
+            })
+        })
+        .collect()
 }
 
 async fn respond<W: AsyncWrite + Unpin>(writer: &mut W, response: Response) {
@@ -519,5 +604,58 @@ impl<S: AsyncRead + AsyncWrite + Send + Unpin> logs::Sink for ConnectionSink<S> 
                 Ok(_) => {}
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(name: &str, states: serde_json::Value) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": { "name": name, "namespace": "ns", "uid": format!("uid-{name}"),
+                          "labels": { "app": "x" } },
+            "spec": { "containers": [{ "name": "a", "image": "busybox" }, { "name": "b", "image": "busybox" }] },
+            "status": { "phase": "Running", "containerStatuses": states },
+        }))
+        .unwrap()
+    }
+
+    fn status(name: &str, state: serde_json::Value) -> serde_json::Value {
+        serde_json::json!({
+            "name": name, "image": "docker.io/library/busybox:latest", "imageID": "",
+            "ready": false, "restartCount": 0, "state": state,
+        })
+    }
+
+    #[test]
+    fn runningpods_lists_bare_pods_with_their_running_containers_only() {
+        let running = serde_json::json!({ "running": { "startedAt": "2026-01-01T00:00:00Z" } });
+        let exited = serde_json::json!({ "terminated": { "exitCode": 0 } });
+        let pods = vec![
+            pod(
+                "up",
+                serde_json::json!([status("a", running.clone()), status("b", exited.clone())]),
+            ),
+            pod(
+                "done",
+                serde_json::json!([status("a", exited.clone()), status("b", exited)]),
+            ),
+            Pod::default(),
+        ];
+        let listed = running_pods(pods);
+        assert_eq!(listed.len(), 1);
+        let up = &listed[0];
+        assert_eq!(up.metadata.name.as_deref(), Some("up"));
+        assert_eq!(up.metadata.namespace.as_deref(), Some("ns"));
+        assert_eq!(up.metadata.uid.as_deref(), Some("uid-up"));
+        assert!(up.metadata.labels.is_none() && up.status.is_none());
+        let containers = &up.spec.as_ref().unwrap().containers;
+        assert_eq!(containers.len(), 1);
+        assert_eq!(containers[0].name, "a");
+        assert_eq!(
+            containers[0].image.as_deref(),
+            Some("docker.io/library/busybox:latest")
+        );
     }
 }
