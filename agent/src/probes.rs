@@ -29,8 +29,8 @@
 //!   namespace are made on a short-lived thread of their own.
 
 mod action;
-mod grpc;
 mod counts;
+mod grpc;
 mod handler;
 mod http;
 mod manager;

@@ -38,7 +38,8 @@ impl ProbeCounts {
     /// Counts one run of `series`' probe.
     pub(crate) fn record(&self, series: &Series, outcome: &ProbeOutcome) {
         let index = match outcome {
-            ProbeOutcome::Success => 0,
+            // kubelet records a warned run (redirect to another host) as a success.
+            ProbeOutcome::Success | ProbeOutcome::Warning(_) => 0,
             ProbeOutcome::Failure(_) => 1,
             ProbeOutcome::Unknown(_) => 2,
         };
