@@ -11,6 +11,7 @@
 use std::fs::File;
 use std::io::{self, Write};
 use std::os::fd::AsFd;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -29,12 +30,21 @@ pub(crate) fn unique_name(prefix: &str) -> String {
     format!("{prefix}{}-{n}-{nanos:x}", std::process::id())
 }
 
-/// Writes `bytes` to `path` atomically and durably.
+/// Creates a new file only its owner may read (0600): nothing in the store is for others.
+pub(crate) fn private_file(path: &Path) -> io::Result<File> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(crate::fsutil::PRIVATE_FILE_MODE)
+        .open(path)
+}
+
+/// Writes `bytes` to `path` atomically and durably (mode 0600).
 pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ImageError> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let tmp = dir.join(unique_name(".tmp-"));
     let result = (|| {
-        let mut file = File::create(&tmp).map_err(|e| ImageError::io("creating", &tmp, e))?;
+        let mut file = private_file(&tmp).map_err(|e| ImageError::io("creating", &tmp, e))?;
         file.write_all(bytes)
             .and_then(|()| file.sync_all())
             .map_err(|e| ImageError::io("writing", &tmp, e))?;
@@ -75,6 +85,7 @@ impl FileLock {
             .write(true)
             .create(true)
             .truncate(false)
+            .mode(crate::fsutil::PRIVATE_FILE_MODE)
             .open(path)
             .map_err(|e| ImageError::index("opening lock", path, e))?;
         let op = match kind {
