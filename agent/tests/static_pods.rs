@@ -609,7 +609,7 @@ fn a_pod_filling_its_empty_dir_beyond_its_size_limit_is_evicted_and_not_restarte
     if !support::is_root() {
         return;
     }
-    let agent = Agent::start();
+    let mut agent = Agent::start();
     agent.write_manifest("fills-disk.yaml", FILLS_DISK);
     let started = Instant::now();
     let pod = agent.wait_pod("fills-disk", "Failed", Duration::from_secs(45), |p| {
@@ -650,6 +650,19 @@ fn a_pod_filling_its_empty_dir_beyond_its_size_limit_is_evicted_and_not_restarte
     assert!(
         agent.processes_in_tree().is_empty(),
         "an evicted pod is not restarted"
+    );
+    // Nor by the next agent, which reads the same manifest.
+    agent.restart();
+    std::thread::sleep(Duration::from_secs(4));
+    let later = agent.pod("fills-disk").expect("still listed");
+    assert_eq!(phase(&later), "Failed");
+    assert_eq!(
+        later.status.as_ref().and_then(|s| s.message.as_deref()),
+        Some(EVICTION_MESSAGE)
+    );
+    assert!(
+        agent.processes_in_tree().is_empty(),
+        "the next agent restarted an evicted pod"
     );
 }
 
