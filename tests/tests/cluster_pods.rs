@@ -185,6 +185,21 @@ async fn wait_gone(pods: &Api<Pod>, name: &str, timeout: Duration) -> Result<()>
     .await
 }
 
+/// The first event about the object `name` that `matches`, waited for up to 30 s.
+async fn event_about(
+    events: &Api<Event>,
+    name: &str,
+    what: &str,
+    matches: impl Fn(&Event) -> bool,
+) -> Result<Event> {
+    let fields = format!("involvedObject.name={name}");
+    eventually(what, Duration::from_secs(30), || async {
+        let list = events.list(&ListParams::default().fields(&fields)).await?;
+        Ok(list.items.into_iter().find(|e| matches(e)))
+    })
+    .await
+}
+
 /// Whether a process whose command line contains `needle` exists.
 fn process_running(needle: &str) -> bool {
     let Ok(entries) = std::fs::read_dir("/proc") else {
@@ -492,19 +507,11 @@ fn missing_config_map(env: &Env) -> Result<()> {
             },
         }))?;
         create(&pods, &pod).await?;
-        eventually(
+        event_about(
+            &events,
+            "needs-config",
             "a warning event about the pod",
-            Duration::from_secs(30),
-            || async {
-                let list = events
-                    .list(&ListParams::default().fields("involvedObject.name=needs-config"))
-                    .await?;
-                Ok(list
-                    .items
-                    .into_iter()
-                    .find(|e| e.type_.as_deref() == Some("Warning"))
-                    .map(|_| ()))
-            },
+            |e| e.type_.as_deref() == Some("Warning"),
         )
         .await?;
         let waiting = pods.get("needs-config").await?;
@@ -563,14 +570,8 @@ fn empty_dir_eviction(env: &Env) -> Result<()> {
             status.reason,
             status.message
         );
-        let event = eventually("the Evicted event", Duration::from_secs(30), || async {
-            let list = events
-                .list(&ListParams::default().fields("involvedObject.name=fills-disk"))
-                .await?;
-            Ok(list
-                .items
-                .into_iter()
-                .find(|e| e.reason.as_deref() == Some("Evicted")))
+        let event = event_about(&events, "fills-disk", "the Evicted event", |e| {
+            e.reason.as_deref() == Some("Evicted")
         })
         .await?;
         anyhow::ensure!(
