@@ -543,23 +543,24 @@ fn empty_dir_eviction(env: &Env) -> Result<()> {
         let client = admin(env).await?;
         let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
         let events: Api<Event> = Api::namespaced(client, "default");
-        let pod: Pod = serde_json::from_value(json!({
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": { "name": "fills-disk", "namespace": "default" },
-            "spec": {
-                "nodeName": env.agent.node_name,
-                "containers": [{
-                    "name": "main",
-                    "image": "busybox",
-                    "imagePullPolicy": "Never",
-                    "command": ["sh", "-c",
-                        "dd if=/dev/zero of=/scratch/fill bs=1M count=20; exec sleep 3606"],
-                    "volumeMounts": [{ "name": "scratch", "mountPath": "/scratch" }],
-                }],
-                "volumes": [{ "name": "scratch", "emptyDir": { "sizeLimit": "1Mi" } }],
-            },
-        }))?;
+        let mut pod = busybox_pod(
+            "fills-disk",
+            &env.agent.node_name,
+            &[
+                "sh",
+                "-c",
+                "dd if=/dev/zero of=/scratch/fill bs=1M count=20; exec sleep 3606",
+            ],
+            "Always",
+        )?;
+        let spec = pod.spec.as_mut().context("pod spec")?;
+        spec.volumes = Some(vec![serde_json::from_value(
+            json!({ "name": "scratch", "emptyDir": { "sizeLimit": "1Mi" } }),
+        )?]);
+        let main = spec.containers.first_mut().context("container")?;
+        main.volume_mounts = Some(vec![serde_json::from_value(
+            json!({ "name": "scratch", "mountPath": "/scratch" }),
+        )?]);
         create(&pods, &pod).await?;
         let failed = wait_phase(&pods, "fills-disk", "Failed").await?;
         let status = failed.status.clone().unwrap_or_default();
