@@ -27,8 +27,8 @@
 //! * calls for one pod must not overlap (the pod worker serialises them); different pods are
 //!   independent.
 //!
-//! Current behaviour: an emptyDir `sizeLimit` on disk is recorded in [`VolumeInfo`] for
-//! eviction, not enforced here; a Memory emptyDir's tmpfs is sized as kubelet's
+//! Current behaviour: an emptyDir `sizeLimit` on disk is recorded in [`VolumeInfo`] and
+//! enforced by eviction ([`crate::kubelet::eviction`]), not here; a Memory emptyDir's tmpfs is sized as kubelet's
 //! `calculateEmptyDirMemorySize` (the smallest of node allocatable memory, the pod's memory
 //! limit when every container has one, and `sizeLimit`); `fsGroup` ownership,
 //! `mountPropagation` and `recursiveReadOnly` are not applied; PVC, CSI, image and other

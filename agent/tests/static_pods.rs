@@ -581,3 +581,127 @@ spec:
     assert_eq!(message("custom").as_deref(), Some("custom-path"));
     assert_eq!(message("fallback").as_deref(), Some("first\nlast words"));
 }
+
+/// kubelet's eviction message for the `scratch` volume of [`FILLS_DISK`].
+const EVICTION_MESSAGE: &str = "Usage of EmptyDir volume \"scratch\" exceeds the limit \"1Mi\". ";
+
+const FILLS_DISK: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: fills-disk}
+spec:
+  terminationGracePeriodSeconds: 30
+  containers:
+  - name: writer
+    image: busybox
+    command: [sh, -c, "dd if=/dev/zero of=/scratch/fill bs=1M count=20; exec sleep 3600"]
+    volumeMounts: [{name: scratch, mountPath: /scratch}]
+  - name: bystander
+    image: busybox
+    command: [sleep, "3600"]
+  volumes:
+  - name: scratch
+    emptyDir: {sizeLimit: 1Mi}
+"#;
+
+#[test]
+fn a_pod_filling_its_empty_dir_beyond_its_size_limit_is_evicted_and_not_restarted() {
+    if !support::is_root() {
+        return;
+    }
+    let mut agent = Agent::start();
+    agent.write_manifest("fills-disk.yaml", FILLS_DISK);
+    let started = Instant::now();
+    let pod = agent.wait_pod("fills-disk", "Failed", Duration::from_secs(45), |p| {
+        phase(p) == "Failed"
+    });
+    let status = pod.status.clone().expect("status");
+    assert_eq!(status.reason.as_deref(), Some("Evicted"));
+    assert_eq!(status.message.as_deref(), Some(EVICTION_MESSAGE));
+    // Killed with kubelet's 1 s eviction grace, not the pod's 30 s.
+    agent.wait_until(
+        "the evicted pod's containers are gone",
+        Duration::from_secs(15),
+        |a| a.processes_in_tree().is_empty(),
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "eviction took {:?}",
+        started.elapsed()
+    );
+    assert!(
+        agent
+            .log()
+            .lines()
+            .any(|l| l.contains("Evicted") && l.contains("exceeds the limit")),
+        "no Evicted event in the log"
+    );
+    std::thread::sleep(Duration::from_secs(4));
+    let after = agent
+        .pod("fills-disk")
+        .expect("the evicted pod is still listed");
+    assert_eq!(phase(&after), "Failed");
+    assert_eq!(
+        after.status.as_ref().and_then(|s| s.reason.as_deref()),
+        Some("Evicted")
+    );
+    assert_eq!(restart_count(&after, "writer"), 0);
+    assert_eq!(restart_count(&after, "bystander"), 0);
+    assert!(
+        agent.processes_in_tree().is_empty(),
+        "an evicted pod is not restarted"
+    );
+    // Nor by the next agent, which reads the same manifest.
+    agent.restart();
+    std::thread::sleep(Duration::from_secs(4));
+    let later = agent.pod("fills-disk").expect("still listed");
+    assert_eq!(phase(&later), "Failed");
+    assert_eq!(
+        later.status.as_ref().and_then(|s| s.message.as_deref()),
+        Some(EVICTION_MESSAGE)
+    );
+    assert!(
+        agent.processes_in_tree().is_empty(),
+        "the next agent restarted an evicted pod"
+    );
+}
+
+#[test]
+fn a_memory_empty_dir_refuses_writes_beyond_its_size_limit() {
+    if !support::is_root() {
+        return;
+    }
+    let agent = Agent::start();
+    agent.write_manifest(
+        "tmpfs.yaml",
+        r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: tmpfs}
+spec:
+  restartPolicy: Never
+  containers:
+  - name: writer
+    image: busybox
+    command: [sh, -c, "dd if=/dev/zero of=/m/fill bs=1M count=8; echo rc=$?; echo size=$(stat -c %s /m/fill)"]
+    volumeMounts: [{name: m, mountPath: /m}]
+  volumes:
+  - name: m
+    emptyDir: {medium: Memory, sizeLimit: 2Mi}
+"#,
+    );
+    let pod = agent.wait_pod("tmpfs", "Succeeded", Duration::from_secs(30), |p| {
+        phase(p) == "Succeeded"
+    });
+    let lines = agent.log_lines(&pod, "writer");
+    let value = |key: &str| {
+        lines
+            .iter()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+    };
+    assert_ne!(value("rc="), Some(0), "the write succeeded: {lines:?}");
+    let size = value("size=").unwrap_or_else(|| panic!("no size in {lines:?}"));
+    assert!(size <= 2 << 20, "wrote {size} bytes into a 2Mi tmpfs");
+    assert!(size > 0, "nothing written: {lines:?}");
+}

@@ -37,6 +37,37 @@ pub fn narrowed_dir(path: &Path, mode: u32) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Bytes used on disk below `path` (allocated blocks; hard links counted once; other file
+/// systems mounted below are not entered, as `du -x`). Entries that vanish or cannot be read
+/// meanwhile count as nothing; symlinks are not followed.
+pub fn disk_usage(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(top) = std::fs::symlink_metadata(path) else {
+        return 0;
+    };
+    let mut seen = std::collections::HashSet::new();
+    let mut total = 0u64;
+    let mut stack: Vec<std::path::PathBuf> = vec![path.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        let Ok(meta) = std::fs::symlink_metadata(&p) else {
+            continue;
+        };
+        if meta.dev() != top.dev() {
+            continue;
+        }
+        if meta.nlink() > 1 && !meta.is_dir() && !seen.insert((meta.dev(), meta.ino())) {
+            continue;
+        }
+        total = total.saturating_add(meta.blocks().saturating_mul(512));
+        if meta.is_dir() {
+            if let Ok(rd) = std::fs::read_dir(&p) {
+                stack.extend(rd.flatten().map(|e| e.path()));
+            }
+        }
+    }
+    total
+}
+
 /// Writes `bytes` to `path` so that a crash leaves either the old or the new content:
 /// temp file in the same directory, fsync, rename, fsync of the directory. The file is
 /// private (0600): state records and bundle configs hold environment variables.

@@ -5,7 +5,7 @@
 //! ends Failed with its exit code; static pods get mirror pods (recreated when deleted,
 //! deleted with the manifest); a pod waiting for a missing ConfigMap gets an event and starts
 //! once it exists; pods keep running through a 60 s apiserver outage (SIGSTOP) and status
-//! converges within 10 s after it.
+//! converges within 10 s after it; a pod filling its emptyDir beyond `sizeLimit` is evicted.
 //!
 //! One control plane and one agent (node `e2e-cluster-<pid>`) serve every test of this
 //! binary; the tests use distinct pod names. Needs root (containers, cgroups, CNI).
@@ -64,6 +64,10 @@ const TESTS: &[(&str, TestFn)] = &[
     (
         "a_pod_with_a_69_character_name_runs_with_its_hostname_truncated_to_63",
         long_named_pod,
+    ),
+    (
+        "a_pod_filling_its_empty_dir_beyond_its_size_limit_is_evicted",
+        empty_dir_eviction,
     ),
 ];
 
@@ -177,6 +181,21 @@ async fn wait_phase(pods: &Api<Pod>, name: &str, want: &str) -> Result<Pod> {
 async fn wait_gone(pods: &Api<Pod>, name: &str, timeout: Duration) -> Result<()> {
     eventually(&format!("pod {name} gone"), timeout, || async {
         Ok(pods.get_opt(name).await?.is_none().then_some(()))
+    })
+    .await
+}
+
+/// The first event about the object `name` that `matches`, waited for up to 30 s.
+async fn event_about(
+    events: &Api<Event>,
+    name: &str,
+    what: &str,
+    matches: impl Fn(&Event) -> bool,
+) -> Result<Event> {
+    let fields = format!("involvedObject.name={name}");
+    eventually(what, Duration::from_secs(30), || async {
+        let list = events.list(&ListParams::default().fields(&fields)).await?;
+        Ok(list.items.into_iter().find(|e| matches(e)))
     })
     .await
 }
@@ -488,19 +507,11 @@ fn missing_config_map(env: &Env) -> Result<()> {
             },
         }))?;
         create(&pods, &pod).await?;
-        eventually(
+        event_about(
+            &events,
+            "needs-config",
             "a warning event about the pod",
-            Duration::from_secs(30),
-            || async {
-                let list = events
-                    .list(&ListParams::default().fields("involvedObject.name=needs-config"))
-                    .await?;
-                Ok(list
-                    .items
-                    .into_iter()
-                    .find(|e| e.type_.as_deref() == Some("Warning"))
-                    .map(|_| ()))
-            },
+            |e| e.type_.as_deref() == Some("Warning"),
         )
         .await?;
         let waiting = pods.get("needs-config").await?;
@@ -520,6 +531,75 @@ fn missing_config_map(env: &Env) -> Result<()> {
         pods.delete("needs-config", &DeleteParams::default().grace_period(1))
             .await?;
         wait_gone(&pods, "needs-config", Duration::from_secs(30)).await
+    })
+}
+
+/// A pod that writes 20 MiB into an emptyDir limited to 1Mi is evicted as kubelet evicts it:
+/// phase Failed, reason `Evicted`, kubelet's message, a Warning `Evicted` event, its
+/// container stopped and not restarted.
+fn empty_dir_eviction(env: &Env) -> Result<()> {
+    const MESSAGE: &str = "Usage of EmptyDir volume \"scratch\" exceeds the limit \"1Mi\". ";
+    block_on(async {
+        let client = admin(env).await?;
+        let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+        let events: Api<Event> = Api::namespaced(client, "default");
+        let mut pod = busybox_pod(
+            "fills-disk",
+            &env.agent.node_name,
+            &[
+                "sh",
+                "-c",
+                "dd if=/dev/zero of=/scratch/fill bs=1M count=20; exec sleep 3606",
+            ],
+            "Always",
+        )?;
+        let spec = pod.spec.as_mut().context("pod spec")?;
+        spec.volumes = Some(vec![serde_json::from_value(
+            json!({ "name": "scratch", "emptyDir": { "sizeLimit": "1Mi" } }),
+        )?]);
+        let main = spec.containers.first_mut().context("container")?;
+        main.volume_mounts = Some(vec![serde_json::from_value(
+            json!({ "name": "scratch", "mountPath": "/scratch" }),
+        )?]);
+        create(&pods, &pod).await?;
+        let failed = wait_phase(&pods, "fills-disk", "Failed").await?;
+        let status = failed.status.clone().unwrap_or_default();
+        anyhow::ensure!(
+            status.reason.as_deref() == Some("Evicted")
+                && status.message.as_deref() == Some(MESSAGE),
+            "reason {:?}, message {:?}",
+            status.reason,
+            status.message
+        );
+        let event = event_about(&events, "fills-disk", "the Evicted event", |e| {
+            e.reason.as_deref() == Some("Evicted")
+        })
+        .await?;
+        anyhow::ensure!(
+            event.type_.as_deref() == Some("Warning") && event.message.as_deref() == Some(MESSAGE),
+            "event {:?}: {:?}",
+            event.type_,
+            event.message
+        );
+        eventually("the container stopped", Duration::from_secs(30), || async {
+            Ok((!process_running("sleep 3606")).then_some(()))
+        })
+        .await?;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let after = pods.get("fills-disk").await?;
+        let restarts: i32 = after
+            .status
+            .iter()
+            .flat_map(|s| s.container_statuses.iter().flatten())
+            .map(|c| c.restart_count)
+            .sum();
+        anyhow::ensure!(
+            phase(&after) == "Failed" && restarts == 0 && !process_running("sleep 3606"),
+            "evicted pod came back: phase {}, restarts {restarts}",
+            phase(&after)
+        );
+        pods.delete("fills-disk", &DeleteParams::default()).await?;
+        wait_gone(&pods, "fills-disk", Duration::from_secs(30)).await
     })
 }
 

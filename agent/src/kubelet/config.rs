@@ -50,6 +50,9 @@ pub struct KubeletConfig {
     pub max_container_restart_period: Duration,
     /// How often housekeeping runs (kubelet: every 2 s).
     pub housekeeping_period: Duration,
+    /// How often emptyDir usage is checked against `sizeLimit` (kubelet's
+    /// `evictionMonitoringPeriod` is 10 s; ironlet checks faster).
+    pub eviction_monitoring_period: Duration,
     /// Node labels admission matches nodeSelector against (besides the well-known ones).
     pub node_labels: std::collections::BTreeMap<String, String>,
     /// `--cluster-dns`: the cluster DNS server IPs for `ClusterFirst` pods (none: pods
@@ -88,6 +91,7 @@ impl KubeletConfig {
             max_dead_per_container: 1,
             max_container_restart_period: Duration::from_secs(300),
             housekeeping_period: Duration::from_secs(2),
+            eviction_monitoring_period: Duration::from_secs(2),
             node_labels: Default::default(),
             cluster_dns: Vec::new(),
             cluster_domain: String::new(),

@@ -42,6 +42,8 @@ pub mod reason {
     pub const FAILED_CREATE_POD_SANDBOX: &str = "FailedCreatePodSandBox";
     pub const SANDBOX_CHANGED: &str = "SandboxChanged";
     pub const ERR_IMAGE_NEVER_PULL: &str = "ErrImageNeverPull";
+    /// The eviction manager evicted the pod (kubelet's `eviction.Reason`).
+    pub const EVICTED: &str = "Evicted";
 }
 
 /// Where pod events go.

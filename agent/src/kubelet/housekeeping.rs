@@ -99,6 +99,7 @@ impl Kubelet {
         for (uid, state) in &states {
             if *state == PodLifecycle::Finished && !desired.contains(uid) {
                 self.statuses.remove(uid);
+                self.syncer.forget_eviction(uid);
                 self.remove_pod_dir(uid);
             }
         }

@@ -17,6 +17,7 @@ pub mod container_config;
 pub mod dns;
 pub mod etc_files;
 pub mod events;
+pub mod eviction;
 mod housekeeping;
 pub mod security;
 pub mod stats;
@@ -200,6 +201,7 @@ impl Kubelet {
             image_refs: Mutex::new(Default::default()),
             pull_backoff: Mutex::new(Default::default()),
             waiting: Mutex::new(HashMap::new()),
+            evictions: Mutex::new(HashMap::new()),
         });
         let workers = PodWorkers::new(
             syncer.clone(),
@@ -311,6 +313,12 @@ impl Kubelet {
         housekeeping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut gc = tokio::time::interval(Duration::from_secs(60));
         gc.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let _eviction = AbortOnDrop(tokio::spawn(eviction::run(
+            self.workers.clone(),
+            self.syncer.clone(),
+            self.config.pods_dir(),
+            self.config.eviction_monitoring_period,
+        )));
         loop {
             tokio::select! {
                 () = &mut shutdown => {
@@ -494,6 +502,15 @@ impl Kubelet {
 }
 
 /// The node's cgroup tree (as root) and capacity.
+/// Aborts a background task of the sync loop when the loop returns.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 fn node_cgroups(config: &KubeletConfig) -> Result<(Option<NodeCgroups>, NodeCapacity), StartError> {
     let rootless = !nix::unistd::geteuid().is_root();
     let hierarchy = match Hierarchy::detect() {

@@ -70,6 +70,8 @@ pub struct NodeSyncer {
     pub(crate) image_refs: Mutex<ImageRefs>,
     /// Failed image pulls in back-off, by pod UID and image.
     pub(crate) pull_backoff: Mutex<pull::PullBackoff>,
+    /// Pods the eviction manager evicted, by UID: the status they report from then on.
+    pub(crate) evictions: Mutex<HashMap<String, StatusLifecycle>>,
 }
 
 impl NodeSyncer {
@@ -147,8 +149,34 @@ impl NodeSyncer {
         }
     }
 
-    fn event(&self, pod: &Pod, kind: EventType, reason: &'static str, message: String) {
+    pub(crate) fn event(&self, pod: &Pod, kind: EventType, reason: &'static str, message: String) {
         self.events.event(pod, kind, reason, message);
+    }
+
+    fn lock_evictions(&self) -> std::sync::MutexGuard<'_, HashMap<String, StatusLifecycle>> {
+        self.evictions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// From now on pod `uid` reports phase Failed with `reason` and `message` (kubelet's
+    /// eviction `PodStatusFunc`); the caller kills it.
+    pub(crate) fn record_eviction(&self, uid: &str, reason: &str, message: String) {
+        self.lock_evictions().insert(
+            uid.to_owned(),
+            StatusLifecycle::Evicted {
+                reason: reason.to_owned(),
+                message,
+            },
+        );
+    }
+
+    /// The eviction recorded for pod `uid`, if any.
+    pub(crate) fn eviction_of(&self, uid: &str) -> Option<StatusLifecycle> {
+        self.lock_evictions().get(uid).cloned()
+    }
+
+    /// Forgets the eviction of a pod that is gone.
+    pub(crate) fn forget_eviction(&self, uid: &str) {
+        self.lock_evictions().remove(uid);
     }
 }
 

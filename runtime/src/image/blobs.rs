@@ -38,8 +38,14 @@ impl Blobs {
     }
 
     pub(crate) fn create_dirs(&self) -> Result<(), ImageError> {
-        fsx::ensure_dir(&self.dir)?;
-        fsx::ensure_dir(&self.ingest)
+        for dir in [
+            self.dir.parent().unwrap_or(&self.dir),
+            &self.dir,
+            &self.ingest,
+        ] {
+            fsx::ensure_private_dir(dir)?;
+        }
+        Ok(())
     }
 
     pub(crate) fn dir(&self) -> &Path {
@@ -80,7 +86,8 @@ impl Blobs {
     /// A blob being written piece by piece (a download); see [`BlobIngest::commit`].
     pub(crate) fn begin(&self) -> Result<BlobIngest, ImageError> {
         let tmp = self.ingest.join(fsx::unique_name("blob-"));
-        let file = File::create(&tmp).map_err(|e| ImageError::io("creating", &tmp, e))?;
+        // Private (0600), as the directories: blobs are only read by ironlet itself.
+        let file = fsx::private_file(&tmp).map_err(|e| ImageError::io("creating", &tmp, e))?;
         Ok(BlobIngest {
             blobs: self.clone(),
             tmp,

@@ -11,8 +11,8 @@
 use std::fs::File;
 use std::io::{self, Write};
 use std::os::fd::AsFd;
-use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::error::ImageError;
@@ -30,12 +30,21 @@ pub(crate) fn unique_name(prefix: &str) -> String {
     format!("{prefix}{}-{n}-{nanos:x}", std::process::id())
 }
 
-/// Writes `bytes` to `path` atomically and durably.
+/// Creates a new file only its owner may read (0600): nothing in the store is for others.
+pub(crate) fn private_file(path: &Path) -> io::Result<File> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(crate::fsutil::PRIVATE_FILE_MODE)
+        .open(path)
+}
+
+/// Writes `bytes` to `path` atomically and durably (mode 0600).
 pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ImageError> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let tmp = dir.join(unique_name(".tmp-"));
     let result = (|| {
-        let mut file = File::create(&tmp).map_err(|e| ImageError::io("creating", &tmp, e))?;
+        let mut file = private_file(&tmp).map_err(|e| ImageError::io("creating", &tmp, e))?;
         file.write_all(bytes)
             .and_then(|()| file.sync_all())
             .map_err(|e| ImageError::io("writing", &tmp, e))?;
@@ -76,6 +85,7 @@ impl FileLock {
             .write(true)
             .create(true)
             .truncate(false)
+            .mode(crate::fsutil::PRIVATE_FILE_MODE)
             .open(path)
             .map_err(|e| ImageError::index("opening lock", path, e))?;
         let op = match kind {
@@ -114,26 +124,12 @@ pub(crate) fn remove_tree(path: &Path) -> Result<(), ImageError> {
     sys::remove_at(dir.as_fd(), name).map_err(|e| ImageError::io("removing", path, e))
 }
 
-/// Bytes used on disk below `path` (allocated blocks; hard links counted once).
-pub(crate) fn disk_usage(path: &Path) -> u64 {
-    let mut seen = std::collections::HashSet::new();
-    let mut total = 0u64;
-    let mut stack: Vec<PathBuf> = vec![path.to_path_buf()];
-    while let Some(p) = stack.pop() {
-        let Ok(meta) = std::fs::symlink_metadata(&p) else {
-            continue;
-        };
-        if meta.nlink() > 1 && !meta.is_dir() && !seen.insert((meta.dev(), meta.ino())) {
-            continue;
-        }
-        total += meta.blocks() * 512;
-        if meta.is_dir() {
-            if let Ok(rd) = std::fs::read_dir(&p) {
-                stack.extend(rd.flatten().map(|e| e.path()));
-            }
-        }
-    }
-    total
+pub(crate) use crate::fsutil::disk_usage;
+
+/// Creates `path` (and parents) with mode 0700, narrowing an existing directory that grants
+/// other users anything (a store made before the modes were set).
+pub(crate) fn ensure_private_dir(path: &Path) -> Result<(), ImageError> {
+    crate::fsutil::private_dir(path).map_err(|e| ImageError::io("creating directory", path, e))
 }
 
 /// Creates `path` (and parents) as a directory.

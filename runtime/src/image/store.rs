@@ -93,16 +93,14 @@ impl ImageStore {
             index: Index::new(root),
             config,
         };
-        fsx::ensure_dir(root)?;
-        if store.config.privileged {
-            // Snapshots hold setuid binaries of images: keep other users out of the tree.
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o700))
-                .map_err(|e| ImageError::io("restricting", root, e))?;
-        }
+        // Other users get nothing of the store, rootless or not: blobs may hold private
+        // images and snapshots setuid binaries. containerd keeps its root 0700 (0711 at
+        // most) and its overlay snapshotter's 0700; here every directory ironlet makes in
+        // the store is 0700 as well, so a parent opened up later still exposes nothing.
+        fsx::ensure_private_dir(root)?;
         store.blobs.create_dirs()?;
-        fsx::ensure_dir(&store.snapshots_dir())?;
-        fsx::ensure_dir(&store.leases_dir())?;
+        fsx::ensure_private_dir(&store.snapshots_dir())?;
+        fsx::ensure_private_dir(&store.leases_dir())?;
         Ok(store)
     }
 

@@ -31,6 +31,9 @@ impl NodeSyncer {
         lifecycle: &StatusLifecycle,
     ) -> ApiPodStatus {
         let uid = pod_uid(pod).to_owned();
+        // An evicted pod reports its eviction whatever step records its status.
+        let evicted = self.eviction_of(&uid);
+        let lifecycle = evicted.as_ref().unwrap_or(lifecycle);
         let waiting = self.lock_waiting().get(&uid).cloned().unwrap_or_default();
         let previous = self.statuses.previous(&uid);
         let image_refs = self
