@@ -55,6 +55,9 @@ pub struct KubeletApiConfig {
     pub node_name: String,
     /// The pod log root (`<dir>/<ns>_<pod>_<uid>/<container>/<n>.log`).
     pub pod_log_dir: PathBuf,
+    /// The effective `KubeletConfiguration` (with `kind` and `apiVersion`), served on
+    /// `/configz` as kubelet's `{"kubeletconfig": …}`.
+    pub configz: serde_json::Value,
 }
 
 /// What the handlers read and whom they ask.
@@ -254,6 +257,11 @@ async fn connection(
                     }
                 }
             }
+        }
+        ["configz"] if request.method == "GET" => {
+            let body = serde_json::json!({ "kubeletconfig": config.configz });
+            let response = Response::new(200, http::JSON, body.to_string());
+            respond(&mut writer, response).await;
         }
         _ => {
             let response = super::routes::route(&request, &*services.view, &services.metrics);
