@@ -119,6 +119,14 @@ impl KubeletApi {
             healthz,
         } = self;
         tracing::info!(address = ?listener.local_addr().ok(), "serving the kubelet API");
+        let mut config = config;
+        // `/configz` shows the port bound (the real one when `--port 0`).
+        if let (Some(fields), Ok(address)) = (config.configz.as_object_mut(), listener.local_addr())
+        {
+            if fields.contains_key("port") {
+                fields.insert("port".into(), address.port().into());
+            }
+        }
         let config = Arc::new(config);
         let acceptor = tokio_rustls::TlsAcceptor::from(config.tls.clone());
         let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
