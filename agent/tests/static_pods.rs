@@ -444,6 +444,11 @@ fn a_kubelet_configuration_file_gives_the_static_pod_path_and_unsupported_fields
         "the unsupported field is named at start: {log}"
     );
     assert!(!log.contains("maxPods"), "maxPods is supported: {log}");
+    assert_eq!(
+        log.matches("failSwapOn").count(),
+        1,
+        "said once, not again by the agent: {log}"
+    );
     agent.remove_manifest("from-config.yaml");
     agent.wait_until("the pod is gone", Duration::from_secs(30), |a| {
         a.pods().is_empty() && a.processes_in_tree().is_empty()

@@ -258,7 +258,10 @@ pub fn apply_file(args: &mut RunArgs, matches: &ArgMatches) -> anyhow::Result<()
                 path.display()
             );
         }
-        tracing::warn!(file = %path.display(), fields = %names, "KubeletConfiguration fields not supported by ironlet are ignored");
+        // Said once, by the supervisor; the agent it starts reads the same file again.
+        if std::env::var_os(ironlet_runtime::supervisor::SUPERVISOR_FD_ENV).is_none() {
+            tracing::warn!(file = %path.display(), fields = %names, "KubeletConfiguration fields not supported by ironlet are ignored");
+        }
     }
     Ok(())
 }
