@@ -164,7 +164,16 @@ impl KubeletConfiguration {
     }
 
     /// Sets the flags' values from the file, except those given on the command line.
-    fn apply(self, args: &mut RunArgs, matches: &ArgMatches) -> anyhow::Result<()> {
+    /// Relative paths are taken from `base` (the file's directory), as kubelet does for
+    /// its path fields.
+    fn apply(self, args: &mut RunArgs, matches: &ArgMatches, base: &Path) -> anyhow::Result<()> {
+        let resolve = |p: PathBuf| {
+            if p.as_os_str().is_empty() || p.is_absolute() {
+                p
+            } else {
+                base.join(p)
+            }
+        };
         let from_file = |id: &str| matches.value_source(id) != Some(ValueSource::CommandLine);
         macro_rules! set {
             ($field:ident, $value:expr) => {
@@ -191,11 +200,15 @@ impl KubeletConfiguration {
         let client_ca = self
             .authentication
             .and_then(|a| a.x509)
-            .and_then(|x| x.client_ca_file);
+            .and_then(|x| x.client_ca_file)
+            .map(resolve);
         let restart = self
             .crash_loop_back_off
             .and_then(|c| c.max_container_restart_period);
-        set!(pod_manifest_path, self.static_pod_path.map(Some));
+        set!(
+            pod_manifest_path,
+            self.static_pod_path.map(resolve).map(Some)
+        );
         set!(manifest_url, self.static_pod_url.map(Some));
         set!(
             sync_frequency,
@@ -214,12 +227,15 @@ impl KubeletConfiguration {
         set!(read_only_port, self.read_only_port);
         set!(healthz_port, self.healthz_port);
         set!(healthz_bind_address, self.healthz_bind_address);
-        set!(tls_cert_file, self.tls_cert_file.map(Some));
-        set!(tls_private_key_file, self.tls_private_key_file.map(Some));
+        set!(tls_cert_file, self.tls_cert_file.map(resolve).map(Some));
+        set!(
+            tls_private_key_file,
+            self.tls_private_key_file.map(resolve).map(Some)
+        );
         set!(client_ca_file, client_ca.map(Some));
         set!(cluster_dns, self.cluster_dns);
         set!(cluster_domain, self.cluster_domain);
-        set!(resolv_conf, self.resolv_conf);
+        set!(resolv_conf, self.resolv_conf.map(resolve));
         set!(max_pods, self.max_pods);
         set!(
             system_reserved,
@@ -228,7 +244,7 @@ impl KubeletConfiguration {
         set!(kube_reserved, reserved("kubeReserved", self.kube_reserved)?);
         set!(cgroup_root, self.cgroup_root);
         set!(seccomp_default, self.seccomp_default);
-        set!(pod_logs_dir, self.pod_logs_dir.map(Some));
+        set!(pod_logs_dir, self.pod_logs_dir.map(resolve).map(Some));
         set!(pod_cidr, self.pod_cidr);
         set!(
             max_container_restart_period,
@@ -246,7 +262,7 @@ pub fn apply_file(args: &mut RunArgs, matches: &ArgMatches) -> anyhow::Result<()
     let unsupported = load(&path)
         .and_then(|config| {
             let unsupported = config.unsupported();
-            config.apply(args, matches)?;
+            config.apply(args, matches, path.parent().unwrap_or(Path::new("")))?;
             Ok(unsupported)
         })
         .with_context(|| format!("--config {}", path.display()))?;
@@ -425,6 +441,27 @@ mod tests {
             configz.get("staticPodURL").is_none(),
             "unset fields are omitted"
         );
+        Ok(())
+    }
+
+    #[test]
+    fn relative_paths_are_taken_from_the_file_s_directory_as_kubelet_does() -> anyhow::Result<()> {
+        let text = format!(
+            "{HEAD}staticPodPath: manifests\ntlsCertFile: /abs/cert.pem\nresolvConf: \"\"\n"
+        );
+        let args = run_with(&text, &[])?;
+        let manifests = args.pod_manifest_path.unwrap_or_default();
+        assert!(
+            manifests.is_absolute() && manifests.ends_with("manifests"),
+            "{manifests:?}"
+        );
+        let dir = args.config.as_deref().and_then(Path::parent);
+        assert_eq!(manifests.parent(), dir);
+        assert_eq!(
+            args.tls_cert_file.as_deref(),
+            Some(Path::new("/abs/cert.pem"))
+        );
+        assert_eq!(args.resolv_conf, PathBuf::new(), "empty stays empty (none)");
         Ok(())
     }
 
