@@ -5,12 +5,13 @@ mod cli;
 
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 
 fn main() -> ExitCode {
-    let args = cli::Cli::parse();
+    let matches = cli::Cli::command().get_matches();
+    let args = cli::Cli::from_arg_matches(&matches).unwrap_or_else(|err| err.exit());
     init_logging(args.verbose);
-    match cli::run(args) {
+    match cli::run(args, &matches) {
         Ok(code) => code,
         // A reader that stops early (`| head -1`) is normal: see cli::output.
         Err(err) if cli::output::is_stdout_closed(&err) => ExitCode::SUCCESS,

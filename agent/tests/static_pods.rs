@@ -423,6 +423,39 @@ spec:
 }
 
 #[test]
+fn a_kubelet_configuration_file_gives_the_static_pod_path_and_unsupported_fields_are_named() {
+    if !support::is_root() {
+        return;
+    }
+    let agent = Agent::start_with(AgentOptions {
+        config: Some("failSwapOn: false\nmaxPods: 5\n".into()),
+        ..AgentOptions::default()
+    });
+    agent.write_manifest(
+        "from-config.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: from-config}\nspec:\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: c\n    image: busybox\n    command: [sleep, \"3600\"]\n",
+    );
+    agent.wait_pod("from-config", "Running", Duration::from_secs(30), |p| {
+        phase(p) == "Running"
+    });
+    let log = agent.log();
+    assert!(
+        log.contains("not supported by ironlet") && log.contains("failSwapOn"),
+        "the unsupported field is named at start: {log}"
+    );
+    assert!(!log.contains("maxPods"), "maxPods is supported: {log}");
+    assert_eq!(
+        log.matches("failSwapOn").count(),
+        1,
+        "said once, not again by the agent: {log}"
+    );
+    agent.remove_manifest("from-config.yaml");
+    agent.wait_until("the pod is gone", Duration::from_secs(30), |a| {
+        a.pods().is_empty() && a.processes_in_tree().is_empty()
+    });
+}
+
+#[test]
 fn editing_a_manifest_replaces_the_pod() {
     if !support::is_root() {
         return;

@@ -13,7 +13,8 @@
 //! kubelet's metric names with the same figures; `/runningpods/` lists the pod. metrics-server
 //! (built from its Go module, `scripts/metrics-server`) runs as a host process behind the
 //! `v1beta1.metrics.k8s.io` APIService, and `kubectl top pod` / `kubectl top node` show the
-//! pod's 40 MiB and the node. `/metrics/probes` counts a pod's readiness probe runs.
+//! pod's 40 MiB and the node. `/metrics/probes` counts a pod's readiness probe runs. The agent
+//! starts with `--config`: `/configz` shows a value from the file and one a flag overrode.
 //!
 //! One control plane and one agent (node `e2e-kapi-<pid>`) serve every test of this binary;
 //! the tests use distinct pod names. Needs root (containers, cgroups, CNI).
@@ -33,7 +34,18 @@ use serde_json::json;
 struct Env {
     plane: ControlPlane,
     agent: ClusterAgent,
+    /// The agent's `--config` file.
+    config: PathBuf,
 }
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.config);
+    }
+}
+
+/// `maxPods` of the agent's `--config` file.
+const CONFIG_MAX_PODS: u64 = 77;
 
 const TESTS: &[SuiteTest<Env>] = &[
     (
@@ -93,6 +105,10 @@ const TESTS: &[SuiteTest<Env>] = &[
         "metrics_probes_counts_a_readiness_probe_until_the_pod_goes",
         metrics_probes,
     ),
+    (
+        "configz_shows_the_config_file_s_values_and_the_flags_that_override_them",
+        configz,
+    ),
 ];
 
 const RUNNING_TIMEOUT: Duration = Duration::from_secs(60);
@@ -108,12 +124,33 @@ fn start() -> Result<Env> {
     let plane = ControlPlane::up()?;
     let node = format!("e2e-kapi-{}", std::process::id());
     let kubeconfig = plane.node_kubeconfig(&node)?;
+    // staticPodPath is overridden by the --pod-manifest-path flag the agent is started with.
+    let config = std::env::temp_dir().join(format!("kapi-config-{}.yaml", std::process::id()));
+    std::fs::write(
+        &config,
+        format!(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
+             maxPods: {CONFIG_MAX_PODS}\nstaticPodPath: /nonexistent/from-config\n"
+        ),
+    )
+    .context("writing the agent's config file")?;
+    let extra = [std::ffi::OsStr::new("--config"), config.as_os_str()];
     // On the host's address: the API server's node proxy (`kubectl get --raw
     // /api/v1/nodes/NODE/proxy/…`) refuses a loopback node.
     let node_ip = routable_host_ip().context("no routable host address for the node")?;
     let slot = 100 + std::process::id() % 150;
-    let agent = ClusterAgent::start_on(&kubeconfig, &node, slot, &[], node_ip)?;
-    Ok(Env { plane, agent })
+    let agent = ClusterAgent::start_on(&kubeconfig, &node, slot, &extra, node_ip);
+    match agent {
+        Ok(agent) => Ok(Env {
+            plane,
+            agent,
+            config,
+        }),
+        Err(err) => {
+            let _ = std::fs::remove_file(&config);
+            Err(err)
+        }
+    }
 }
 
 fn block_on<T, F: std::future::Future<Output = Result<T>>>(f: F) -> Result<T> {
@@ -759,6 +796,50 @@ fn exec_refused(env: &Env) -> Result<()> {
         let _ = env.plane.kubectl(&["delete", "serviceaccount", sa]);
         result
     })
+}
+
+fn configz(env: &Env) -> Result<()> {
+    let port = node_port(env)?;
+    let pki = env.plane.dir().join("pki");
+    let out = Command::new("curl")
+        .args(["-sS", "--fail", "--max-time", "10", "--cacert"])
+        .arg(pki.join("ca.crt"))
+        .arg("--cert")
+        .arg(pki.join("apiserver-kubelet-client.crt"))
+        .arg("--key")
+        .arg(pki.join("apiserver-kubelet-client.key"))
+        .arg(format!("https://127.0.0.1:{port}/configz"))
+        .output()
+        .context("running curl")?;
+    if !out.status.success() {
+        bail!("GET /configz: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let body: serde_json::Value =
+        serde_json::from_slice(&out.stdout).context("/configz is not JSON")?;
+    let config = &body["kubeletconfig"];
+    assert_eq!(config["kind"], "KubeletConfiguration", "{body}");
+    assert_eq!(
+        config["apiVersion"], "kubelet.config.k8s.io/v1beta1",
+        "{body}"
+    );
+    assert_eq!(config["maxPods"], CONFIG_MAX_PODS, "from the file: {body}");
+    assert_eq!(
+        config["staticPodPath"],
+        env.agent.manifests.display().to_string(),
+        "the flag overrides the file: {body}"
+    );
+    assert_eq!(config["port"], port, "{body}");
+    // The file's maxPods is the Node's pod capacity too.
+    let capacity = block_on(async {
+        let nodes: Api<Node> = Api::all(env.plane.admin_client().await?);
+        let node = nodes.get(&env.agent.node_name).await?;
+        Ok(node
+            .status
+            .and_then(|s| s.capacity)
+            .and_then(|c| c.get("pods").map(|q| q.0.clone())))
+    })?;
+    assert_eq!(capacity.as_deref(), Some("77"));
+    Ok(())
 }
 
 fn tempdir() -> Result<PathBuf> {

@@ -8,6 +8,7 @@
 
 mod ctr;
 mod images;
+mod kubelet_config;
 pub mod output;
 mod pods;
 mod run;
@@ -59,7 +60,8 @@ pub fn running_rootless() -> bool {
     !nix::unistd::geteuid().is_root()
 }
 
-pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+/// Runs a parsed command; `matches` (the same parse) tells which flags were given.
+pub fn run(cli: Cli, matches: &clap::ArgMatches) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Images(cmd) => {
             let root = root_dir(&cli.root_dir, running_rootless());
@@ -70,7 +72,11 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             rt.block_on(images::run(&root, cmd))
         }
         Command::Ctr(cmd) => ctr::run(cli.root_dir, cmd),
-        Command::Run(args) => run::run(cli.root_dir, *args),
+        Command::Run(args) => {
+            let empty = clap::ArgMatches::default();
+            let run_matches = matches.subcommand_matches("run").unwrap_or(&empty);
+            run::run(cli.root_dir, *args, run_matches)
+        }
         Command::Pods(args) => pods::run(&root_dir(&cli.root_dir, running_rootless()), args),
     }
 }

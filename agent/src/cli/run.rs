@@ -23,6 +23,14 @@ use ironlet_runtime::{LocalRuntime, LocalRuntimeConfig};
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
+    /// A KubeletConfiguration file (kubelet.config.k8s.io/v1beta1, YAML or JSON); flags
+    /// given on the command line take precedence over it.
+    #[arg(long = "config")]
+    pub config: Option<PathBuf>,
+    /// Fail the start when --config sets fields ironlet does not support (default: a
+    /// warning naming them).
+    #[arg(long = "fail-on-unsupported-config")]
+    pub fail_on_unsupported_config: bool,
     /// Directory (or file) of static pod manifests (kubelet's --pod-manifest-path).
     #[arg(long = "pod-manifest-path", visible_alias = "manifests")]
     pub pod_manifest_path: Option<PathBuf>,
@@ -162,11 +170,11 @@ pub struct RunArgs {
 /// CPU and memory set aside from allocatable.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Reserved {
-    cpu_milli: u64,
-    memory_bytes: u64,
+    pub cpu_milli: u64,
+    pub memory_bytes: u64,
 }
 
-fn parse_reserved(text: &str) -> Result<Reserved, String> {
+pub(super) fn parse_reserved(text: &str) -> Result<Reserved, String> {
     let mut out = Reserved::default();
     for pair in text.split(',').filter(|p| !p.is_empty()) {
         let (key, value) = pair
@@ -215,7 +223,12 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(total)
 }
 
-pub fn run(root_flag: Option<PathBuf>, args: RunArgs) -> anyhow::Result<ExitCode> {
+pub fn run(
+    root_flag: Option<PathBuf>,
+    mut args: RunArgs,
+    matches: &clap::ArgMatches,
+) -> anyhow::Result<ExitCode> {
+    super::kubelet_config::apply_file(&mut args, matches)?;
     let rootless = super::running_rootless();
     let root_dir = super::root_dir(&root_flag, rootless);
     if args.pod_manifest_path.is_none() && args.manifest_url.is_none() && args.kubeconfig.is_none()
@@ -448,6 +461,7 @@ async fn bind_kubelet_api(
         tls,
         node_name: config.node_name.clone(),
         pod_log_dir: config.pod_log_dir.clone(),
+        configz: super::kubelet_config::effective(args, config),
     })
     .await
     .context("starting the kubelet API")?;

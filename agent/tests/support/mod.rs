@@ -79,6 +79,10 @@ pub struct AgentOptions {
     pub system_reserved: Option<String>,
     /// Run this binary instead of the one cargo built (e.g. a copy to replace later).
     pub binary: Option<PathBuf>,
+    /// Start with `--config <root>/config.yaml`, a KubeletConfiguration whose
+    /// `staticPodPath` is the manifest directory (no `--pod-manifest-path` flag), followed
+    /// by these YAML lines.
+    pub config: Option<String>,
 }
 
 /// What the agent's `/version` says.
@@ -161,10 +165,23 @@ impl Agent {
         cmd.arg("--root-dir")
             .arg(self.root.path())
             .arg("-v")
-            .arg("run")
-            .arg("--pod-manifest-path")
-            .arg(&self.manifests)
-            .arg("--pod-logs-dir")
+            .arg("run");
+        match &options.config {
+            Some(lines) => {
+                let file = self.root.path().join("config.yaml");
+                let text = format!(
+                    "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
+                     staticPodPath: {}\n{lines}",
+                    self.manifests.display()
+                );
+                std::fs::write(&file, text).expect("config file");
+                cmd.arg("--config").arg(file);
+            }
+            None => {
+                cmd.arg("--pod-manifest-path").arg(&self.manifests);
+            }
+        }
+        cmd.arg("--pod-logs-dir")
             .arg(&self.logs)
             .arg("--node-name")
             .arg(&self.node_name)

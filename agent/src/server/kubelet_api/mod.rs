@@ -63,6 +63,9 @@ pub struct KubeletApiConfig {
     pub node_name: String,
     /// The pod log root (`<dir>/<ns>_<pod>_<uid>/<container>/<n>.log`).
     pub pod_log_dir: PathBuf,
+    /// The effective `KubeletConfiguration` (with `kind` and `apiVersion`), served on
+    /// `/configz` as kubelet's `{"kubeletconfig": …}`.
+    pub configz: serde_json::Value,
 }
 
 /// What the handlers read and whom they ask.
@@ -129,6 +132,14 @@ impl KubeletApi {
             healthz,
         } = self;
         tracing::info!(address = ?listener.local_addr().ok(), "serving the kubelet API");
+        let mut config = config;
+        // `/configz` shows the port bound (the real one when `--port 0`).
+        if let (Some(fields), Ok(address)) = (config.configz.as_object_mut(), listener.local_addr())
+        {
+            if fields.contains_key("port") {
+                fields.insert("port".into(), address.port().into());
+            }
+        }
         let config = Arc::new(config);
         let acceptor = tokio_rustls::TlsAcceptor::from(config.tls.clone());
         let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
@@ -319,6 +330,11 @@ async fn connection(
             let response = get_only(&request, || {
                 super::routes::pod_list(running_pods(services.view.pods()))
             });
+            respond(&mut writer, response).await;
+        }
+        ["configz"] if request.method == "GET" => {
+            let body = serde_json::json!({ "kubeletconfig": config.configz });
+            let response = Response::new(200, http::JSON, body.to_string());
             respond(&mut writer, response).await;
         }
         _ => {

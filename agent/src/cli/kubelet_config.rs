@@ -1,0 +1,546 @@
+//! `ironlet run --config FILE`: kubelet's `KubeletConfiguration`
+//! (`kubelet.config.k8s.io/v1beta1`, YAML or JSON) mapped onto `ironlet run`'s flags.
+//!
+//! As with kubelet, a flag given on the command line wins over the file (clap tells where a
+//! value came from). Fields ironlet does not implement are named in a warning at start, or
+//! fail the start with `--fail-on-unsupported-config`. [`effective`] renders the resulting
+//! settings back in the same schema for `/configz`.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::parser::ValueSource;
+use clap::ArgMatches;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::run::{parse_duration, parse_reserved, Reserved, RunArgs};
+
+pub const API_VERSION: &str = "kubelet.config.k8s.io/v1beta1";
+pub const KIND: &str = "KubeletConfiguration";
+
+/// The fields ironlet maps, with the Kubernetes names; everything else lands in `extra`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct KubeletConfiguration {
+    api_version: Option<String>,
+    kind: Option<String>,
+    static_pod_path: Option<PathBuf>,
+    #[serde(rename = "staticPodURL")]
+    static_pod_url: Option<String>,
+    sync_frequency: Option<String>,
+    file_check_frequency: Option<String>,
+    http_check_frequency: Option<String>,
+    address: Option<IpAddr>,
+    port: Option<u16>,
+    read_only_port: Option<u16>,
+    healthz_port: Option<u16>,
+    healthz_bind_address: Option<IpAddr>,
+    tls_cert_file: Option<PathBuf>,
+    tls_private_key_file: Option<PathBuf>,
+    authentication: Option<Authentication>,
+    authorization: Option<Authorization>,
+    #[serde(rename = "clusterDNS")]
+    cluster_dns: Option<Vec<IpAddr>>,
+    cluster_domain: Option<String>,
+    resolv_conf: Option<PathBuf>,
+    max_pods: Option<u64>,
+    allowed_unsafe_sysctls: Option<Vec<String>>,
+    system_reserved: Option<BTreeMap<String, String>>,
+    kube_reserved: Option<BTreeMap<String, String>>,
+    cgroup_root: Option<String>,
+    cgroup_driver: Option<String>,
+    seccomp_default: Option<bool>,
+    pod_logs_dir: Option<PathBuf>,
+    #[serde(rename = "podCIDR")]
+    pod_cidr: Option<String>,
+    crash_loop_back_off: Option<CrashLoopBackOff>,
+    #[serde(flatten)]
+    extra: BTreeMap<String, Value>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Authentication {
+    x509: Option<X509>,
+    anonymous: Option<Enabled>,
+    webhook: Option<Enabled>,
+    #[serde(flatten)]
+    extra: BTreeMap<String, Value>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct X509 {
+    #[serde(rename = "clientCAFile")]
+    client_ca_file: Option<PathBuf>,
+    #[serde(flatten)]
+    extra: BTreeMap<String, Value>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct Enabled {
+    enabled: Option<bool>,
+    #[serde(flatten)]
+    extra: BTreeMap<String, Value>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct Authorization {
+    mode: Option<String>,
+    #[serde(flatten)]
+    extra: BTreeMap<String, Value>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct CrashLoopBackOff {
+    max_container_restart_period: Option<String>,
+    #[serde(flatten)]
+    extra: BTreeMap<String, Value>,
+}
+
+impl KubeletConfiguration {
+    fn parse(text: &str) -> anyhow::Result<Self> {
+        // YAML is a superset of JSON: one parser reads both.
+        let value: Value = serde_yaml::from_str(text).context("malformed YAML or JSON")?;
+        if !value.is_object() {
+            bail!("not a KubeletConfiguration object");
+        }
+        let config: Self = serde_json::from_value(value)?;
+        if config.api_version.as_deref() != Some(API_VERSION)
+            || config.kind.as_deref() != Some(KIND)
+        {
+            bail!(
+                "apiVersion {:?} kind {:?}: expected apiVersion {API_VERSION} kind {KIND}",
+                config.api_version.as_deref().unwrap_or(""),
+                config.kind.as_deref().unwrap_or("")
+            );
+        }
+        Ok(config)
+    }
+
+    /// The dotted names of the fields set in the file that ironlet does not implement
+    /// (or, for the authentication and authorization modes, not with that value).
+    fn unsupported(&self) -> Vec<String> {
+        fn names(out: &mut Vec<String>, prefix: &str, extra: &BTreeMap<String, Value>) {
+            out.extend(extra.keys().map(|k| format!("{prefix}{k}")));
+        }
+        let mut out = Vec::new();
+        names(&mut out, "", &self.extra);
+        if let Some(authn) = &self.authentication {
+            names(&mut out, "authentication.", &authn.extra);
+            if let Some(x509) = &authn.x509 {
+                names(&mut out, "authentication.x509.", &x509.extra);
+            }
+            // ironlet never serves anonymous requests and always asks the API server.
+            for (name, part, wanted) in [
+                ("anonymous", &authn.anonymous, false),
+                ("webhook", &authn.webhook, true),
+            ] {
+                if let Some(part) = part {
+                    names(&mut out, &format!("authentication.{name}."), &part.extra);
+                    if part.enabled.is_some_and(|e| e != wanted) {
+                        out.push(format!("authentication.{name}.enabled={}", !wanted));
+                    }
+                }
+            }
+        }
+        if let Some(authz) = &self.authorization {
+            names(&mut out, "authorization.", &authz.extra);
+            if let Some(mode) = authz.mode.as_deref().filter(|m| *m != "Webhook") {
+                out.push(format!("authorization.mode={mode}"));
+            }
+        }
+        if let Some(driver) = self.cgroup_driver.as_deref().filter(|d| *d != "cgroupfs") {
+            out.push(format!("cgroupDriver={driver}"));
+        }
+        if let Some(backoff) = &self.crash_loop_back_off {
+            names(&mut out, "crashLoopBackOff.", &backoff.extra);
+        }
+        out
+    }
+
+    /// Sets the flags' values from the file, except those given on the command line.
+    /// Relative paths are taken from `base` (the file's directory), as kubelet does for
+    /// its path fields.
+    fn apply(self, args: &mut RunArgs, matches: &ArgMatches, base: &Path) -> anyhow::Result<()> {
+        let resolve = |p: PathBuf| {
+            if p.as_os_str().is_empty() || p.is_absolute() {
+                p
+            } else {
+                base.join(p)
+            }
+        };
+        let from_file = |id: &str| matches.value_source(id) != Some(ValueSource::CommandLine);
+        macro_rules! set {
+            ($field:ident, $value:expr) => {
+                if let Some(value) = $value {
+                    if from_file(stringify!($field)) {
+                        args.$field = value;
+                    }
+                }
+            };
+        }
+        let duration = |name: &str, text: Option<String>| -> anyhow::Result<Option<Duration>> {
+            text.map(|t| parse_duration(&t).map_err(|e| anyhow::anyhow!("{name}: {e}")))
+                .transpose()
+        };
+        let reserved = |name: &str, map: Option<BTreeMap<String, String>>| {
+            map.map(|m| {
+                let text: Vec<String> = m.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                parse_reserved(&text.join(","))
+                    .map(Some)
+                    .map_err(|e| anyhow::anyhow!("{name}: {e}"))
+            })
+            .transpose()
+        };
+        let client_ca = self
+            .authentication
+            .and_then(|a| a.x509)
+            .and_then(|x| x.client_ca_file)
+            .map(resolve);
+        let restart = self
+            .crash_loop_back_off
+            .and_then(|c| c.max_container_restart_period);
+        set!(
+            pod_manifest_path,
+            self.static_pod_path.map(resolve).map(Some)
+        );
+        set!(manifest_url, self.static_pod_url.map(Some));
+        set!(
+            sync_frequency,
+            duration("syncFrequency", self.sync_frequency)?
+        );
+        set!(
+            file_check_frequency,
+            duration("fileCheckFrequency", self.file_check_frequency)?
+        );
+        set!(
+            http_check_frequency,
+            duration("httpCheckFrequency", self.http_check_frequency)?
+        );
+        set!(address, self.address);
+        set!(port, self.port);
+        set!(read_only_port, self.read_only_port);
+        set!(healthz_port, self.healthz_port);
+        set!(healthz_bind_address, self.healthz_bind_address);
+        set!(tls_cert_file, self.tls_cert_file.map(resolve).map(Some));
+        set!(
+            tls_private_key_file,
+            self.tls_private_key_file.map(resolve).map(Some)
+        );
+        set!(client_ca_file, client_ca.map(Some));
+        set!(cluster_dns, self.cluster_dns);
+        set!(cluster_domain, self.cluster_domain);
+        set!(resolv_conf, self.resolv_conf.map(resolve));
+        set!(max_pods, self.max_pods);
+        set!(allowed_unsafe_sysctls, self.allowed_unsafe_sysctls);
+        set!(
+            system_reserved,
+            reserved("systemReserved", self.system_reserved)?
+        );
+        set!(kube_reserved, reserved("kubeReserved", self.kube_reserved)?);
+        set!(cgroup_root, self.cgroup_root);
+        set!(seccomp_default, self.seccomp_default);
+        set!(pod_logs_dir, self.pod_logs_dir.map(resolve).map(Some));
+        set!(pod_cidr, self.pod_cidr);
+        set!(
+            max_container_restart_period,
+            duration("crashLoopBackOff.maxContainerRestartPeriod", restart)?
+        );
+        Ok(())
+    }
+}
+
+/// Reads `--config` (when given) into `args`; flags on the command line win.
+pub fn apply_file(args: &mut RunArgs, matches: &ArgMatches) -> anyhow::Result<()> {
+    let Some(path) = args.config.clone() else {
+        return Ok(());
+    };
+    let unsupported = load(&path)
+        .and_then(|config| {
+            let unsupported = config.unsupported();
+            config.apply(args, matches, path.parent().unwrap_or(Path::new("")))?;
+            Ok(unsupported)
+        })
+        .with_context(|| format!("--config {}", path.display()))?;
+    if !unsupported.is_empty() {
+        let names = unsupported.join(", ");
+        if args.fail_on_unsupported_config {
+            bail!(
+                "--config {}: fields not supported by ironlet: {names}",
+                path.display()
+            );
+        }
+        // Said once, by the supervisor; the agent it starts reads the same file again.
+        if std::env::var_os(ironlet_runtime::supervisor::SUPERVISOR_FD_ENV).is_none() {
+            tracing::warn!(file = %path.display(), fields = %names, "KubeletConfiguration fields not supported by ironlet are ignored");
+        }
+    }
+    Ok(())
+}
+
+fn load(path: &Path) -> anyhow::Result<KubeletConfiguration> {
+    let text = std::fs::read_to_string(path).context("reading the file")?;
+    KubeletConfiguration::parse(&text)
+}
+
+/// The effective settings as a `KubeletConfiguration`, as kubelet's `/configz` shows them.
+pub fn effective(args: &RunArgs, config: &ironlet::kubelet::KubeletConfig) -> Value {
+    let reserved = |r: Option<Reserved>| {
+        r.map(|r| {
+            json!({
+                "cpu": format!("{}m", r.cpu_milli),
+                "memory": r.memory_bytes.to_string(),
+            })
+        })
+    };
+    let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
+    let mut config = json!({
+        "kind": KIND,
+        "apiVersion": API_VERSION,
+        "staticPodPath": path(&args.pod_manifest_path),
+        "staticPodURL": args.manifest_url,
+        "syncFrequency": go_duration(args.sync_frequency),
+        "fileCheckFrequency": go_duration(args.file_check_frequency),
+        "httpCheckFrequency": go_duration(args.http_check_frequency),
+        "address": args.address.to_string(),
+        "port": args.port,
+        "readOnlyPort": args.read_only_port,
+        "healthzPort": args.healthz_port,
+        "healthzBindAddress": args.healthz_bind_address.to_string(),
+        "tlsCertFile": path(&args.tls_cert_file),
+        "tlsPrivateKeyFile": path(&args.tls_private_key_file),
+        "authentication": {
+            "x509": {"clientCAFile": path(&args.client_ca_file)},
+            "anonymous": {"enabled": false},
+            "webhook": {"enabled": true},
+        },
+        "authorization": {"mode": "Webhook"},
+        "clusterDNS": args.cluster_dns.iter().map(|ip| ip.to_string()).collect::<Vec<_>>(),
+        "clusterDomain": args.cluster_domain,
+        "resolvConf": args.resolv_conf.display().to_string(),
+        "maxPods": args.max_pods,
+        "allowedUnsafeSysctls": args.allowed_unsafe_sysctls,
+        "systemReserved": reserved(args.system_reserved),
+        "kubeReserved": reserved(args.kube_reserved),
+        "cgroupRoot": args.cgroup_root,
+        "cgroupDriver": "cgroupfs",
+        "seccompDefault": args.seccomp_default,
+        "podLogsDir": config.pod_log_dir.display().to_string(),
+        "podCIDR": args.pod_cidr,
+        "crashLoopBackOff": {
+            "maxContainerRestartPeriod": go_duration(args.max_container_restart_period),
+        },
+    });
+    drop_nulls(&mut config);
+    config
+}
+
+/// Omits unset fields (Go's `omitempty`).
+fn drop_nulls(value: &mut Value) {
+    if let Value::Object(map) = value {
+        map.retain(|_, v| !v.is_null());
+        map.values_mut().for_each(drop_nulls);
+    }
+}
+
+/// A duration as Go's `time.Duration.String` writes it (`1m0s`, `500ms`).
+fn go_duration(d: Duration) -> String {
+    if d.is_zero() {
+        return "0s".into();
+    }
+    if d < Duration::from_secs(1) {
+        return format!("{}ms", d.as_millis());
+    }
+    let secs = d.as_secs();
+    let (h, m) = (secs / 3600, secs / 60 % 60);
+    let mut s = format!("{}", secs % 60);
+    let millis = d.subsec_millis();
+    if millis != 0 {
+        s = format!("{s}.{millis:03}").trim_end_matches('0').to_owned();
+    }
+    match (h, m) {
+        (0, 0) => format!("{s}s"),
+        (0, m) => format!("{m}m{s}s"),
+        (h, m) => format!("{h}h{m}m{s}s"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{CommandFactory, FromArgMatches};
+
+    #[derive(clap::Parser)]
+    struct Wrapper {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    /// `ironlet run <flags>` with `text` as the config file.
+    fn run_with(text: &str, flags: &[&str]) -> anyhow::Result<RunArgs> {
+        let dir = tempfile::tempdir()?;
+        let file = dir.path().join("config.yaml");
+        std::fs::write(&file, text)?;
+        let file = file.display().to_string();
+        let argv = ["ironlet", "--config", &file]
+            .into_iter()
+            .chain(flags.iter().copied());
+        let matches = Wrapper::command().try_get_matches_from(argv)?;
+        let mut args = Wrapper::from_arg_matches(&matches)?.run;
+        apply_file(&mut args, &matches)?;
+        Ok(args)
+    }
+
+    const HEAD: &str = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n";
+
+    #[test]
+    fn file_values_apply_and_command_line_flags_win() -> anyhow::Result<()> {
+        let text = format!(
+            "{HEAD}staticPodPath: /etc/kubernetes/manifests\nport: 10350\nmaxPods: 42\n\
+             syncFrequency: 1m30s\nclusterDNS: [10.96.0.10]\nclusterDomain: cluster.local\n\
+             systemReserved: {{cpu: 200m, memory: 100Mi}}\n\
+             authentication: {{x509: {{clientCAFile: /etc/ca.crt}}, anonymous: {{enabled: false}}}}\n\
+             crashLoopBackOff: {{maxContainerRestartPeriod: 10s}}\n\
+             allowedUnsafeSysctls: [kernel.msg*, net.core.somaxconn]\n"
+        );
+        let args = run_with(&text, &["--max-pods", "7", "--cluster-domain=example.org"])?;
+        assert_eq!(
+            args.allowed_unsafe_sysctls,
+            ["kernel.msg*", "net.core.somaxconn"],
+            "allowedUnsafeSysctls from the file"
+        );
+        assert_eq!(
+            args.pod_manifest_path.as_deref(),
+            Some(Path::new("/etc/kubernetes/manifests"))
+        );
+        assert_eq!(args.port, 10350);
+        assert_eq!(args.max_pods, 7, "the flag wins over maxPods");
+        assert_eq!(args.cluster_domain, "example.org", "the flag wins");
+        assert_eq!(args.sync_frequency, Duration::from_secs(90));
+        assert_eq!(args.cluster_dns, vec!["10.96.0.10".parse::<IpAddr>()?]);
+        assert_eq!(
+            args.client_ca_file.as_deref(),
+            Some(Path::new("/etc/ca.crt"))
+        );
+        assert!(matches!(
+            args.system_reserved,
+            Some(Reserved {
+                cpu_milli: 200,
+                memory_bytes: 104857600
+            })
+        ));
+        assert_eq!(args.max_container_restart_period, Duration::from_secs(10));
+        // A default not overridden by the file stays.
+        assert_eq!(args.healthz_port, 10248);
+        let node = ironlet::kubelet::KubeletConfig::new("n", "/tmp/r");
+        let configz = effective(&args, &node);
+        assert_eq!(configz["kind"], KIND);
+        assert_eq!(configz["apiVersion"], API_VERSION);
+        assert_eq!(configz["maxPods"], 7);
+        assert_eq!(configz["port"], 10350);
+        assert_eq!(configz["syncFrequency"], "1m30s");
+        assert_eq!(configz["clusterDomain"], "example.org");
+        assert!(
+            configz.get("staticPodURL").is_none(),
+            "unset fields are omitted"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn relative_paths_are_taken_from_the_file_s_directory_as_kubelet_does() -> anyhow::Result<()> {
+        let text = format!(
+            "{HEAD}staticPodPath: manifests\ntlsCertFile: /abs/cert.pem\nresolvConf: \"\"\n"
+        );
+        let args = run_with(&text, &[])?;
+        let manifests = args.pod_manifest_path.unwrap_or_default();
+        assert!(
+            manifests.is_absolute() && manifests.ends_with("manifests"),
+            "{manifests:?}"
+        );
+        let dir = args.config.as_deref().and_then(Path::parent);
+        assert_eq!(manifests.parent(), dir);
+        assert_eq!(
+            args.tls_cert_file.as_deref(),
+            Some(Path::new("/abs/cert.pem"))
+        );
+        assert_eq!(args.resolv_conf, PathBuf::new(), "empty stays empty (none)");
+        Ok(())
+    }
+
+    #[test]
+    fn json_files_are_read_too() -> anyhow::Result<()> {
+        let text = format!(
+            r#"{{"apiVersion":"{API_VERSION}","kind":"{KIND}","healthzPort":0,"seccompDefault":true}}"#
+        );
+        let args = run_with(&text, &[])?;
+        assert_eq!(args.healthz_port, 0);
+        assert!(args.seccomp_default);
+        Ok(())
+    }
+
+    #[test]
+    fn unsupported_fields_are_named() -> anyhow::Result<()> {
+        let text = format!(
+            "{HEAD}maxPods: 20\nfailSwapOn: false\nevictionHard: {{memory.available: 100Mi}}\n\
+             authentication: {{webhook: {{enabled: true, cacheTTL: 2m}}}}\n\
+             authorization: {{mode: AlwaysAllow}}\ncgroupDriver: systemd\n"
+        );
+        let config = KubeletConfiguration::parse(&text)?;
+        assert_eq!(
+            config.unsupported(),
+            vec![
+                "evictionHard",
+                "failSwapOn",
+                "authentication.webhook.cacheTTL",
+                "authorization.mode=AlwaysAllow",
+                "cgroupDriver=systemd",
+            ]
+        );
+        // A warning by default: the supported fields still apply.
+        assert_eq!(run_with(&text, &[])?.max_pods, 20);
+        let err = run_with(&text, &["--fail-on-unsupported-config"])
+            .err()
+            .map(|e| format!("{e:#}"))
+            .unwrap_or_default();
+        assert!(err.contains("failSwapOn"), "{err}");
+        assert!(err.contains("evictionHard"), "{err}");
+        assert!(err.contains("config.yaml"), "names the file: {err}");
+        Ok(())
+    }
+
+    #[test]
+    fn a_wrong_kind_or_a_malformed_file_is_an_error_naming_the_file() {
+        for text in [
+            "apiVersion: v1\nkind: Pod\n".to_owned(),
+            format!("{HEAD}port: [not a number\n"),
+            format!("{HEAD}port: 99999\n"),
+            format!("{HEAD}syncFrequency: soon\n"),
+            "- a list\n".to_owned(),
+        ] {
+            let err = run_with(&text, &[])
+                .err()
+                .map(|e| format!("{e:#}"))
+                .unwrap_or_default();
+            assert!(
+                err.contains("--config") && err.contains("config.yaml"),
+                "{text}: {err:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn durations_print_as_go_does() {
+        assert_eq!(go_duration(Duration::from_secs(60)), "1m0s");
+        assert_eq!(go_duration(Duration::from_secs(20)), "20s");
+        assert_eq!(go_duration(Duration::from_millis(1500)), "1.5s");
+        assert_eq!(go_duration(Duration::from_millis(100)), "100ms");
+        assert_eq!(go_duration(Duration::from_secs(3600 + 61)), "1h1m1s");
+    }
+}
