@@ -82,7 +82,7 @@ impl Inner {
                     let mut state = self.lock();
                     state
                         .containers
-                        .insert(id.clone(), Entry::new(rec.clone(), tx));
+                        .insert(id.clone(), Entry::new(rec.clone(), tx, true));
                     state.early_exits.remove(id.as_str())
                 };
                 self.persist(&rec);

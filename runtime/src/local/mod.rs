@@ -104,15 +104,19 @@ struct Entry {
     logs_written: watch::Sender<bool>,
     /// Raw output subscribers, registered before start.
     tap: Option<mpsc::UnboundedSender<OutputChunk>>,
+    /// Our zygote runs it (created or re-adopted here), so its exit arrives as an event;
+    /// otherwise another process's zygote does and the exit is read from its record.
+    owned: bool,
 }
 
 impl Entry {
-    fn new(record: ContainerRecord, exited: watch::Sender<bool>) -> Self {
+    fn new(record: ContainerRecord, exited: watch::Sender<bool>, owned: bool) -> Self {
         Self {
             record,
             exited,
             logs_written: watch::Sender::new(true),
             tap: None,
+            owned,
         }
     }
 }
@@ -256,11 +260,23 @@ impl LocalRuntime {
     /// another process runs too (another `ironlet ctr`): its process is watched through a
     /// pidfd and its exit read from the record that process's zygote wrote.
     pub async fn wait(&self, id: &ContainerId) -> Result<ContainerStatus, RuntimeError> {
-        if !self.inner.lock().containers.contains_key(id) {
-            return Err(not_found("container", id.as_str()));
+        let owned = {
+            let state = self.inner.lock();
+            let entry = state
+                .containers
+                .get(id)
+                .ok_or_else(|| not_found("container", id.as_str()))?;
+            entry.owned.then(|| entry.exited.subscribe())
+        };
+        match owned {
+            // Our zygote reports the exit once it has reaped and recorded it, however long
+            // its worker lingers; the sender lives as long as the entry.
+            Some(mut rx) => {
+                let _ = rx.wait_for(|exited| *exited).await;
+            }
+            // Returns at once if the entry is removed meanwhile.
+            None => while !self.inner.wait_exited(id, WAIT_ROUND).await {},
         }
-        // Returns at once if the entry is removed meanwhile.
-        while !self.inner.wait_exited(id, WAIT_ROUND).await {}
         self.inner.settle_logs(|e| e.record.id == *id).await;
         self.inner.status_of(id)
     }
@@ -345,7 +361,9 @@ impl Inner {
             }
             let exited = rec.phase.process().is_none();
             let (tx, _) = watch::channel(exited);
-            state.containers.insert(rec.id.clone(), Entry::new(rec, tx));
+            state
+                .containers
+                .insert(rec.id.clone(), Entry::new(rec, tx, false));
         }
     }
 

@@ -106,7 +106,7 @@ impl Inner {
             let (tx, _) = watch::channel(rec.phase.process().is_none());
             self.lock()
                 .containers
-                .insert(rec.id.clone(), Entry::new(rec, tx));
+                .insert(rec.id.clone(), Entry::new(rec, tx, true));
         }
         report.log_pumps = self.resume_log_pumps(hello).await;
         for rec in rollback {
