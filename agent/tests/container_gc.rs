@@ -7,6 +7,7 @@
 mod support;
 
 use std::collections::BTreeSet;
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
@@ -60,17 +61,21 @@ fn instances(agent: &Agent, name: &str) -> Vec<(String, u32)> {
     found
 }
 
-/// The attempts `<n>.log` in the container's log directory.
-fn log_files(agent: &Agent, pod: &k8s_openapi::api::core::v1::Pod, name: &str) -> BTreeSet<u32> {
-    let dir = agent
+/// The container's log directory: `<pod logs>/<ns>_<name>_<uid>/<container>`.
+fn log_dir(agent: &Agent, pod: &k8s_openapi::api::core::v1::Pod, name: &str) -> PathBuf {
+    agent
         .logs
         .join(format!(
             "default_{}_{}",
             pod.metadata.name.as_deref().unwrap_or_default(),
             pod.metadata.uid.as_deref().unwrap_or_default()
         ))
-        .join(name);
-    std::fs::read_dir(dir)
+        .join(name)
+}
+
+/// The attempts `<n>.log` in the container's log directory.
+fn log_files(agent: &Agent, pod: &k8s_openapi::api::core::v1::Pod, name: &str) -> BTreeSet<u32> {
+    std::fs::read_dir(log_dir(agent, pod, name))
         .into_iter()
         .flatten()
         .flatten()
@@ -124,13 +129,7 @@ fn dead_containers_beyond_one_per_container_are_removed_with_their_logs() {
     assert_eq!(log_files(&agent, &pod, "crash"), BTreeSet::from([3, 4]));
 
     // What `kubectl logs --previous` reads: the last terminated instance.
-    let dir = agent
-        .logs
-        .join(format!(
-            "default_crasher_{}",
-            pod.metadata.uid.as_deref().unwrap_or_default()
-        ))
-        .join("crash");
+    let dir = log_dir(&agent, &pod, "crash");
     let previous =
         ironlet::server::kubelet_api::logs::instance_file(&dir, true).expect("a previous instance");
     let text = std::fs::read_to_string(&previous).expect("previous log readable");
