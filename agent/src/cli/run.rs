@@ -597,4 +597,30 @@ mod tests {
         ));
         assert!(favor_dynmods(&["--cgroup-favor-dynmods=maybe"]).is_err());
     }
+
+    fn gc_flags(args: &[&str]) -> Result<(i64, i64, Duration), clap::Error> {
+        use clap::Parser;
+        let argv = std::iter::once("ironlet").chain(args.iter().copied());
+        Wrapper::try_parse_from(argv).map(|w| {
+            (
+                w.run.maximum_dead_containers_per_container,
+                w.run.maximum_dead_containers,
+                w.run.minimum_container_ttl_duration,
+            )
+        })
+    }
+
+    #[test]
+    fn container_gc_flags_take_kubelet_defaults_and_negative_limits() {
+        assert!(matches!(gc_flags(&[]), Ok((1, -1, d)) if d == Duration::ZERO));
+        let set = gc_flags(&[
+            "--maximum-dead-containers-per-container",
+            "-1",
+            "--maximum-dead-containers=100",
+            "--minimum-container-ttl-duration",
+            "1m",
+        ]);
+        assert!(matches!(set, Ok((-1, 100, d)) if d == Duration::from_secs(60)));
+        assert!(gc_flags(&["--maximum-dead-containers=many"]).is_err());
+    }
 }
