@@ -88,6 +88,21 @@ pub struct RunArgs {
     /// crashLoopBackOff.maxContainerRestartPeriod); at least 1s.
     #[arg(long = "max-container-restart-period", value_parser = parse_duration, default_value = "300s")]
     pub max_container_restart_period: Duration,
+    /// Dead instances kept per (pod, container name) by container garbage collection;
+    /// negative: no limit. The newest dead instance (what `kubectl logs --previous` reads)
+    /// of a pod still wanted is always kept.
+    #[arg(
+        long = "maximum-dead-containers-per-container",
+        default_value_t = 1,
+        allow_negative_numbers = true
+    )]
+    pub maximum_dead_containers_per_container: i64,
+    /// Dead containers kept on the node in all; negative: no limit.
+    #[arg(long = "maximum-dead-containers", default_value_t = -1, allow_negative_numbers = true)]
+    pub maximum_dead_containers: i64,
+    /// Minimum age (since creation) of a dead container before it may be garbage collected.
+    #[arg(long = "minimum-container-ttl-duration", value_parser = parse_duration, default_value = "0s")]
+    pub minimum_container_ttl_duration: Duration,
     /// CNI network configurations; the first by name is used. When none exists, a bridge
     /// network on --pod-cidr is written here.
     #[arg(long = "cni-conf-dir", default_value = "/etc/cni/net.d")]
@@ -300,6 +315,11 @@ fn run_agent(
         bail!("--max-container-restart-period must be at least 1s");
     }
     config.max_container_restart_period = args.max_container_restart_period;
+    config.gc_policy = ironlet::kubelet::container_gc::GcPolicy {
+        min_age: args.minimum_container_ttl_duration,
+        max_per_pod_container: args.maximum_dead_containers_per_container,
+        max_containers: args.maximum_dead_containers,
+    };
     if args.read_only_port != 0 {
         bail!("--read-only-port is not served by ironlet (unauthenticated); leave it at 0");
     }
@@ -576,5 +596,31 @@ mod tests {
             Ok(false)
         ));
         assert!(favor_dynmods(&["--cgroup-favor-dynmods=maybe"]).is_err());
+    }
+
+    fn gc_flags(args: &[&str]) -> Result<(i64, i64, Duration), clap::Error> {
+        use clap::Parser;
+        let argv = std::iter::once("ironlet").chain(args.iter().copied());
+        Wrapper::try_parse_from(argv).map(|w| {
+            (
+                w.run.maximum_dead_containers_per_container,
+                w.run.maximum_dead_containers,
+                w.run.minimum_container_ttl_duration,
+            )
+        })
+    }
+
+    #[test]
+    fn container_gc_flags_take_kubelet_defaults_and_negative_limits() {
+        assert!(matches!(gc_flags(&[]), Ok((1, -1, d)) if d == Duration::ZERO));
+        let set = gc_flags(&[
+            "--maximum-dead-containers-per-container",
+            "-1",
+            "--maximum-dead-containers=100",
+            "--minimum-container-ttl-duration",
+            "1m",
+        ]);
+        assert!(matches!(set, Ok((-1, 100, d)) if d == Duration::from_secs(60)));
+        assert!(gc_flags(&["--maximum-dead-containers=many"]).is_err());
     }
 }

@@ -42,8 +42,9 @@ pub struct KubeletConfig {
     /// `--seccomp-default`: RuntimeDefault for containers that name no profile
     /// (kubelet default false: Unconfined).
     pub seccomp_default: bool,
-    /// Dead containers kept per pod container (kubelet `--maximum-dead-containers-per-container`, 1).
-    pub max_dead_per_container: usize,
+    /// Container garbage collection (kubelet `--minimum-container-ttl-duration`,
+    /// `--maximum-dead-containers-per-container`, `--maximum-dead-containers`).
+    pub gc_policy: super::container_gc::GcPolicy,
     /// Cap of the crash-loop back-off (KubeletConfiguration
     /// `crashLoopBackOff.maxContainerRestartPeriod`, default 300 s); the first back-off is
     /// 10 s or this cap if smaller.
@@ -88,7 +89,7 @@ impl KubeletConfig {
             cgroup_options: CgroupOptions::default(),
             seccomp_default: false,
             cgroup_favor_dynmods: true,
-            max_dead_per_container: 1,
+            gc_policy: super::container_gc::GcPolicy::default(),
             max_container_restart_period: Duration::from_secs(300),
             housekeeping_period: Duration::from_secs(2),
             eviction_monitoring_period: Duration::from_secs(2),

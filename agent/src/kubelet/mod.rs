@@ -14,6 +14,7 @@
 
 pub mod config;
 pub mod container_config;
+pub mod container_gc;
 pub mod dns;
 pub mod etc_files;
 pub mod events;
@@ -485,18 +486,6 @@ impl Kubelet {
         if let Some(pod) = pod {
             self.workers
                 .update_pod(UpdatePodOptions::new(UpdateType::Sync, pod));
-        }
-    }
-
-    async fn garbage_collect(&self) {
-        let policy = ironlet_runtime::types::GcPolicy {
-            max_per_pod_container: self.config.max_dead_per_container,
-            ..Default::default()
-        };
-        match self.runtime.garbage_collect(&policy).await {
-            Ok(0) => {}
-            Ok(n) => tracing::info!(removed = n, "garbage collected dead containers"),
-            Err(err) => tracing::warn!(%err, "container garbage collection failed"),
         }
     }
 }

@@ -19,8 +19,8 @@
 //!   (restarted when they exit or fail a probe, whatever the pod's restart policy).
 //!
 //! Current behaviour: the walk needs the newest instance of each finished init container of
-//! the sandbox; the runtime's GC keeps one dead instance per name (`GcPolicy` default), which
-//! suffices. kubelet walks backwards to survive a GC that removes them all.
+//! the sandbox; container GC (`kubelet::container_gc`) never removes the newest dead instance
+//! of a container of a pod still wanted, which suffices. kubelet walks backwards to survive a GC that removes them all.
 
 use ironlet_runtime::types::{ContainerState, ContainerStatus, SandboxId};
 use k8s_openapi::api::core::v1::Container;
