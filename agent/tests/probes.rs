@@ -388,8 +388,13 @@ fn liveness_threshold(env: &Env) -> Result<()> {
         );
         let mut ready_at = None;
         let mut failed_at = None;
+        let mut unhealthy = Vec::new();
         while failed_at.is_none() {
             let update = updates.recv().await.context("the update channel closed")?;
+            if let Some(event) = &update.event {
+                unhealthy.push((event.reason(), event.message(update.kind)));
+                continue;
+            }
             match (update.kind, update.result) {
                 (ProbeKind::Readiness, ProbeResult::Success) => ready_at = Some(started.elapsed()),
                 (ProbeKind::Liveness, ProbeResult::Failure) => failed_at = Some(started.elapsed()),
@@ -403,6 +408,14 @@ fn liveness_threshold(env: &Env) -> Result<()> {
         ensure!(
             failed_at >= Duration::from_millis(1900) && failed_at < Duration::from_millis(3500),
             "liveness failed after {failed_at:?}"
+        );
+        ensure!(
+            unhealthy.len() == 3
+                && unhealthy
+                    .iter()
+                    .all(|(reason, message)| *reason == "Unhealthy"
+                        && message.starts_with("Liveness probe failed: ")),
+            "not one Unhealthy event per failed liveness run: {unhealthy:?}"
         );
         ensure!(manager.liveness_failed(uid, "live", &pod.container));
         ensure!(manager.restart_reason(uid, "live", &pod.container) == Some(ProbeKind::Liveness));

@@ -738,3 +738,43 @@ spec:
     assert!(size <= 2 << 20, "wrote {size} bytes into a 2Mi tmpfs");
     assert!(size > 0, "nothing written: {lines:?}");
 }
+
+#[test]
+fn a_failing_readiness_probe_records_an_unhealthy_event_with_its_output() {
+    if !support::is_root() {
+        return;
+    }
+    let agent = Agent::start();
+    // The output (`not-ready-2`) is not in the command's text, so the event shows it.
+    agent.write_manifest(
+        "unready.yaml",
+        r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: unready}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: app
+    image: busybox
+    command: [sleep, "3600"]
+    readinessProbe:
+      exec: {command: [sh, -c, "echo not-ready-$((1+1)); exit 1"]}
+      periodSeconds: 1
+"#,
+    );
+    agent.wait_until(
+        "an Unhealthy event for the readiness probe",
+        Duration::from_secs(30),
+        |a| {
+            a.log().lines().any(|l| {
+                l.contains("Unhealthy")
+                    && l.contains("Readiness probe failed: ")
+                    && l.contains("not-ready-2")
+            })
+        },
+    );
+    let pod = agent.pod("unready").expect("the pod is listed");
+    assert_eq!(phase(&pod), "Running");
+    assert_eq!(condition(&pod, "Ready").as_deref(), Some("False"));
+}
