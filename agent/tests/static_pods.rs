@@ -778,3 +778,46 @@ spec:
     assert_eq!(phase(&pod), "Running");
     assert_eq!(condition(&pod, "Ready").as_deref(), Some("False"));
 }
+
+#[test]
+fn pod_sysctls_are_set_in_the_pods_namespaces_and_not_on_the_host() {
+    if !support::is_root() {
+        return;
+    }
+    let host_file = "/proc/sys/kernel/shm_rmid_forced";
+    let host_before = std::fs::read_to_string(host_file).expect("read the host's sysctl");
+    // Each value differs from the host's, so reading it back proves it was set.
+    let wanted = if host_before.trim() == "1" { "0" } else { "1" };
+    let agent = Agent::start();
+    agent.write_manifest(
+        "sysctl.yaml",
+        &format!(
+            r#"
+apiVersion: v1
+kind: Pod
+metadata: {{name: sysctl}}
+spec:
+  restartPolicy: Never
+  securityContext:
+    sysctls: [{{name: kernel.shm_rmid_forced, value: "{wanted}"}}]
+  containers:
+  - name: read
+    image: busybox
+    command: [sh, -c, "tr -d '\\n' < {host_file} > /dev/termination-log"]
+"#
+        ),
+    );
+    let pod = agent.wait_pod("sysctl", "Succeeded", Duration::from_secs(30), |p| {
+        phase(p) == "Succeeded"
+    });
+    let message = container_status(&pod, "read")
+        .and_then(|c| c.state.as_ref())
+        .and_then(|s| s.terminated.as_ref())
+        .and_then(|t| t.message.clone());
+    assert_eq!(message.as_deref(), Some(wanted), "the value inside the pod");
+    assert_eq!(
+        std::fs::read_to_string(host_file).expect("read the host's sysctl"),
+        host_before,
+        "the host's value changed"
+    );
+}
