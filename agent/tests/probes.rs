@@ -72,7 +72,7 @@ fn main() {
             tcp_socket_both_ways,
         ),
         (
-            "exec_succeeds_on_exit_zero_and_fails_with_the_exit_code_otherwise",
+            "exec_succeeds_on_exit_zero_and_fails_with_its_output_otherwise",
             exec_both_ways,
         ),
         (
@@ -290,8 +290,8 @@ fn exec_both_ways(env: &Env) -> Result<()> {
         ensure!(ok == ProbeOutcome::Success, "true: {ok:?}");
         let failed = probe(env, &pod, &exec(&["sh", "-c", "echo sick; exit 3"])).await;
         ensure!(
-            matches!(&failed, ProbeOutcome::Failure(m) if m.contains("exited with 3") && m.contains("sick")),
-            "exit 3: {failed:?}"
+            failed == ProbeOutcome::Failure("sick\n".into()),
+            "exit 3 fails with the output as kubelet's exec prober: {failed:?}"
         );
         cleanup(env, &pod).await
     })
