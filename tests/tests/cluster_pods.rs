@@ -697,25 +697,21 @@ fn readiness_unhealthy_event(env: &Env) -> Result<()> {
         let client = admin(env).await?;
         let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
         let events: Api<Event> = Api::namespaced(client, "default");
-        let pod: Pod = serde_json::from_value(json!({
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": { "name": "unready", "namespace": "default" },
-            "spec": {
-                "nodeName": env.agent.node_name,
-                "terminationGracePeriodSeconds": 1,
-                "containers": [{
-                    "name": "main",
-                    "image": "busybox",
-                    "imagePullPolicy": "Never",
-                    "command": ["sleep", "3608"],
-                    "readinessProbe": {
-                        "exec": { "command": ["sh", "-c", "echo not-ready-$((1+1)); exit 1"] },
-                        "periodSeconds": 1,
-                    },
-                }],
-            },
-        }))?;
+        let mut pod = busybox_pod(
+            "unready",
+            &env.agent.node_name,
+            &["sleep", "3608"],
+            "Always",
+        )?;
+        let main = pod
+            .spec
+            .as_mut()
+            .and_then(|s| s.containers.first_mut())
+            .context("the pod has its container")?;
+        main.readiness_probe = Some(serde_json::from_value(json!({
+            "exec": { "command": ["sh", "-c", "echo not-ready-$((1+1)); exit 1"] },
+            "periodSeconds": 1,
+        }))?);
         create(&pods, &pod).await?;
         let event = event_about(&events, "unready", "an Unhealthy event", |e| {
             e.reason.as_deref() == Some("Unhealthy")
