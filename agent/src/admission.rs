@@ -43,7 +43,10 @@ use crate::qos::{pod_requests, ResourceAmounts, ResourceError};
 
 pub use affinity::matches_node;
 pub use ports::{host_ports, HostPort};
-pub use sysctls::{SysctlAllowlist, SysctlNamespace, SysctlPatternError, SAFE_SYSCTLS};
+pub use sysctls::{
+    normalize as normalize_sysctl, SysctlAllowlist, SysctlNamespace, SysctlPatternError,
+    SAFE_SYSCTLS,
+};
 
 /// What the node offers pods (the cgroups crate computes it from capacity minus reservations).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

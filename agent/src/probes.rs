@@ -125,6 +125,49 @@ impl ProbeOutcome {
     }
 }
 
+/// One probe run that kubelet records as an event on the pod (`recordContainerEvent` in
+/// kubelet's `prober.probe`): every failed or errored run, not only the one that reaches
+/// the failure threshold, and every run that succeeded with a warning.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProbeEvent {
+    /// The run succeeded with a warning: `ProbeWarning`.
+    Warning(String),
+    /// The run failed: `Unhealthy`, `<Kind> probe failed: <output>`.
+    Failed(String),
+    /// The probe could not be run: `Unhealthy`,
+    /// `<Kind> probe errored and resulted in unknown state: <err>`.
+    Errored(String),
+}
+
+impl ProbeEvent {
+    /// The event a run's outcome asks for; none for a plain success.
+    pub fn of(outcome: &ProbeOutcome) -> Option<Self> {
+        match outcome {
+            ProbeOutcome::Success => None,
+            ProbeOutcome::Warning(m) => Some(Self::Warning(m.clone())),
+            ProbeOutcome::Failure(m) => Some(Self::Failed(m.clone())),
+            ProbeOutcome::Unknown(m) => Some(Self::Errored(m.clone())),
+        }
+    }
+
+    /// The event's reason, as kubelet spells it.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Warning(_) => crate::kubelet::events::reason::PROBE_WARNING,
+            Self::Failed(_) | Self::Errored(_) => crate::kubelet::events::reason::UNHEALTHY,
+        }
+    }
+
+    /// The event's message for a probe of `kind`, as kubelet writes it.
+    pub fn message(&self, kind: ProbeKind) -> String {
+        match self {
+            Self::Warning(m) => format!("{kind} probe warning: {m}"),
+            Self::Failed(m) => format!("{kind} probe failed: {m}"),
+            Self::Errored(m) => format!("{kind} probe errored and resulted in unknown state: {m}"),
+        }
+    }
+}
+
 /// How a pod is reached over the network.
 ///
 /// - `ip` set: connect from the host's namespace to the IP (or the action's host).

@@ -72,7 +72,7 @@ fn main() {
             tcp_socket_both_ways,
         ),
         (
-            "exec_succeeds_on_exit_zero_and_fails_with_the_exit_code_otherwise",
+            "exec_succeeds_on_exit_zero_and_fails_with_its_output_otherwise",
             exec_both_ways,
         ),
         (
@@ -290,8 +290,8 @@ fn exec_both_ways(env: &Env) -> Result<()> {
         ensure!(ok == ProbeOutcome::Success, "true: {ok:?}");
         let failed = probe(env, &pod, &exec(&["sh", "-c", "echo sick; exit 3"])).await;
         ensure!(
-            matches!(&failed, ProbeOutcome::Failure(m) if m.contains("exited with 3") && m.contains("sick")),
-            "exit 3: {failed:?}"
+            failed == ProbeOutcome::Failure("sick\n".into()),
+            "exit 3 fails with the output as kubelet's exec prober: {failed:?}"
         );
         cleanup(env, &pod).await
     })
@@ -388,8 +388,13 @@ fn liveness_threshold(env: &Env) -> Result<()> {
         );
         let mut ready_at = None;
         let mut failed_at = None;
+        let mut unhealthy = Vec::new();
         while failed_at.is_none() {
             let update = updates.recv().await.context("the update channel closed")?;
+            if let Some(event) = &update.event {
+                unhealthy.push((event.reason(), event.message(update.kind)));
+                continue;
+            }
             match (update.kind, update.result) {
                 (ProbeKind::Readiness, ProbeResult::Success) => ready_at = Some(started.elapsed()),
                 (ProbeKind::Liveness, ProbeResult::Failure) => failed_at = Some(started.elapsed()),
@@ -403,6 +408,14 @@ fn liveness_threshold(env: &Env) -> Result<()> {
         ensure!(
             failed_at >= Duration::from_millis(1900) && failed_at < Duration::from_millis(3500),
             "liveness failed after {failed_at:?}"
+        );
+        ensure!(
+            unhealthy.len() == 3
+                && unhealthy
+                    .iter()
+                    .all(|(reason, message)| *reason == "Unhealthy"
+                        && message.starts_with("Liveness probe failed: ")),
+            "not one Unhealthy event per failed liveness run: {unhealthy:?}"
         );
         ensure!(manager.liveness_failed(uid, "live", &pod.container));
         ensure!(manager.restart_reason(uid, "live", &pod.container) == Some(ProbeKind::Liveness));

@@ -738,3 +738,86 @@ spec:
     assert!(size <= 2 << 20, "wrote {size} bytes into a 2Mi tmpfs");
     assert!(size > 0, "nothing written: {lines:?}");
 }
+
+#[test]
+fn a_failing_readiness_probe_records_an_unhealthy_event_with_its_output() {
+    if !support::is_root() {
+        return;
+    }
+    let agent = Agent::start();
+    // The output (`not-ready-2`) is not in the command's text, so the event shows it.
+    agent.write_manifest(
+        "unready.yaml",
+        r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: unready}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: app
+    image: busybox
+    command: [sleep, "3600"]
+    readinessProbe:
+      exec: {command: [sh, -c, "echo not-ready-$((1+1)); exit 1"]}
+      periodSeconds: 1
+"#,
+    );
+    agent.wait_until(
+        "an Unhealthy event for the readiness probe",
+        Duration::from_secs(30),
+        |a| {
+            a.log().lines().any(|l| {
+                l.contains("Unhealthy")
+                    && l.contains("Readiness probe failed: ")
+                    && l.contains("not-ready-2")
+            })
+        },
+    );
+    let pod = agent.pod("unready").expect("the pod is listed");
+    assert_eq!(phase(&pod), "Running");
+    assert_eq!(condition(&pod, "Ready").as_deref(), Some("False"));
+}
+
+#[test]
+fn pod_sysctls_are_set_in_the_pods_namespaces_and_not_on_the_host() {
+    if !support::is_root() {
+        return;
+    }
+    let host_file = "/proc/sys/kernel/shm_rmid_forced";
+    let host_before = std::fs::read_to_string(host_file).expect("read the host's sysctl");
+    // Each value differs from the host's, so reading it back proves it was set.
+    let wanted = if host_before.trim() == "1" { "0" } else { "1" };
+    let agent = Agent::start();
+    agent.write_manifest(
+        "sysctl.yaml",
+        &format!(
+            r#"
+apiVersion: v1
+kind: Pod
+metadata: {{name: sysctl}}
+spec:
+  restartPolicy: Never
+  securityContext:
+    sysctls: [{{name: kernel.shm_rmid_forced, value: "{wanted}"}}]
+  containers:
+  - name: read
+    image: busybox
+    command: [sh, -c, "tr -d '\\n' < {host_file} > /dev/termination-log"]
+"#
+        ),
+    );
+    let pod = agent.wait_pod("sysctl", "Succeeded", Duration::from_secs(30), |p| {
+        phase(p) == "Succeeded"
+    });
+    let message = container_status(&pod, "read")
+        .and_then(|c| c.state.as_ref())
+        .and_then(|s| s.terminated.as_ref())
+        .and_then(|t| t.message.clone());
+    assert_eq!(message.as_deref(), Some(wanted), "the value inside the pod");
+    assert_eq!(
+        std::fs::read_to_string(host_file).expect("read the host's sysctl"),
+        host_before,
+        "the host's value changed"
+    );
+}

@@ -176,6 +176,11 @@ pub struct ContainerConfig {
     pub labels: BTreeMap<String, String>,
     /// Free-form; the agent stores its container spec hash here (`io.kubernetes.container.hash`).
     pub annotations: BTreeMap<String, String>,
+    /// Namespaced sysctls (dot-separated names) written into the container's namespaces as it
+    /// starts: the pod's `securityContext.sysctls`, which containerd copies from CRI's
+    /// `LinuxPodSandboxConfig.sysctls` into every container's `linux.sysctl`.
+    #[serde(default)]
+    pub sysctls: BTreeMap<String, String>,
 }
 
 /// The life-cycle state of a container, as kubecontainer's `State`.

@@ -69,6 +69,10 @@ const TESTS: &[(&str, TestFn)] = &[
         "a_pod_filling_its_empty_dir_beyond_its_size_limit_is_evicted",
         empty_dir_eviction,
     ),
+    (
+        "a_failing_readiness_probe_gets_a_warning_unhealthy_event_with_its_output",
+        readiness_unhealthy_event,
+    ),
 ];
 
 const OUTAGE_TEST: &str =
@@ -683,6 +687,55 @@ fn apiserver_outage(env: &Env) -> Result<()> {
             wait_gone(&pods, name, Duration::from_secs(30)).await?;
         }
         Ok(())
+    })
+}
+
+/// A readiness probe that fails gets kubelet's Warning `Unhealthy` event in the API,
+/// `Readiness probe failed: ` followed by the command's output; the pod stays not ready.
+fn readiness_unhealthy_event(env: &Env) -> Result<()> {
+    block_on(async {
+        let client = admin(env).await?;
+        let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+        let events: Api<Event> = Api::namespaced(client, "default");
+        let mut pod = busybox_pod(
+            "unready",
+            &env.agent.node_name,
+            &["sleep", "3608"],
+            "Always",
+        )?;
+        let main = pod
+            .spec
+            .as_mut()
+            .and_then(|s| s.containers.first_mut())
+            .context("the pod has its container")?;
+        main.readiness_probe = Some(serde_json::from_value(json!({
+            "exec": { "command": ["sh", "-c", "echo not-ready-$((1+1)); exit 1"] },
+            "periodSeconds": 1,
+        }))?);
+        create(&pods, &pod).await?;
+        let event = event_about(&events, "unready", "an Unhealthy event", |e| {
+            e.reason.as_deref() == Some("Unhealthy")
+        })
+        .await?;
+        anyhow::ensure!(
+            event.type_.as_deref() == Some("Warning")
+                && event.message.as_deref() == Some("Readiness probe failed: not-ready-2\n"),
+            "event {:?} {:?}",
+            event.type_,
+            event.message
+        );
+        let running = pods.get("unready").await?;
+        let ready = running
+            .status
+            .and_then(|s| s.conditions)
+            .into_iter()
+            .flatten()
+            .find(|c| c.type_ == "Ready")
+            .map(|c| c.status);
+        anyhow::ensure!(ready.as_deref() == Some("False"), "Ready {ready:?}");
+        pods.delete("unready", &DeleteParams::default().grace_period(1))
+            .await?;
+        wait_gone(&pods, "unready", Duration::from_secs(30)).await
     })
 }
 

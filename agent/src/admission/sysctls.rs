@@ -139,18 +139,43 @@ fn host_error(name: &str, ns: SysctlNamespace) -> String {
     format!("{name:?} not allowed with host {} enabled", ns.as_str())
 }
 
-/// `net/ipv4/ip_forward` → `net.ipv4.ip_forward` (a name that already has dots keeps them).
-fn normalize(name: &str) -> String {
-    if name.contains('.') {
-        name.to_owned()
-    } else {
-        name.replace('/', ".")
+/// kubelet's `ConvertSysctlVariableToDotsSeparator`: a name whose first separator is `/`
+/// has its `/` and `.` swapped (`net/ipv4/conf/eno2.100/rp_filter` →
+/// `net.ipv4.conf.eno2/100.rp_filter`); a dot-separated name is kept as it is.
+pub fn normalize(name: &str) -> String {
+    match name.find(['.', '/']) {
+        Some(i) if name.as_bytes().get(i) == Some(&b'/') => name
+            .chars()
+            .map(|c| match c {
+                '.' => '/',
+                '/' => '.',
+                c => c,
+            })
+            .collect(),
+        _ => name.to_owned(),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn slash_separated_names_become_dot_separated_as_kubelet_converts_them() {
+        assert_eq!(normalize("net/ipv4/ip_forward"), "net.ipv4.ip_forward");
+        assert_eq!(
+            normalize("net/ipv4/conf/eno2.100/rp_filter"),
+            "net.ipv4.conf.eno2/100.rp_filter"
+        );
+        assert_eq!(
+            normalize("net.ipv4.conf.eno2/100.rp_filter"),
+            "net.ipv4.conf.eno2/100.rp_filter"
+        );
+        assert_eq!(
+            normalize("kernel.shm_rmid_forced"),
+            "kernel.shm_rmid_forced"
+        );
+    }
 
     #[test]
     fn safe_sysctls_pass_and_unsafe_ones_are_not_allowlisted() {

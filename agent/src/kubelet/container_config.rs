@@ -2,7 +2,7 @@
 //! `$(VAR)` expansion, environment, mounts, cgroup resources, OOM score, security context,
 //! log path and the kubelet labels the pod workers read back.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use ironlet_cgroups::{CgroupOptions, QosClass};
 use ironlet_runtime::types::{
@@ -23,8 +23,8 @@ pub struct ContainerInputs<'a> {
     pub attempt: u32,
     pub env: Vec<(String, String)>,
     pub mounts: Vec<Mount>,
-    pub labels: std::collections::BTreeMap<String, String>,
-    pub annotations: std::collections::BTreeMap<String, String>,
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
     pub qos: QosClass,
     pub node_memory_bytes: u64,
     pub cgroup_options: &'a CgroupOptions,
@@ -85,7 +85,21 @@ pub fn container_config(inputs: ContainerInputs<'_>) -> Result<ContainerConfig, 
         log_path: format!("{}/{attempt}.log", container.name).into(),
         labels,
         annotations,
+        sysctls: pod_sysctls(pod),
     })
+}
+
+/// The pod's `securityContext.sysctls`, dot-separated as kubelet hands them to the runtime
+/// (admission has already refused the pods whose sysctls this node does not allow).
+fn pod_sysctls(pod: &Pod) -> BTreeMap<String, String> {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.security_context.as_ref())
+        .and_then(|s| s.sysctls.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|s| (crate::admission::normalize_sysctl(&s.name), s.value.clone()))
+        .collect()
 }
 
 /// kubelet's `GetContainerOOMScoreAdjust`.
@@ -196,6 +210,28 @@ mod tests {
             std::path::Path::new("/"),
         );
         assert_eq!(config.supplemental_groups, vec![1001, 5, 6]);
+    }
+
+    #[test]
+    fn pod_sysctls_are_handed_to_the_runtime_dot_separated() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "spec": {"containers": [], "securityContext": {"sysctls": [
+                {"name": "kernel.shm_rmid_forced", "value": "1"},
+                {"name": "net/ipv4/ip_unprivileged_port_start", "value": "80"},
+            ]}}
+        }))
+        .expect("pod");
+        assert_eq!(
+            pod_sysctls(&pod),
+            BTreeMap::from([
+                ("kernel.shm_rmid_forced".to_owned(), "1".to_owned()),
+                (
+                    "net.ipv4.ip_unprivileged_port_start".to_owned(),
+                    "80".to_owned()
+                ),
+            ])
+        );
+        assert!(pod_sysctls(&Pod::default()).is_empty());
     }
 
     #[test]

@@ -464,16 +464,17 @@ impl Kubelet {
     }
 
     /// Asks the worker of a known pod to sync.
-    /// A probe result changed (sync the pod) or a probe warned (kubelet's `ProbeWarning`
-    /// event: `Liveness probe warning: Probe terminated redirects, …`).
+    /// A probe result changed (sync the pod) or a probe run asks for an event (kubelet's
+    /// `Unhealthy`: `Readiness probe failed: …`; `ProbeWarning`: `Liveness probe warning:
+    /// Probe terminated redirects, …`).
     fn on_probe_update(&self, update: &crate::probes::ProbeUpdate) {
-        if let Some(warning) = &update.warning {
+        if let Some(event) = &update.event {
             if let Some(pod) = self.lock_manager().pod_by_uid(&update.pod_uid) {
                 self.syncer.events.event(
                     &pod,
                     events::EventType::Warning,
-                    events::reason::PROBE_WARNING,
-                    format!("{} probe warning: {warning}", update.kind),
+                    event.reason(),
+                    event.message(update.kind),
                 );
             }
             return;

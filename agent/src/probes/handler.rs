@@ -21,7 +21,8 @@ const MAX_MESSAGE: usize = 10 * 1024;
 
 /// Runs `action` once against `target`.
 ///
-/// - exec: `exit 0` is success, another exit code a failure carrying the output.
+/// - exec: `exit 0` is success, another exit code a failure whose message is the command's
+///   output, as kubelet's exec prober (`Readiness probe failed: <output>`).
 /// - httpGet: HTTP or HTTPS, same-host redirects followed; see the `http` module.
 /// - tcpSocket: connecting is success.
 /// - grpc: `grpc.health.v1.Health/Check` says `SERVING`; see the `grpc` module.
@@ -55,7 +56,7 @@ async fn run(
     usage: HttpUse,
 ) -> ProbeOutcome {
     match action {
-        Action::Exec { command } => exec(runtime, target, command, timeout).await,
+        Action::Exec { command } => exec(runtime, target, command, timeout, usage).await,
         Action::HttpGet(get) => http_get(target, get, timeout, usage).await,
         Action::TcpSocket { host, port } => {
             net::tcp_socket(target, host.as_deref(), port, timeout).await
@@ -81,6 +82,7 @@ async fn exec(
     target: &ProbeTarget,
     command: &[String],
     timeout: Duration,
+    usage: HttpUse,
 ) -> ProbeOutcome {
     let timed_out =
         || ProbeOutcome::Failure(format!("command {command:?} timed out after {timeout:?}"));
@@ -94,11 +96,18 @@ async fn exec(
             output.extend_from_slice(&out.stderr);
             output.truncate(MAX_MESSAGE);
             let output = String::from_utf8_lossy(&output);
-            ProbeOutcome::Failure(format!(
-                "command {command:?} exited with {}: {}",
-                out.exit_code,
-                output.trim_end()
-            ))
+            match usage {
+                // A hook's failure event names the command and its exit code too.
+                HttpUse::Hook => ProbeOutcome::Failure(format!(
+                    "command {command:?} exited with {}: {}",
+                    out.exit_code,
+                    output.trim_end()
+                )),
+                HttpUse::Probe => {
+                    tracing::debug!(?command, exit_code = out.exit_code, "exec probe failed");
+                    ProbeOutcome::Failure(output.into_owned())
+                }
+            }
         }
     }
 }

@@ -40,7 +40,8 @@ const MAX_HEAD: usize = 16 * 1024;
 /// Go's default client (and kubelet's redirect checker): at most 10 redirects.
 const MAX_REDIRECTS: usize = 10;
 
-/// Who asks: a probe judges the final status, a lifecycle hook does not.
+/// Who asks: a probe judges the final HTTP status and fails an exec with its bare output
+/// (kubelet's probers); a lifecycle hook does neither.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum HttpUse {
     Probe,

@@ -29,9 +29,9 @@ use super::counts::{Counted, ProbeCounts, Series};
 use super::results::{ResultKey, ResultStore, Slot};
 use super::spec::ProbeSpec;
 use super::worker::{RunProbe, RuntimeProber, Worker};
-use super::{ProbeKind, ProbeNetwork, ProbeResult, ProbeTarget};
+use super::{ProbeEvent, ProbeKind, ProbeNetwork, ProbeResult, ProbeTarget};
 
-/// A published probe result changed.
+/// A published probe result changed, or a probe run asks for an event.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProbeUpdate {
     pub pod_uid: String,
@@ -41,9 +41,10 @@ pub struct ProbeUpdate {
     pub result: ProbeResult,
     /// The failure message of the probe run that decided a Failure.
     pub message: Option<String>,
-    /// Set on an update sent for a run that succeeded with a warning (kubelet's
-    /// `ProbeWarning` event), whether or not the result changed.
-    pub warning: Option<String>,
+    /// Set on an update sent for one probe run that kubelet records as an event on the
+    /// pod (`Unhealthy`, `ProbeWarning`); such an update says nothing about the published
+    /// result, which arrives in an update of its own when it changes.
+    pub event: Option<ProbeEvent>,
 }
 
 /// A running container as the pod worker sees it.

@@ -32,7 +32,7 @@ use super::handler::run_handler;
 use super::manager::ProbeUpdate;
 use super::results::{ResultKey, ResultStore};
 use super::spec::ProbeSpec;
-use super::{ProbeKind, ProbeOutcome, ProbeResult, ProbeTarget};
+use super::{ProbeEvent, ProbeKind, ProbeOutcome, ProbeResult, ProbeTarget};
 
 pub(crate) type ProbeFuture<'a> = Pin<Box<dyn Future<Output = ProbeOutcome> + Send + 'a>>;
 
@@ -165,12 +165,13 @@ impl Worker {
                 "probe ran"
             );
             self.counted.record(&outcome);
+            // As kubelet, the run's event comes before the result it may publish.
+            if let Some(event) = ProbeEvent::of(&outcome) {
+                self.record(event, &outcome);
+            }
             let (publish, next) = step(&self.spec, state, &outcome);
             if let Some(result) = publish {
                 self.publish(result, &outcome);
-            }
-            if let ProbeOutcome::Warning(warning) = &outcome {
-                self.warn(warning);
             }
             state = match next {
                 State::Done => return,
@@ -207,21 +208,26 @@ impl Worker {
             kind: self.spec.kind,
             result,
             message,
-            warning: None,
+            event: None,
         });
     }
 
-    /// Reports a run that succeeded with a warning, for the `ProbeWarning` event.
-    fn warn(&self, warning: &str) {
+    /// Reports a run that kubelet records as an event (`Unhealthy`, `ProbeWarning`).
+    fn record(&self, event: ProbeEvent, outcome: &ProbeOutcome) {
+        let result = if outcome.is_success() {
+            ProbeResult::Success
+        } else {
+            ProbeResult::Failure
+        };
         // The receiver is gone only when the agent is shutting down.
         let _ = self.updates.send(ProbeUpdate {
             pod_uid: self.key.pod_uid.clone(),
             container_name: self.key.container.clone(),
             container_id: self.id.clone(),
             kind: self.spec.kind,
-            result: ProbeResult::Success,
-            message: None,
-            warning: Some(warning.to_owned()),
+            result,
+            message: outcome.message().map(str::to_owned),
+            event: Some(event),
         });
     }
 }
@@ -328,6 +334,50 @@ mod tests {
     }
 
     #[test]
+    fn events_carry_kubelets_reasons_and_messages() {
+        let http = ProbeOutcome::Failure("HTTP probe failed with statuscode: 500".into());
+        let event = ProbeEvent::of(&http).expect("a failure is an event");
+        assert_eq!(
+            (event.reason(), event.message(ProbeKind::Liveness).as_str()),
+            (
+                "Unhealthy",
+                "Liveness probe failed: HTTP probe failed with statuscode: 500"
+            )
+        );
+        let exec = ProbeEvent::of(&ProbeOutcome::Failure("not ready\n".into()))
+            .expect("a failure is an event");
+        assert_eq!(
+            exec.message(ProbeKind::Readiness),
+            "Readiness probe failed: not ready\n"
+        );
+        let errored = ProbeEvent::of(&ProbeOutcome::Unknown("no such port".into()))
+            .expect("an error is an event");
+        assert_eq!(
+            (
+                errored.reason(),
+                errored.message(ProbeKind::Startup).as_str()
+            ),
+            (
+                "Unhealthy",
+                "Startup probe errored and resulted in unknown state: no such port"
+            )
+        );
+        let warned = ProbeEvent::of(&ProbeOutcome::Warning("Probe terminated redirects".into()))
+            .expect("a warning is an event");
+        assert_eq!(
+            (
+                warned.reason(),
+                warned.message(ProbeKind::Liveness).as_str()
+            ),
+            (
+                "ProbeWarning",
+                "Liveness probe warning: Probe terminated redirects"
+            )
+        );
+        assert_eq!(ProbeEvent::of(&ProbeOutcome::Success), None);
+    }
+
+    #[test]
     fn liveness_publishes_failure_on_the_third_consecutive_failure_and_stops() {
         let spec = exec_spec(ProbeKind::Liveness, "l");
         let (published, state) = run_steps(&spec, &[fail(), fail(), fail()]);
@@ -417,6 +467,19 @@ mod tests {
                 tx,
                 id: ContainerId::random(),
             }
+        }
+
+        /// The updates sent so far: published results, and the events of probe runs.
+        fn drain(&mut self) -> (Vec<ProbeUpdate>, Vec<ProbeEvent>) {
+            let mut published = Vec::new();
+            let mut events = Vec::new();
+            while let Ok(update) = self.updates.try_recv() {
+                match update.event {
+                    Some(event) => events.push(event),
+                    None => published.push(update),
+                }
+            }
+            (published, events)
         }
 
         fn spawn(&self, spec: ProbeSpec) -> tokio::task::JoinHandle<()> {
@@ -512,10 +575,16 @@ mod tests {
         let liveness_runs = rig.prober.calls_of("l");
         assert_eq!(liveness_runs.len(), 1);
         assert_eq!((liveness_runs[0] - t0).as_secs(), 6);
-        let update = rig.updates.try_recv().expect("a startup update");
+        let (published, events) = rig.drain();
+        let update = published.first().expect("a startup update");
         assert_eq!(
             (update.kind, update.result),
             (ProbeKind::Startup, ProbeResult::Success)
+        );
+        assert_eq!(
+            events,
+            vec![ProbeEvent::Failed("boom".into()); 2],
+            "one Unhealthy per failed startup run"
         );
         assert!(startup.is_finished(), "startup kept probing after success");
         liveness.abort();
@@ -529,12 +598,36 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(10_500)).await;
         assert_eq!(rig.prober.calls_of("l").len(), 3);
         assert!(task.is_finished());
-        let update = rig.updates.try_recv().expect("a liveness update");
+        let (published, events) = rig.drain();
+        let [update] = published.as_slice() else {
+            panic!("not one liveness update: {published:?}");
+        };
         assert_eq!(
             (update.kind, update.result, update.message.as_deref()),
             (ProbeKind::Liveness, ProbeResult::Failure, Some("boom"))
         );
-        assert!(rig.updates.try_recv().is_err(), "more than one update");
+        assert_eq!(
+            events,
+            vec![ProbeEvent::Failed("boom".into()); 3],
+            "one Unhealthy per failed run"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_errored_run_is_reported_but_not_counted() {
+        let mut rig = Rig::new(true);
+        let unknown = || ProbeOutcome::Unknown("container is not running".into());
+        rig.prober.script("r", [unknown(), ProbeOutcome::Success]);
+        let task = rig.spawn(exec_spec(ProbeKind::Readiness, "r"));
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        task.abort();
+        let (published, events) = rig.drain();
+        let results: Vec<ProbeResult> = published.iter().map(|u| u.result).collect();
+        assert_eq!(results, [ProbeResult::Success]);
+        assert_eq!(
+            events,
+            [ProbeEvent::Errored("container is not running".into())]
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -545,14 +638,14 @@ mod tests {
         let task = rig.spawn(exec_spec(ProbeKind::Liveness, "l"));
         tokio::time::sleep(Duration::from_millis(1_500)).await;
         task.abort();
-        let mut warnings = Vec::new();
-        while let Ok(update) = rig.updates.try_recv() {
-            assert_eq!(update.result, ProbeResult::Success, "{update:?}");
-            warnings.extend(update.warning);
-        }
+        let (published, events) = rig.drain();
+        assert!(
+            published.iter().all(|u| u.result == ProbeResult::Success),
+            "{published:?}"
+        );
         assert_eq!(
-            warnings,
-            vec!["Probe terminated redirects".to_owned(); 2],
+            events,
+            vec![ProbeEvent::Warning("Probe terminated redirects".into()); 2],
             "one ProbeWarning per warned run"
         );
     }

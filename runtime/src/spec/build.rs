@@ -137,7 +137,13 @@ pub(crate) fn build_for_host(inputs: &SpecInputs<'_>, host: &HostFacts) -> Resul
     linux.set_masked_paths(Some(masked));
     linux.set_readonly_paths(Some(readonly));
     linux.set_seccomp(seccomp);
-    linux.set_sysctl(None);
+    linux.set_sysctl((!container.sysctls.is_empty()).then(|| {
+        container
+            .sysctls
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect::<HashMap<_, _>>()
+    }));
     linux.set_rootfs_propagation(None);
 
     let mounts = mounts::mounts(
@@ -306,6 +312,23 @@ mod tests {
             .as_ref()
             .and_then(|l| l.namespaces().as_ref())
             .is_some_and(|ns| ns.iter().any(|n| n.typ() == LinuxNamespaceType::Cgroup))
+    }
+
+    #[test]
+    fn sysctls_go_into_linux_sysctl_and_none_leaves_it_unset() {
+        let mut f = Fixture::new();
+        let sysctl = |spec: &Spec| spec.linux().as_ref().and_then(|l| l.sysctl().clone());
+        assert_eq!(sysctl(&f.build(&HostFacts::for_tests())), None);
+        f.container
+            .sysctls
+            .insert("kernel.shm_rmid_forced".into(), "1".into());
+        assert_eq!(
+            sysctl(&f.build(&HostFacts::for_tests())),
+            Some(HashMap::from([(
+                "kernel.shm_rmid_forced".to_owned(),
+                "1".to_owned()
+            )]))
+        );
     }
 
     #[test]
