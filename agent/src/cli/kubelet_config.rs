@@ -493,6 +493,27 @@ mod tests {
     }
 
     #[test]
+    fn container_log_rotation_comes_from_the_file_or_the_flags() -> anyhow::Result<()> {
+        let args = run_with(HEAD, &[])?;
+        assert_eq!(
+            (args.container_log_max_size, args.container_log_max_files),
+            (10 * 1024 * 1024, 5),
+            "kubelet's defaults"
+        );
+        let text = format!("{HEAD}containerLogMaxSize: 1Mi\ncontainerLogMaxFiles: 3\n");
+        let args = run_with(&text, &[])?;
+        assert_eq!(
+            (args.container_log_max_size, args.container_log_max_files),
+            (1024 * 1024, 3)
+        );
+        let args = run_with(&text, &["--container-log-max-files", "2"])?;
+        assert_eq!(args.container_log_max_files, 2, "the flag wins");
+        assert!(run_with(&format!("{HEAD}containerLogMaxFiles: 1\n"), &[]).is_err());
+        assert!(run_with(&format!("{HEAD}containerLogMaxSize: lots\n"), &[]).is_err());
+        Ok(())
+    }
+
+    #[test]
     fn json_files_are_read_too() -> anyhow::Result<()> {
         let text = format!(
             r#"{{"apiVersion":"{API_VERSION}","kind":"{KIND}","healthzPort":0,"seccompDefault":true}}"#
