@@ -123,6 +123,7 @@ fn setup(zygote: ironlet_runtime::zygote::ZygoteHandle) -> Result<Env> {
             rootless: false,
             default_cgroup_parent: Some(format!("/{}", cgroup_parent_name())),
             cni: None,
+            log_rotation: Default::default(),
         };
         anyhow::Ok(LocalRuntime::new(config, zygote, store).await?)
     })?;

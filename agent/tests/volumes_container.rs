@@ -160,6 +160,7 @@ async fn run_all(zygote: ironlet_runtime::zygote::ZygoteHandle, root: &Path) -> 
             rootless: false,
             default_cgroup_parent: Some(format!("/{}", cgroup_parent())),
             cni: None,
+            log_rotation: Default::default(),
         },
         zygote,
         store,

@@ -134,6 +134,7 @@ fn setup(zygote: ironlet_runtime::zygote::ZygoteHandle) -> Result<Env> {
             rootless: false,
             default_cgroup_parent: Some(format!("/ironlet-test-{}", std::process::id())),
             cni: None,
+            log_rotation: Default::default(),
         };
         anyhow::Ok(LocalRuntime::new(config, zygote, store).await?)
     })?;

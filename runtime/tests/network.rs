@@ -201,6 +201,7 @@ fn setup(zygotes: Vec<ZygoteHandle>) -> Result<Env> {
                 // its own naming (`:youki:<id>`) that nobody removes.
                 default_cgroup_parent: Some(format!("/ironlet-net-test-{}", std::process::id())),
                 cni: Some(cni),
+                log_rotation: Default::default(),
             };
             runtimes.push(LocalRuntime::new(config, zygote, store.clone()).await?);
         }

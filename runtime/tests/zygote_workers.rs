@@ -108,6 +108,7 @@ fn run(zygote: ZygoteHandle, root: &Path, cgroup_parent: &str, scenario: Scenari
             rootless: false,
             default_cgroup_parent: Some(format!("/{cgroup_parent}")),
             cni: None,
+            log_rotation: Default::default(),
         };
         let runtime = LocalRuntime::new(config, zygote, store).await?;
         match scenario {

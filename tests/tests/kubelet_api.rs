@@ -15,6 +15,10 @@
 //! `v1beta1.metrics.k8s.io` APIService, and `kubectl top pod` / `kubectl top node` show the
 //! pod's 40 MiB and the node. `/metrics/probes` counts a pod's readiness probe runs. The agent
 //! starts with `--config`: `/configz` shows a value from the file and one a flag overrode.
+//! Its `containerLogMaxSize: 1Mi` / `containerLogMaxFiles: 3` rotate the log of a pod that
+//! writes 30000 numbered lines (~4 MiB): at most 3 files are left, their lines run on without
+//! a gap or a repeat, `--tail` spans them, and a `kubectl logs -f` started before the
+//! output sees every line once.
 //!
 //! One control plane and one agent (node `e2e-kapi-<pid>`) serve every test of this binary;
 //! the tests use distinct pod names. Needs root (containers, cgroups, CNI).
@@ -46,6 +50,8 @@ impl Drop for Env {
 
 /// `maxPods` of the agent's `--config` file.
 const CONFIG_MAX_PODS: u64 = 77;
+/// `containerLogMaxFiles` of the agent's `--config` file (with `containerLogMaxSize: 1Mi`).
+const CONFIG_LOG_MAX_FILES: usize = 3;
 
 const TESTS: &[SuiteTest<Env>] = &[
     (
@@ -109,6 +115,10 @@ const TESTS: &[SuiteTest<Env>] = &[
         "configz_shows_the_config_file_s_values_and_the_flags_that_override_them",
         configz,
     ),
+    (
+        "a_log_rotated_past_container_log_max_size_keeps_max_files_and_every_line_for_a_follower",
+        logs_rotation,
+    ),
 ];
 
 const RUNNING_TIMEOUT: Duration = Duration::from_secs(60);
@@ -130,7 +140,8 @@ fn start() -> Result<Env> {
         &config,
         format!(
             "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
-             maxPods: {CONFIG_MAX_PODS}\nstaticPodPath: /nonexistent/from-config\n"
+             maxPods: {CONFIG_MAX_PODS}\nstaticPodPath: /nonexistent/from-config\n\
+             containerLogMaxSize: 1Mi\ncontainerLogMaxFiles: {CONFIG_LOG_MAX_FILES}\n"
         ),
     )
     .context("writing the agent's config file")?;
@@ -368,6 +379,103 @@ fn follower_disconnects(env: &Env) -> Result<()> {
             Ok(())
         },
     )
+}
+
+/// The numbers of the lines `text` holds (`<n> <padding>`), in order.
+fn line_numbers(text: &str) -> Result<Vec<u32>> {
+    text.lines()
+        .map(|l| {
+            l.split(' ')
+                .next()
+                .and_then(|n| n.parse().ok())
+                .with_context(|| format!("not a numbered line: {l:?}"))
+        })
+        .collect()
+}
+
+fn logs_rotation(env: &Env) -> Result<()> {
+    let name = "kapi-rotation";
+    const LINES: u32 = 30000;
+    // ~140 bytes a record, in five bursts a second apart (rotated names have a second's
+    // resolution): about four 1Mi rotations. The follower starts during the first sleep.
+    let script = "sleep 4; pad=$(printf '%090d' 0); i=1; \
+                  for b in 1 2 3 4 5; do end=$((b*6000)); \
+                  while [ $i -le $end ]; do echo \"$i $pad\"; i=$((i+1)); done; sleep 1; done";
+    with_pod(env, name, script, "Never", |pods| async move {
+        let pod = pods.get(name).await?;
+        let dir = log_file(env, &pod)?
+            .parent()
+            .context("container log dir")?
+            .to_owned();
+        let follower = env
+            .plane
+            .kubectl_command()
+            .args(["logs", "-f", name])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("starting kubectl logs -f")?;
+        let followed = follower
+            .wait_with_output()
+            .context("waiting for kubectl logs -f")?;
+        assert!(followed.status.success(), "{followed:?}");
+        let seen = line_numbers(&String::from_utf8_lossy(&followed.stdout))?;
+        let all: Vec<u32> = (1..=LINES).collect();
+        assert!(
+            seen == all,
+            "the follower saw {} lines, first {:?}, last {:?}",
+            seen.len(),
+            seen.first(),
+            seen.last()
+        );
+        // The files: at most max-files, rotated ones named <n>.log.<YYYYMMDD-HHMMSS>.
+        let mut names: Vec<String> = std::fs::read_dir(&dir)?
+            .map(|e| Ok(e?.file_name().to_string_lossy().into_owned()))
+            .collect::<Result<_>>()?;
+        names.sort_by_key(|n| (n == "0.log", n.clone()));
+        assert!(
+            (2..=CONFIG_LOG_MAX_FILES).contains(&names.len()),
+            "{names:?}"
+        );
+        assert_eq!(names.last().map(String::as_str), Some("0.log"));
+        for rotated in &names[..names.len() - 1] {
+            let suffix = rotated.strip_prefix("0.log.").unwrap_or_default();
+            assert!(
+                suffix.len() == 15 && suffix.as_bytes()[8] == b'-',
+                "{rotated}"
+            );
+        }
+        // What the files hold, oldest first: a run of lines ending with the last one.
+        let mut kept = Vec::new();
+        for file in &names {
+            let text = std::fs::read_to_string(dir.join(file))?;
+            for record in text.lines() {
+                let content = record.splitn(4, ' ').nth(3).unwrap_or_default();
+                kept.push(line_numbers(content)?.first().copied().unwrap_or(0));
+            }
+        }
+        let first = kept.first().copied().unwrap_or(0);
+        eprintln!("rotation: files {names:?}, first line kept {first}");
+        assert!(first > 1, "older rotated files were removed");
+        assert!(
+            kept == (first..=LINES).collect::<Vec<_>>(),
+            "the files' lines are not consecutive from {first} to {LINES}"
+        );
+        // kubectl logs reads them in the same order; --tail spans files.
+        let plain = line_numbers(&env.plane.kubectl(&["logs", name])?)?;
+        assert!(plain == kept, "kubectl logs differs from the files");
+        let tail_n = usize::try_from(LINES - first).unwrap_or(0) - 10;
+        let tail =
+            line_numbers(
+                &env.plane
+                    .kubectl(&["logs", name, &format!("--tail={tail_n}")])?,
+            )?;
+        assert!(
+            tail == kept[kept.len() - tail_n..],
+            "--tail={tail_n} does not span the rotated files"
+        );
+        Ok(())
+    })
 }
 
 /// The kubelet API port the Node reports.

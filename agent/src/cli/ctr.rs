@@ -168,6 +168,7 @@ fn run_here(
             default_cgroup_parent: (!rootless).then(|| "/ironlet".to_owned()),
             // One-off containers keep a loopback-only network namespace.
             cni: None,
+            log_rotation: Default::default(),
         };
         let runtime = LocalRuntime::new(config, zygote, images)
             .await

@@ -58,6 +58,8 @@ struct KubeletConfiguration {
     #[serde(rename = "podCIDR")]
     pod_cidr: Option<String>,
     crash_loop_back_off: Option<CrashLoopBackOff>,
+    container_log_max_size: Option<String>,
+    container_log_max_files: Option<i64>,
     #[serde(flatten)]
     extra: BTreeMap<String, Value>,
 }
@@ -249,6 +251,20 @@ impl KubeletConfiguration {
         set!(pod_logs_dir, self.pod_logs_dir.map(resolve).map(Some));
         set!(pod_cidr, self.pod_cidr);
         set!(
+            container_log_max_size,
+            self.container_log_max_size
+                .map(|s| super::run::parse_log_max_size(&s))
+                .transpose()
+                .map_err(|e| anyhow::anyhow!("containerLogMaxSize: {e}"))?
+        );
+        set!(
+            container_log_max_files,
+            self.container_log_max_files
+                .map(|n| super::run::parse_log_max_files(&n.to_string()))
+                .transpose()
+                .map_err(|e| anyhow::anyhow!("containerLogMaxFiles: {e}"))?
+        );
+        set!(
             max_container_restart_period,
             duration("crashLoopBackOff.maxContainerRestartPeriod", restart)?
         );
@@ -333,6 +349,8 @@ pub fn effective(args: &RunArgs, config: &ironlet::kubelet::KubeletConfig) -> Va
         "seccompDefault": args.seccomp_default,
         "podLogsDir": config.pod_log_dir.display().to_string(),
         "podCIDR": args.pod_cidr,
+        "containerLogMaxSize": args.container_log_max_size.to_string(),
+        "containerLogMaxFiles": args.container_log_max_files,
         "crashLoopBackOff": {
             "maxContainerRestartPeriod": go_duration(args.max_container_restart_period),
         },
@@ -471,6 +489,27 @@ mod tests {
             Some(Path::new("/abs/cert.pem"))
         );
         assert_eq!(args.resolv_conf, PathBuf::new(), "empty stays empty (none)");
+        Ok(())
+    }
+
+    #[test]
+    fn container_log_rotation_comes_from_the_file_or_the_flags() -> anyhow::Result<()> {
+        let args = run_with(HEAD, &[])?;
+        assert_eq!(
+            (args.container_log_max_size, args.container_log_max_files),
+            (10 * 1024 * 1024, 5),
+            "kubelet's defaults"
+        );
+        let text = format!("{HEAD}containerLogMaxSize: 1Mi\ncontainerLogMaxFiles: 3\n");
+        let args = run_with(&text, &[])?;
+        assert_eq!(
+            (args.container_log_max_size, args.container_log_max_files),
+            (1024 * 1024, 3)
+        );
+        let args = run_with(&text, &["--container-log-max-files", "2"])?;
+        assert_eq!(args.container_log_max_files, 2, "the flag wins");
+        assert!(run_with(&format!("{HEAD}containerLogMaxFiles: 1\n"), &[]).is_err());
+        assert!(run_with(&format!("{HEAD}containerLogMaxSize: lots\n"), &[]).is_err());
         Ok(())
     }
 

@@ -180,6 +180,29 @@ pub struct RunArgs {
     /// Layers of one image downloaded (and unpacked) at once; containerd's default is 3.
     #[arg(long = "max-concurrent-downloads", default_value_t = 3)]
     pub max_concurrent_downloads: usize,
+    /// Size (a quantity, e.g. `10Mi`) from which a container's log file is rotated.
+    #[arg(long = "container-log-max-size", value_parser = parse_log_max_size, default_value = "10Mi")]
+    pub container_log_max_size: u64,
+    /// Log files kept per container instance, the current one included (at least 2).
+    #[arg(long = "container-log-max-files", value_parser = parse_log_max_files, default_value_t = 5)]
+    pub container_log_max_files: usize,
+}
+
+/// `--container-log-max-size`: a quantity of bytes, more than 0.
+pub(super) fn parse_log_max_size(text: &str) -> Result<u64, String> {
+    let q = ironlet::qos::Quantity::parse(text).map_err(|e| e.to_string())?;
+    match q.amount().map_err(|e| e.to_string())? {
+        0 => Err("must be more than 0".into()),
+        n => Ok(n),
+    }
+}
+
+/// `--container-log-max-files`: kubelet requires at least 2.
+pub(super) fn parse_log_max_files(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(n) if n >= 2 => Ok(n),
+        _ => Err(format!("{text:?}: must be a number of at least 2")),
+    }
 }
 
 /// CPU and memory set aside from allocatable.
@@ -352,6 +375,10 @@ fn run_agent(
             rootless,
             default_cgroup_parent: None,
             cni,
+            log_rotation: ironlet_runtime::local::logs::LogRotation {
+                max_size: args.container_log_max_size,
+                max_files: args.container_log_max_files,
+            },
         };
         let runtime = LocalRuntime::new(runtime_config, zygote, store.clone())
             .await

@@ -90,6 +90,7 @@ impl Inner {
                     path: rec.log_path.clone(),
                     relative: config.log_path.clone(),
                     open: logs::LogOpen::New,
+                    rotation: None,
                 };
                 self.spawn_log_pump(&id, log, stdout, stderr);
                 if let Some((status, at)) = early {
@@ -211,6 +212,8 @@ impl Inner {
         stdout: std::os::fd::OwnedFd,
         stderr: std::os::fd::OwnedFd,
     ) {
+        let mut log = log;
+        log.rotation = Some(self.config.log_rotation);
         // The tap is looked up when the first output arrives, so `tap_output` between
         // create and start sees everything; taking it closes the subscriber's channel when
         // the pump ends.

@@ -29,6 +29,13 @@
 //! it, the last record may be seen without it (prefix first, then the bytes), so a reader
 //! following the file treats an unterminated last line as still being written.
 //!
+//! Rotation (kubelet's `--container-log-max-size` / `--container-log-max-files`): once the
+//! file holds at least the maximum size and no record is open, the pump renames it to
+//! `<n>.log.<YYYYMMDD-HHMMSS>` (kubelet's name), removes the oldest rotated files beyond
+//! `max-files − 1` and goes on in a new `<n>.log`. The kubelet asks the runtime to reopen
+//! the file after renaming it (`ReopenContainerLog`); here the writer does both between two
+//! records, so no line is split, lost or written twice across the files.
+//!
 //! Cost: two system calls per record plus a `tee` and a `read` per wake-up; the file is
 //! opened without `O_APPEND` (splice refuses it) and written at the pump's own offset; the
 //! pump is the file's only writer.
@@ -44,7 +51,7 @@ use nix::fcntl::SpliceFFlags;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::mpsc;
 
-use open::{open_log_file, LogTarget};
+use open::{open_log_file, rotate_log_file, LogTarget};
 pub use open::{open_log_for_reading, LogOpen, LOG_DIR_MODE, LOG_FILE_MODE};
 use plan::{plan, Op, OpenRecord};
 
@@ -92,6 +99,39 @@ pub struct LogFile {
     /// from the pod log directory down is followed if it is a symlink.
     pub relative: PathBuf,
     pub open: LogOpen,
+    /// When the file is rotated; `None`: never.
+    pub rotation: Option<LogRotation>,
+}
+
+/// Kubelet's container log rotation: `--container-log-max-size`, `--container-log-max-files`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogRotation {
+    /// The size from which the file is rotated, in bytes.
+    pub max_size: u64,
+    /// How many files of one container instance are kept, the current one included (≥ 2).
+    pub max_files: usize,
+}
+
+impl Default for LogRotation {
+    /// Kubelet's defaults: 10Mi and 5 files.
+    fn default() -> Self {
+        Self {
+            max_size: 10 * 1024 * 1024,
+            max_files: 5,
+        }
+    }
+}
+
+impl LogRotation {
+    /// Whether a file of `size` bytes is due for rotation.
+    pub fn due(&self, size: u64) -> bool {
+        self.max_size > 0 && size >= self.max_size
+    }
+}
+
+/// Kubelet's suffix of a rotated log file (Go layout `20060102-150405`, UTC).
+pub fn rotation_suffix(at: chrono::DateTime<chrono::Utc>) -> String {
+    at.format("%Y%m%d-%H%M%S").to_string()
 }
 
 /// The log file, written at our own offset.
@@ -99,6 +139,7 @@ struct LogWriter {
     file: std::fs::File,
     path: PathBuf,
     offset: u64,
+    log: LogFile,
 }
 
 impl LogWriter {
@@ -118,6 +159,7 @@ impl LogWriter {
             file,
             path: log.path.clone(),
             offset: len,
+            log: log.clone(),
         };
         let open = writer.repair()?;
         Ok((writer, open))
@@ -161,6 +203,36 @@ impl LogWriter {
                 Ok(None)
             }
         }
+    }
+
+    /// Rotates the file if it is due (call only between records): renames it, drops the
+    /// oldest rotated files and continues in a new file.
+    fn rotate_if_due(&mut self) -> std::io::Result<()> {
+        let Some(rotation) = self.log.rotation else {
+            return Ok(());
+        };
+        if !rotation.due(self.offset) {
+            return Ok(());
+        }
+        let target = LogTarget::split(&self.log.path, &self.log.relative)
+            .ok_or_else(|| std::io::Error::other("log path does not end with its relative part"))?;
+        let suffix = rotation_suffix(chrono::Utc::now());
+        let keep = rotation.max_files.saturating_sub(1).max(1);
+        match rotate_log_file(&target, &suffix, keep) {
+            Ok(true) => {}
+            // Rotated within this second already: the next record tries again.
+            Ok(false) => return Ok(()),
+            Err(err) => {
+                // The file is still in place: it goes on growing.
+                tracing::warn!(path = ?self.path, %err, "rotating container log failed");
+                return Ok(());
+            }
+        }
+        let file = open_log_file(&target, LogOpen::New)?;
+        self.offset = file.metadata()?.len();
+        self.file = file;
+        tracing::debug!(path = ?self.path, %suffix, "container log rotated");
+        Ok(())
     }
 
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<()> {
@@ -338,6 +410,10 @@ impl Pump {
             }
             self.apply(pipe, s.stream, op)?;
         }
+        // Every planned record is whole unless one stays open: the file may rotate here.
+        if self.open.is_none() {
+            self.rotate_if_due();
+        }
         s.tapped -= consumed;
         Ok(if n == 0 {
             Progress::Ended
@@ -369,6 +445,16 @@ impl Pump {
             }
         }
         Ok(())
+    }
+
+    fn rotate_if_due(&mut self) {
+        let Some(writer) = self.writer.as_mut() else {
+            return;
+        };
+        if let Err(err) = writer.rotate_if_due() {
+            tracing::error!(path = ?writer.path, %err, "rotating container log failed; output is drained from now on");
+            self.writer = None;
+        }
     }
 
     /// Ends a record `stream` left open when that stream ends.
@@ -501,6 +587,7 @@ pub fn reopen_log_for_fuzzing(
         path: path.to_owned(),
         relative,
         open: LogOpen::Continue,
+        rotation: None,
     };
     let (_, open) = LogWriter::open(&log)?;
     Ok(open.map(|r| (r.stream, r.partial, r.len)))
@@ -559,6 +646,7 @@ mod tests {
             path: dir.join(relative),
             relative: relative.into(),
             open: LogOpen::New,
+            rotation: None,
         }
     }
 
@@ -599,6 +687,83 @@ mod tests {
         ];
         want.sort();
         assert_eq!(got, want);
+    }
+
+    #[test]
+    fn rotation_is_due_from_the_maximum_size_and_named_as_kubelet_names_it() {
+        let rotation = LogRotation {
+            max_size: 100,
+            max_files: 3,
+        };
+        assert!(!rotation.due(99));
+        assert!(rotation.due(100) && rotation.due(5000));
+        assert_eq!(LogRotation::default().max_size, 10 * 1024 * 1024);
+        assert_eq!(LogRotation::default().max_files, 5);
+        let at = chrono::DateTime::parse_from_rfc3339("2026-11-25T07:08:09.5Z")
+            .expect("time")
+            .with_timezone(&chrono::Utc);
+        assert_eq!(rotation_suffix(at), "20261125-070809");
+    }
+
+    #[tokio::test]
+    async fn a_rotating_pump_keeps_max_files_and_loses_or_repeats_no_line() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (out_r, out_w) = nix::unistd::pipe().expect("pipe");
+        let (err_r, err_w) = nix::unistd::pipe().expect("pipe");
+        let log = LogFile {
+            rotation: Some(LogRotation {
+                max_size: 4096,
+                max_files: 3,
+            }),
+            ..new_file(dir.path(), "c/0.log")
+        };
+        let task = tokio::spawn(pump(log, out_r, err_r, None));
+        // Lines in bursts across several seconds, so several rotations get distinct names.
+        let mut next = 0;
+        for _ in 0..5 {
+            let burst: String = (next..next + 100).map(|n| format!("line {n}\n")).collect();
+            next += 100;
+            write_pipe(&out_w, burst.as_bytes());
+            tokio::time::sleep(std::time::Duration::from_millis(1050)).await;
+        }
+        drop((out_w, err_w));
+        tokio::time::timeout(std::time::Duration::from_secs(5), task)
+            .await
+            .expect("the pump ends")
+            .expect("pump task");
+        let mut names: Vec<String> = std::fs::read_dir(dir.path().join("c"))
+            .expect("dir")
+            .map(|e| e.expect("entry").file_name().into_string().expect("utf-8"))
+            .collect();
+        // Oldest rotated file first, the current file last.
+        names.sort_by_key(|n| (n == "0.log", n.clone()));
+        assert_eq!(names.len(), 3, "{names:?}");
+        assert_eq!(names[2], "0.log");
+        for rotated in &names[..2] {
+            let suffix = rotated.strip_prefix("0.log.").expect("a rotated name");
+            assert_eq!(suffix.len(), "20060102-150405".len(), "{rotated}");
+        }
+        // Read in order (rotated oldest first, then the current file): consecutive lines.
+        let mut lines = Vec::new();
+        for name in names[..2].iter().chain(std::iter::once(&names[2])) {
+            let path = dir.path().join("c").join(name);
+            let text = std::fs::read_to_string(&path).expect("read");
+            assert!(
+                text.is_empty() || text.ends_with('\n'),
+                "{name} ends mid-record"
+            );
+            if name != "0.log" {
+                assert!(text.len() >= 4096, "{name} rotated early");
+            }
+            lines.extend(records(&path).into_iter().map(|(_, _, c)| c));
+        }
+        let first: usize = lines[0]
+            .strip_prefix("line ")
+            .and_then(|n| n.parse().ok())
+            .expect("numbered");
+        let want: Vec<String> = (first..next).map(|n| format!("line {n}")).collect();
+        assert_eq!(lines, want, "lines lost or repeated across rotations");
+        assert!(first > 0, "older files were removed");
     }
 
     #[tokio::test]

@@ -59,6 +59,8 @@ pub struct LocalRuntimeConfig {
     pub default_cgroup_parent: Option<String>,
     /// CNI pod networking; `None` (and always when rootless): pods get loopback only.
     pub cni: Option<crate::network::CniConfig>,
+    /// Container log rotation (`--container-log-max-size`, `--container-log-max-files`).
+    pub log_rotation: logs::LogRotation,
 }
 
 impl LocalRuntimeConfig {

@@ -178,6 +178,7 @@ impl Inner {
                         path: e.record.log_path.clone(),
                         relative: e.record.config.log_path.clone(),
                         open: logs::LogOpen::Continue,
+                        rotation: None,
                     };
                     (cid.clone(), log)
                 })

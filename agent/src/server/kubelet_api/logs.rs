@@ -168,12 +168,13 @@ fn render(line: &str, opts: &LogOptions) -> Option<Vec<u8>> {
     Some(out)
 }
 
-/// Offset of the start of the last `lines` records of `file` (0 if it has fewer).
-async fn tail_offset(file: &mut tokio::fs::File, lines: u64) -> std::io::Result<u64> {
+/// The start of the last `lines` records of `file` and how many records that is (fewer
+/// than `lines` when the file has fewer: then from offset 0).
+async fn tail_offset(file: &mut tokio::fs::File, lines: u64) -> std::io::Result<(u64, u64)> {
     const CHUNK: u64 = 64 * 1024;
     let len = file.metadata().await?.len();
     if lines == 0 {
-        return Ok(len);
+        return Ok((len, 0));
     }
     let mut end = len;
     let mut newlines = 0u64;
@@ -196,39 +197,137 @@ async fn tail_offset(file: &mut tokio::fs::File, lines: u64) -> std::io::Result<
             }
             newlines += 1;
             if newlines == lines {
-                return Ok(start + i as u64 + 1);
+                return Ok((start + i as u64 + 1, lines));
             }
         }
         end = start;
     }
-    Ok(0)
+    // The first record has no newline before it.
+    Ok((0, newlines + u64::from(seen_last)))
 }
 
-/// Streams `path` to `sink` with `opts`; `running` tells (polled at the end of the file)
-/// whether the container still writes to it.
+/// The files of the container instance whose log is `current` (`<n>.log`), oldest first:
+/// its rotated files `<n>.log.<YYYYMMDD-HHMMSS>` (kubelet's names sort by time), then
+/// `current` itself if it exists.
+pub fn instance_files(current: &Path) -> Vec<PathBuf> {
+    let (Some(dir), Some(name)) = (current.parent(), current.file_name()) else {
+        return Vec::new();
+    };
+    let mut prefix = name.as_encoded_bytes().to_vec();
+    prefix.push(b'.');
+    let mut rotated: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter(|e| e.file_name().as_encoded_bytes().starts_with(&prefix))
+                .map(|e| e.path())
+                .collect()
+        })
+        .unwrap_or_default();
+    rotated.sort();
+    if current.exists() {
+        rotated.push(current.to_owned());
+    }
+    rotated
+}
+
+fn open_log(path: &Path) -> std::io::Result<tokio::fs::File> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)?;
+    Ok(tokio::fs::File::from_std(file))
+}
+
+/// One open log file and its inode (to tell when `<n>.log` was rotated away from it).
+struct Opened {
+    file: tokio::fs::File,
+    ino: u64,
+}
+
+impl Opened {
+    async fn open(path: &Path) -> std::io::Result<Self> {
+        use std::os::unix::fs::MetadataExt;
+        let file = open_log(path)?;
+        let ino = file.metadata().await?.ino();
+        Ok(Self { file, ino })
+    }
+}
+
+/// While following `current`: the file that comes after the one with inode `ino` once the
+/// writer has rotated it away, `None` while `current` is still that file (or not made yet).
+async fn next_after_rotation(current: &Path, ino: u64) -> Option<Opened> {
+    use std::os::unix::fs::MetadataExt;
+    match std::fs::symlink_metadata(current) {
+        Ok(meta) if meta.ino() == ino => return None,
+        _ => {}
+    }
+    let files = instance_files(current);
+    let inodes: Vec<Option<u64>> = files
+        .iter()
+        .map(|p| std::fs::symlink_metadata(p).ok().map(|m| m.ino()))
+        .collect();
+    // The next file after ours; if ours was removed already (max-files), the oldest left.
+    let next = match inodes.iter().position(|i| *i == Some(ino)) {
+        Some(i) => files.get(i + 1)?,
+        None => files.first()?,
+    };
+    Opened::open(next).await.ok()
+}
+
+/// Streams the log of the container instance whose file is `path` (its rotated files
+/// first) to `sink` with `opts`; `running` tells (polled at the end of the file) whether
+/// the container still writes to it. A follower moves on to the new file when the writer
+/// rotates the one it reads.
 pub async fn stream<S: Sink, F: Fn() -> bool + Send>(
     path: &Path,
     opts: &LogOptions,
     sink: &mut S,
     running: F,
 ) -> std::io::Result<()> {
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)?;
-    let mut file = tokio::fs::File::from_std(file);
+    // Every file is opened now: a rotation while they are read removes none of them.
+    let mut files = Vec::new();
+    for file in instance_files(path) {
+        match Opened::open(&file).await {
+            Ok(opened) => files.push(opened),
+            // Removed by a rotation since it was listed.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+    }
+    if files.is_empty() {
+        // The current file itself, for its error.
+        files.push(Opened::open(path).await?);
+    }
     // The head goes out now: the request is accepted even if nothing is logged yet.
     if !sink.write(&[]).await {
         return Ok(());
     }
-    let start = match opts.tail_lines {
-        Some(n) => tail_offset(&mut file, n).await?,
-        None => 0,
+    // Where to start: the tail spans files from the newest back.
+    let mut first = 0;
+    let mut start = 0;
+    if let Some(mut lines) = opts.tail_lines {
+        first = files.len() - 1;
+        loop {
+            let (offset, found) = tail_offset(&mut files[first].file, lines).await?;
+            start = offset;
+            lines -= found;
+            if lines == 0 || first == 0 {
+                break;
+            }
+            first -= 1;
+        }
+    }
+    let mut files = files.into_iter().skip(first);
+    let Some(mut opened) = files.next() else {
+        return Ok(());
     };
-    file.seek(SeekFrom::Start(start)).await?;
-    let mut reader = BufReader::new(file);
+    opened.file.seek(SeekFrom::Start(start)).await?;
+    let mut ino = opened.ino;
+    let mut reader = BufReader::new(opened.file);
     let mut sent = 0u64;
     let mut line = String::new();
+    let mut rotated: Option<Opened> = None;
     loop {
         let n = reader.read_line(&mut line).await?;
         if n > 0 && line.ends_with('\n') {
@@ -249,7 +348,28 @@ pub async fn stream<S: Sink, F: Fn() -> bool + Send>(
             line.clear();
             continue;
         }
-        // At the end (possibly with a line still being written, kept in `line`).
+        // At the end of this file (possibly with a line still being written, in `line`).
+        // A file seen rotated is read to its end once more before moving on: the writer
+        // may have added records between the last read and the rename, never after it.
+        let next = match (files.next(), rotated.take()) {
+            (Some(next), _) | (None, Some(next)) => Some(next),
+            (None, None) if opts.follow && line.is_empty() => {
+                if let Some(next) = next_after_rotation(path, ino).await {
+                    rotated = Some(next);
+                    continue;
+                }
+                None
+            }
+            (None, None) => None,
+        };
+        if let Some(mut next) = next {
+            // A rotated file ends with a whole record: what it holds is all read. The next
+            // is read from its start (the tail's search moved its position).
+            next.file.seek(SeekFrom::Start(0)).await?;
+            ino = next.ino;
+            reader = BufReader::new(next.file);
+            continue;
+        }
         if !opts.follow {
             return Ok(());
         }
@@ -371,5 +491,91 @@ mod tests {
             read(LOG, "timestamps=true&tailLines=1").await,
             "2026-11-25T09:40:00.000000001Z three\n"
         );
+    }
+
+    fn record(n: u32) -> String {
+        format!("2026-11-25T09:00:00.000000001Z stdout F line {n}\n")
+    }
+
+    fn records(range: std::ops::Range<u32>) -> String {
+        range.map(record).collect()
+    }
+
+    fn lines(range: std::ops::Range<u32>) -> String {
+        range.map(|n| format!("line {n}\n")).collect()
+    }
+
+    #[tokio::test]
+    async fn the_rotated_files_are_read_before_the_current_one_and_tails_span_them() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let current = dir.path().join("0.log");
+        std::fs::write(dir.path().join("0.log.20261125-090000"), records(0..3)).expect("write");
+        std::fs::write(dir.path().join("0.log.20261125-090100"), records(3..5)).expect("write");
+        std::fs::write(&current, records(5..7)).expect("write");
+        // Another instance's rotated file is not this one's.
+        std::fs::write(dir.path().join("1.log.20261125-090000"), records(90..91)).expect("write");
+        let read = |query: &'static str| {
+            let current = current.clone();
+            async move {
+                let opts = LogOptions::parse(Some(query), now()).expect("valid");
+                let mut sink = Collect(Vec::new());
+                stream(&current, &opts, &mut sink, || false)
+                    .await
+                    .expect("stream");
+                String::from_utf8(sink.0).expect("utf-8")
+            }
+        };
+        assert_eq!(read("").await, lines(0..7));
+        assert_eq!(read("tailLines=2").await, lines(5..7));
+        assert_eq!(read("tailLines=3").await, lines(4..7));
+        assert_eq!(read("tailLines=5").await, lines(2..7));
+        assert_eq!(read("tailLines=50").await, lines(0..7));
+    }
+
+    #[tokio::test]
+    async fn a_follower_moves_to_the_new_file_when_the_current_one_is_rotated() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let current = dir.path().join("0.log");
+        std::fs::write(&current, records(0..2)).expect("write");
+        let running = std::sync::Arc::new(AtomicBool::new(true));
+        let follower = {
+            let (current, running) = (current.clone(), running.clone());
+            tokio::spawn(async move {
+                let opts = LogOptions::parse(Some("follow=true"), now()).expect("valid");
+                let mut sink = Collect(Vec::new());
+                stream(&current, &opts, &mut sink, || {
+                    running.load(Ordering::SeqCst)
+                })
+                .await
+                .expect("stream");
+                String::from_utf8(sink.0).expect("utf-8")
+            })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        // Written just before the rename, as a writer does: the follower still reads them.
+        let append = |path: &Path, text: String| {
+            use std::io::Write;
+            let mut f = std::fs::OpenOptions::new()
+                .append(true)
+                .open(path)
+                .expect("open");
+            f.write_all(text.as_bytes()).expect("append");
+        };
+        append(&current, records(2..4));
+        std::fs::rename(&current, dir.path().join("0.log.20261125-090000")).expect("rename");
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        std::fs::write(&current, records(4..6)).expect("write");
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        append(&current, records(6..7));
+        std::fs::rename(&current, dir.path().join("0.log.20261125-090001")).expect("rename");
+        std::fs::write(&current, records(7..8)).expect("write");
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        running.store(false, Ordering::SeqCst);
+        let got = tokio::time::timeout(std::time::Duration::from_secs(5), follower)
+            .await
+            .expect("the follower ends with the container")
+            .expect("follower task");
+        assert_eq!(got, lines(0..8));
     }
 }

@@ -82,9 +82,9 @@ fn refused(path: &Path, why: &str) -> std::io::Error {
     std::io::Error::other(format!("refusing log path {}: {why}", path.display()))
 }
 
-/// Opens (creating as needed) the log file at `target` for reading and writing, without
-/// following a symlink from the pod log directory down.
-pub fn open_log_file(target: &LogTarget<'_>, how: LogOpen) -> std::io::Result<File> {
+/// Opens (creating as needed) the directory that holds the log file at `target`, without
+/// following a symlink from the pod log directory down; returns it and the file's name.
+fn open_log_dir<'a>(target: &LogTarget<'a>) -> std::io::Result<(OwnedFd, &'a std::ffi::OsStr)> {
     let full = target.pod_dir.join(target.relative);
     let mut names: Vec<&std::ffi::OsStr> = Vec::new();
     for component in target.relative.components() {
@@ -93,7 +93,7 @@ pub fn open_log_file(target: &LogTarget<'_>, how: LogOpen) -> std::io::Result<Fi
             _ => return Err(refused(&full, "not a plain relative path")),
         }
     }
-    let Some((file_name, dirs)) = names.split_last() else {
+    let Some((&file_name, dirs)) = names.split_last() else {
         return Err(refused(&full, "no file name"));
     };
     let directory = OFlag::O_RDONLY | OFlag::O_DIRECTORY;
@@ -122,6 +122,14 @@ pub fn open_log_file(target: &LogTarget<'_>, how: LogOpen) -> std::io::Result<Fi
         dir = open_at(Some(&dir), Path::new(name), directory, 0)
             .map_err(|e| refused(&full, &format!("directory {name:?}: {e}")))?;
     }
+    Ok((dir, file_name))
+}
+
+/// Opens (creating as needed) the log file at `target` for reading and writing, without
+/// following a symlink from the pod log directory down.
+pub fn open_log_file(target: &LogTarget<'_>, how: LogOpen) -> std::io::Result<File> {
+    let full = target.pod_dir.join(target.relative);
+    let (dir, file_name) = open_log_dir(target)?;
     let rw = OFlag::O_RDWR | OFlag::O_NONBLOCK;
     let file_name = Path::new(file_name);
     let fd = match how {
@@ -154,6 +162,53 @@ pub fn open_log_file(target: &LogTarget<'_>, how: LogOpen) -> std::io::Result<Fi
         nix::fcntl::FcntlArg::F_SETFL(OFlag::empty()),
     )?;
     Ok(file)
+}
+
+/// Renames the log file at `target` to `<name>.<suffix>` in its directory (kubelet's
+/// rotation), then removes the oldest rotated files `<name>.*` so that at most `keep` are
+/// left. Returns `false` (nothing done) if a rotated file with that name exists already.
+pub fn rotate_log_file(target: &LogTarget<'_>, suffix: &str, keep: usize) -> std::io::Result<bool> {
+    let (dir, file_name) = open_log_dir(target)?;
+    let mut rotated = file_name.to_owned();
+    rotated.push(".");
+    rotated.push(suffix);
+    match nix::sys::stat::fstatat(
+        Some(dir.as_raw_fd()),
+        rotated.as_os_str(),
+        nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+    ) {
+        Err(Errno::ENOENT) => {}
+        Ok(_) => return Ok(false),
+        Err(e) => return Err(e.into()),
+    }
+    nix::fcntl::renameat(
+        Some(dir.as_raw_fd()),
+        file_name,
+        Some(dir.as_raw_fd()),
+        rotated.as_os_str(),
+    )?;
+    let mut prefix = file_name.as_encoded_bytes().to_vec();
+    prefix.push(b'.');
+    // The directory is read through its descriptor: `/proc/self/fd/N` names it.
+    let listing = std::fs::read_dir(format!("/proc/self/fd/{}", dir.as_raw_fd()))?;
+    let mut old: Vec<std::ffi::OsString> = listing
+        .flatten()
+        .map(|e| e.file_name())
+        .filter(|n| n.as_encoded_bytes().starts_with(&prefix))
+        .collect();
+    old.sort();
+    let excess = old.len().saturating_sub(keep);
+    for name in &old[..excess] {
+        match nix::unistd::unlinkat(
+            Some(dir.as_raw_fd()),
+            name.as_os_str(),
+            nix::unistd::UnlinkatFlags::NoRemoveDir,
+        ) {
+            Ok(()) | Err(Errno::ENOENT) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(true)
 }
 
 /// Opens a log file for reading (termination messages, `ctr logs`): a symlink in its place
