@@ -75,6 +75,7 @@ async fn in_process(
             rootless: false,
             default_cgroup_parent: None,
             cni: None,
+            log_rotation: Default::default(),
         },
         zygote,
         store,
