@@ -6,7 +6,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use ironlet_runtime::types::{
     ContainerConfig, ContainerFilter, ContainerId, ContainerStatus, ExecOutput, ExecRequest,
-    ExecSession, GcPolicy, PodSandboxConfig, PodSandboxStatus, PodStatus, SandboxId,
+    ExecSession, PodSandboxConfig, PodSandboxStatus, PodStatus, SandboxId,
 };
 use ironlet_runtime::{Runtime, RuntimeError, RuntimeEvent, RuntimeVersion};
 
@@ -85,9 +85,6 @@ impl Runtime for StaticRuntime {
     }
     async fn exec(&self, _: &ContainerId, _: &ExecRequest) -> Result<ExecSession, RuntimeError> {
         Err(refused())
-    }
-    async fn garbage_collect(&self, _: &GcPolicy) -> Result<usize, RuntimeError> {
-        Ok(0)
     }
     fn subscribe(&self) -> tokio::sync::broadcast::Receiver<RuntimeEvent> {
         tokio::sync::broadcast::channel(1).1

@@ -17,8 +17,7 @@ use crate::error::{ImageError, RuntimeError};
 use crate::image::{PullReport, PullRequest};
 use crate::types::{
     ContainerConfig, ContainerFilter, ContainerId, ContainerStatus, ExecOutput, ExecRequest,
-    ExecSession, GcPolicy, Image, ImageStats, PodSandboxConfig, PodSandboxStatus, PodStatus,
-    SandboxId,
+    ExecSession, Image, ImageStats, PodSandboxConfig, PodSandboxStatus, PodStatus, SandboxId,
 };
 
 /// An event the runtime reports without being asked: what the PLEG is fed with.
@@ -88,9 +87,6 @@ pub trait Runtime: Send + Sync {
         id: &ContainerId,
         request: &ExecRequest,
     ) -> Result<ExecSession, RuntimeError>;
-
-    /// Removes dead containers beyond the policy; returns how many were removed.
-    async fn garbage_collect(&self, policy: &GcPolicy) -> Result<usize, RuntimeError>;
 
     /// Subscribes to container exits and OOM kills.
     fn subscribe(&self) -> tokio::sync::broadcast::Receiver<RuntimeEvent>;

@@ -306,29 +306,6 @@ pub struct ContainerFilter {
     pub pod_uid: Option<String>,
 }
 
-/// When dead containers may be removed (kubecontainer `GCPolicy`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GcPolicy {
-    /// Minimum age at which a dead container can be collected.
-    pub min_age: std::time::Duration,
-    /// Max dead containers kept per (pod, container name); the kubelet default is 1.
-    pub max_per_pod_container: usize,
-    /// Max dead containers on the node; negative means no limit (kubelet default -1).
-    pub max_containers: i64,
-}
-
-impl Default for GcPolicy {
-    fn default() -> Self {
-        // kubelet: --minimum-container-ttl-duration=0, --maximum-dead-containers-per-container=1,
-        // --maximum-dead-containers=-1
-        Self {
-            min_age: std::time::Duration::ZERO,
-            max_per_pod_container: 1,
-            max_containers: -1,
-        }
-    }
-}
-
 /// The result of running a command in a container.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExecOutput {

@@ -4,7 +4,6 @@
 //! Create is all-or-nothing: the rootfs, bundle and libcontainer state it made are undone
 //! on any later failure, and a failed undo is reported together with the original error.
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
@@ -15,9 +14,7 @@ use super::{logs, not_found, remove_dir_all_if_exists, Entry, Inner};
 use crate::error::RuntimeError;
 use crate::image::RootfsMode;
 use crate::spec::{NamespaceMode, SandboxNamespaces, SpecInputs, UserNamespace};
-use crate::types::{
-    ContainerConfig, ContainerId, ContainerState, GcPolicy, SandboxId, SandboxState,
-};
+use crate::types::{ContainerConfig, ContainerId, ContainerState, SandboxId, SandboxState};
 
 /// How long a container's exit may take to be recorded by the zygote that reaps it, after
 /// its process is gone; past that it is reported as killed.
@@ -449,45 +446,6 @@ impl Inner {
         self.lock().containers.remove(id);
         tracing::debug!(container_id = %id, "container removed");
         Ok(())
-    }
-
-    pub(crate) async fn garbage_collect(&self, policy: &GcPolicy) -> Result<usize, RuntimeError> {
-        let now = SystemTime::now();
-        let mut groups: HashMap<(String, String), Vec<(SystemTime, ContainerId)>> = HashMap::new();
-        {
-            let state = self.lock();
-            for e in state.containers.values() {
-                if let ContainerPhase::Exited { finished_at, .. } = e.record.phase {
-                    let old_enough = now
-                        .duration_since(finished_at)
-                        .is_ok_and(|age| age >= policy.min_age);
-                    if old_enough {
-                        groups
-                            .entry((e.record.pod_uid.clone(), e.record.config.name.clone()))
-                            .or_default()
-                            .push((e.record.created_at, e.record.id.clone()));
-                    }
-                }
-            }
-        }
-        let mut victims = Vec::new();
-        let mut kept = Vec::new();
-        for (_, mut dead) in groups {
-            dead.sort_by_key(|(created, _)| std::cmp::Reverse(*created));
-            let keep = policy.max_per_pod_container.min(dead.len());
-            victims.extend(dead.split_off(keep));
-            kept.extend(dead);
-        }
-        if policy.max_containers >= 0 && kept.len() as i64 > policy.max_containers {
-            kept.sort_by_key(|(created, _)| *created);
-            let excess = kept.len() - policy.max_containers as usize;
-            victims.extend(kept.into_iter().take(excess));
-        }
-        let count = victims.len();
-        for (_, id) in victims {
-            self.remove_container(&id).await?;
-        }
-        Ok(count)
     }
 }
 

@@ -41,7 +41,7 @@ use crate::image::ImageStore;
 use crate::traits::{Runtime, RuntimeEvent, RuntimeVersion};
 use crate::types::{
     ContainerConfig, ContainerFilter, ContainerId, ContainerStatus, ExecOutput, ExecRequest,
-    ExecSession, ExitReason, GcPolicy, PodSandboxConfig, PodSandboxStatus, PodStatus, SandboxId,
+    ExecSession, ExitReason, PodSandboxConfig, PodSandboxStatus, PodStatus, SandboxId,
 };
 use crate::zygote::{Event, WireExit, ZygoteClient, ZygoteHandle};
 use logs::OutputChunk;
@@ -613,10 +613,6 @@ impl Runtime for LocalRuntime {
         request: &ExecRequest,
     ) -> Result<ExecSession, RuntimeError> {
         self.inner.exec(id, request).await
-    }
-
-    async fn garbage_collect(&self, policy: &GcPolicy) -> Result<usize, RuntimeError> {
-        self.inner.garbage_collect(policy).await
     }
 
     fn subscribe(&self) -> broadcast::Receiver<RuntimeEvent> {
