@@ -11,19 +11,18 @@
 //! `/sys/fs/cgroup/unified` lists controllers; so the whole benchmark runs in a private
 //! mount namespace with that directory covered — the same layout for all three.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::Arc;
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, ensure, Context, Result};
-use ironlet_runtime::image::{ImageStore, ImageStoreConfig, RootfsMode};
-use ironlet_runtime::spec::{SandboxNamespaces, SpecInputs};
-use ironlet_runtime::types::ContainerConfig;
+use anyhow::{ensure, Context, Result};
 use ironlet_runtime::zygote::{Event, ZygoteClient};
-use ironlet_runtime::ImageService;
 use tokio::sync::mpsc;
 
+use ironlet_bench::peer_bundle::{
+    cgroup_parents, external, make_bundle, private_cgroup_layout, remove_new_cgroup_parents,
+    work_dir,
+};
 use ironlet_bench::stats::ms;
 
 fn main() -> Result<()> {
@@ -40,55 +39,15 @@ fn main() -> Result<()> {
         ironlet_cgroups::favor_dynamic_modifications().context("enabling cgroup favordynmods")?;
     println!("cgroup favordynmods: {dynmods:?}");
     private_cgroup_layout()?;
+    let parents_before = cgroup_parents("ironlet-bench");
     let zygote = ironlet_runtime::zygote::spawn()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
-    rt.block_on(run(zygote, iterations))
-}
-
-/// Private mount namespace; hide the hybrid's empty cgroup2 so crun accepts the layout.
-fn private_cgroup_layout() -> Result<()> {
-    use nix::mount::{mount, MsFlags};
-    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)?;
-    mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-        None::<&str>,
-    )?;
-    let unified = Path::new("/sys/fs/cgroup/unified");
-    if unified.join("cgroup.controllers").exists() && Path::new("/sys/fs/cgroup/memory").exists() {
-        mount(
-            Some("tmpfs"),
-            unified,
-            Some("tmpfs"),
-            MsFlags::empty(),
-            Some("size=4k"),
-        )?;
-    }
-    Ok(())
-}
-
-/// Where the bundle and every runtime's state root live: a tmpfs by default, as `/run` (the
-/// peers' default state roots) is on a standard host. `BENCH_WORKDIR=DIR` picks another
-/// filesystem, e.g. `/tmp`. On this VM `/run` and `/tmp` are ext4 without a journal, whose
-/// inode allocator skips every inode freed in the last minute or more one by one: each
-/// state file a runtime creates cost 0.3–0.7 ms there, more as a session goes on.
-fn work_dir() -> Result<tempfile::TempDir> {
-    let base = std::env::var_os("BENCH_WORKDIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/dev/shm"));
-    tempfile::Builder::new()
-        .prefix("ironlet-bench-")
-        .tempdir_in(&base)
-        .with_context(|| format!("a work directory under {}", base.display()))
-}
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+    let result = rt.block_on(run(zygote, iterations));
+    remove_new_cgroup_parents("ironlet-bench", &parents_before);
+    result
 }
 
 async fn run(zygote: ironlet_runtime::zygote::ZygoteHandle, iterations: usize) -> Result<()> {
@@ -150,50 +109,6 @@ async fn run(zygote: ironlet_runtime::zygote::ZygoteHandle, iterations: usize) -
     Ok(())
 }
 
-/// A bundle with busybox's rootfs and the spec ironlet would generate for `true`.
-async fn make_bundle(dir: &Path) -> Result<PathBuf> {
-    let layout = repo_root().join("images/out/busybox");
-    if !layout.join("index.json").exists() {
-        bail!("{} missing: run images/build first", layout.display());
-    }
-    let store = Arc::new(ImageStore::open_with(
-        &dir.join("images"),
-        ImageStoreConfig::default(),
-    )?);
-    let images = ironlet_runtime::image::LocalImageService::new(store.clone())
-        .import(&layout)
-        .await?;
-    let image = images.into_iter().next().context("layout has no image")?;
-    let bundle = dir.join("bundle");
-    std::fs::create_dir_all(&bundle)?;
-    let prepared = store.prepare_rootfs(&image, &bundle, RootfsMode::Copy)?;
-    let config = ContainerConfig {
-        name: "bench".into(),
-        image: "busybox".into(),
-        command: vec!["true".into()],
-        ..ContainerConfig::default()
-    };
-    let spec = ironlet_runtime::spec::build_spec(&SpecInputs {
-        container: &config,
-        image: &image.config,
-        rootfs: &prepared.rootfs,
-        hostname: "bench",
-        namespaces: &SandboxNamespaces::default(),
-        cgroups_path: Some("/ironlet-bench/c".into()),
-        user_namespace: None,
-    })?;
-    // The peers get the spec as is (seccomp inside, compiled by them per container);
-    // ironlet's bundle gets it the way the runtime writes it: the profile beside the
-    // spec, compiled once by the zygote. Same rootfs, same cgroup path.
-    let peers = dir.join("bundle-peers");
-    std::fs::create_dir_all(&peers)?;
-    ironlet_runtime::spec::write_bundle_config(&peers, &spec)?;
-    let spec = ironlet_runtime::zygote::seccomp::precompile_profile(spec, &bundle)?;
-    let spec = ironlet_runtime::zygote::cgroup_view::stage(spec, &bundle)?;
-    ironlet_runtime::spec::write_bundle_config(&bundle, &spec)?;
-    Ok(bundle)
-}
-
 async fn in_process(
     client: &ZygoteClient,
     events: &mut mpsc::UnboundedReceiver<Event>,
@@ -244,23 +159,4 @@ async fn in_process(
         );
     }
     Ok(started.elapsed())
-}
-
-fn external(bin: &str, id: &str, bundle: &Path, work: &Path) -> Result<Duration> {
-    let root = work.join(format!("{bin}-root"));
-    let started = Instant::now();
-    let status = Command::new(bin)
-        .arg("--root")
-        .arg(&root)
-        .args(["run", "--bundle"])
-        .arg(bundle)
-        .arg(id)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .status()
-        .with_context(|| format!("running {bin}"))?;
-    let took = started.elapsed();
-    ensure!(status.success(), "{bin} run failed: {status}");
-    Ok(took)
 }

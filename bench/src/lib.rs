@@ -1,3 +1,4 @@
-//! What the benchmark binaries share (`stats`); each binary's module docs say what it measures.
+//! What the benchmark binaries share (`stats`, `peer_bundle`); each binary's module docs say what it measures.
 
+pub mod peer_bundle;
 pub mod stats;
