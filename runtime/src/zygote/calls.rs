@@ -50,9 +50,15 @@ impl Server {
         let wants_stdio = matches!(request, Request::Create { .. } | Request::Exec { .. });
         // Compiled here, once per profile; the forked worker inherits the program.
         let seccomp = match &request {
-            Request::Create { bundle, .. } | Request::Exec { bundle, .. } => {
-                self.filters.for_bundle(bundle)?
+            Request::Create {
+                bundle, state_root, ..
             }
+            | Request::Exec {
+                bundle, state_root, ..
+            } => self.filters.for_bundle(
+                bundle,
+                super::seccomp::disk_cache_dir(state_root).as_deref(),
+            )?,
             _ => None,
         };
         let (stdin_r, mut stdin_w) = match &request {

@@ -8,6 +8,13 @@
 //! inherits the program. [`SeccompExecutor`] installs it in the container process right
 //! before `execve` — the same point libcontainer would have — for the container's init
 //! and for every exec'd process alike.
+//!
+//! A zygote that lives for one container (`ironlet ctr run`) would still compile every
+//! time, so compiled programs are also kept on disk in `<root-dir>/seccomp-bpf/` (beside
+//! libcontainer's state root; 0700, files 0600, written atomically), keyed by the hash of
+//! the profile, the ironlet version and the libseccomp version. A file that does not hold a
+//! well-formed program is ignored and replaced; the directory is root's (or the rootless
+//! user's) own, like the rest of the state, so it is trusted as much as the state is.
 
 use std::collections::HashMap;
 use std::collections::HashSet;
@@ -70,10 +77,13 @@ pub(crate) struct FilterCache {
 }
 
 impl FilterCache {
-    /// The compiled program of `<bundle>/seccomp.json`, if the bundle has one.
+    /// The compiled program of `<bundle>/seccomp.json`, if the bundle has one: from memory,
+    /// else from the disk cache `disk_dir` (when given), else compiled (and then stored in
+    /// both).
     pub(crate) fn for_bundle(
         &mut self,
         bundle: &Path,
+        disk_dir: Option<&Path>,
     ) -> Result<Option<std::sync::Arc<Vec<libc::sock_filter>>>, String> {
         let path = bundle.join(PROFILE_FILE);
         let bytes = match std::fs::read(&path) {
@@ -85,12 +95,90 @@ impl FilterCache {
         if let Some(program) = self.programs.get(&key) {
             return Ok(Some(program.clone()));
         }
-        let profile: LinuxSeccomp =
-            serde_json::from_slice(&bytes).map_err(|e| format!("parse {}: {e}", path.display()))?;
-        let program = std::sync::Arc::new(compile(&profile)?);
+        let disk_file = disk_dir.map(|dir| dir.join(disk_file_name(&key)));
+        let cached = disk_file
+            .as_deref()
+            .and_then(|f| std::fs::read(f).ok())
+            .and_then(|b| decode_program(&b).ok());
+        let program = match cached {
+            Some(program) => program,
+            None => {
+                let profile: LinuxSeccomp = serde_json::from_slice(&bytes)
+                    .map_err(|e| format!("parse {}: {e}", path.display()))?;
+                let program = compile(&profile)?;
+                if let (Some(dir), Some(file)) = (disk_dir, &disk_file) {
+                    // A cache that cannot be written costs the next zygote a compile, no more.
+                    if let Err(e) = store_program(dir, file, &program) {
+                        tracing::debug!(file = %file.display(), error = %e, "seccomp program not cached");
+                    }
+                }
+                program
+            }
+        };
+        let program = std::sync::Arc::new(program);
         self.programs.insert(key, program.clone());
         Ok(Some(program))
     }
+}
+
+/// The disk cache directory for a libcontainer state root: `<root-dir>/seccomp-bpf` (not
+/// `<root-dir>/seccomp`, which holds the `Localhost` profiles pods name, as on kubelet).
+pub(crate) fn disk_cache_dir(state_root: &Path) -> Option<std::path::PathBuf> {
+    state_root.parent().map(|root| root.join("seccomp-bpf"))
+}
+
+fn disk_file_name(profile_hash: &[u8; 32]) -> String {
+    let mut key = Sha256::new();
+    key.update(profile_hash);
+    key.update(env!("CARGO_PKG_VERSION").as_bytes());
+    let v = libseccomp::get_library_version().ok();
+    key.update(format!("{:?}", v.map(|v| (v.major, v.minor, v.micro))).as_bytes());
+    format!("{}.bpf", hex::encode(key.finalize()))
+}
+
+fn store_program(dir: &Path, file: &Path, program: &[libc::sock_filter]) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    crate::fsutil::write_atomic(file, &encode_program(program))
+}
+
+fn encode_program(program: &[libc::sock_filter]) -> Vec<u8> {
+    program
+        .iter()
+        .flat_map(|i| {
+            let mut b = [0u8; 8];
+            b[..2].copy_from_slice(&i.code.to_ne_bytes());
+            b[2] = i.jt;
+            b[3] = i.jf;
+            b[4..].copy_from_slice(&i.k.to_ne_bytes());
+            b
+        })
+        .collect()
+}
+
+/// The kernel accepts at most this many instructions in one filter (`BPF_MAXINSNS`).
+const MAX_INSTRUCTIONS: usize = 4096;
+
+fn decode_program(bytes: &[u8]) -> Result<Vec<libc::sock_filter>, String> {
+    let size = std::mem::size_of::<libc::sock_filter>();
+    if bytes.is_empty() || bytes.len() % size != 0 || bytes.len() / size > MAX_INSTRUCTIONS {
+        return Err(format!(
+            "seccomp program of {} bytes is malformed",
+            bytes.len()
+        ));
+    }
+    Ok(bytes
+        .chunks_exact(size)
+        .map(|c| libc::sock_filter {
+            code: u16::from_ne_bytes([c[0], c[1]]),
+            jt: c[2],
+            jf: c[3],
+            k: u32::from_ne_bytes([c[4], c[5], c[6], c[7]]),
+        })
+        .collect())
 }
 
 /// Compiles an OCI seccomp profile to a BPF program, as libcontainer would load it.
@@ -163,22 +251,7 @@ fn export(ctx: &ScmpFilterContext) -> Result<Vec<libc::sock_filter>, String> {
     file.seek(std::io::SeekFrom::Start(0))
         .and_then(|_| file.read_to_end(&mut bytes))
         .map_err(|e| format!("read seccomp program: {e}"))?;
-    let size = std::mem::size_of::<libc::sock_filter>();
-    if bytes.len() % size != 0 || bytes.is_empty() {
-        return Err(format!(
-            "seccomp program of {} bytes is malformed",
-            bytes.len()
-        ));
-    }
-    Ok(bytes
-        .chunks_exact(size)
-        .map(|c| libc::sock_filter {
-            code: u16::from_ne_bytes([c[0], c[1]]),
-            jt: c[2],
-            jf: c[3],
-            k: u32::from_ne_bytes([c[4], c[5], c[6], c[7]]),
-        })
-        .collect())
+    decode_program(&bytes)
 }
 
 fn action(action: LinuxSeccompAction, errno: Option<u32>) -> Result<ScmpAction, String> {
@@ -315,11 +388,71 @@ mod tests {
         let bytes = serde_json::to_vec(&runtime_default_profile()).expect("json");
         std::fs::write(dir.path().join(PROFILE_FILE), bytes).expect("write");
         let mut cache = FilterCache::default();
-        let a = cache.for_bundle(dir.path()).expect("ok").expect("program");
-        let b = cache.for_bundle(dir.path()).expect("ok").expect("program");
+        let a = cache
+            .for_bundle(dir.path(), None)
+            .expect("ok")
+            .expect("program");
+        let b = cache
+            .for_bundle(dir.path(), None)
+            .expect("ok")
+            .expect("program");
         assert!(std::sync::Arc::ptr_eq(&a, &b), "compiled twice");
-        let none = cache.for_bundle(&dir.path().join("missing")).expect("ok");
+        let none = cache
+            .for_bundle(&dir.path().join("missing"), None)
+            .expect("ok");
         assert!(none.is_none());
+    }
+
+    fn same_program(a: &[libc::sock_filter], b: &[libc::sock_filter]) -> bool {
+        encode_program(a) == encode_program(b)
+    }
+
+    #[test]
+    fn a_new_zygote_loads_the_program_another_one_compiled_from_disk() {
+        use std::os::unix::fs::PermissionsExt;
+        let bundle = tempfile::tempdir().expect("tempdir");
+        let root = tempfile::tempdir().expect("tempdir");
+        let disk = disk_cache_dir(&root.path().join("libcontainer")).expect("parent");
+        let bytes = serde_json::to_vec(&runtime_default_profile()).expect("json");
+        std::fs::write(bundle.path().join(PROFILE_FILE), bytes).expect("write");
+        let compiled = FilterCache::default()
+            .for_bundle(bundle.path(), Some(&disk))
+            .expect("ok")
+            .expect("program");
+        let files: Vec<_> = std::fs::read_dir(&disk)
+            .expect("cache dir")
+            .map(|e| e.expect("entry").path())
+            .collect();
+        assert_eq!(files.len(), 1, "{files:?}");
+        let mode = |p: &Path| std::fs::metadata(p).expect("stat").permissions().mode() & 0o777;
+        assert_eq!(mode(&disk), 0o700);
+        assert_eq!(mode(&files[0]), 0o600);
+        // A marker instruction proves the second cache read the file instead of compiling.
+        let mut marked = (*compiled).clone();
+        marked[0].k ^= 0x5a5a;
+        std::fs::write(&files[0], encode_program(&marked)).expect("rewrite");
+        let loaded = FilterCache::default()
+            .for_bundle(bundle.path(), Some(&disk))
+            .expect("ok")
+            .expect("program");
+        assert!(same_program(&loaded, &marked), "not served from disk");
+        // A malformed file is ignored, recompiled and replaced.
+        std::fs::write(&files[0], b"garbage").expect("corrupt");
+        let recompiled = FilterCache::default()
+            .for_bundle(bundle.path(), Some(&disk))
+            .expect("ok")
+            .expect("program");
+        assert!(same_program(&recompiled, &compiled));
+        let on_disk = std::fs::read(&files[0]).expect("read");
+        assert_eq!(on_disk, encode_program(&compiled));
+    }
+
+    #[test]
+    fn programs_longer_than_the_kernel_accepts_are_refused() {
+        assert!(decode_program(&vec![0u8; 8 * (MAX_INSTRUCTIONS + 1)]).is_err());
+        assert!(decode_program(&[0u8; 12]).is_err());
+        assert!(decode_program(&[]).is_err());
+        assert_eq!(decode_program(&[0u8; 16]).expect("two").len(), 2);
     }
 
     #[test]
