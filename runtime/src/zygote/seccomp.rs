@@ -131,7 +131,7 @@ fn disk_file_name(profile_hash: &[u8; 32]) -> String {
     let mut key = Sha256::new();
     key.update(profile_hash);
     key.update(env!("CARGO_PKG_VERSION").as_bytes());
-    let v = libseccomp::get_library_version().ok();
+    let v = libseccomp::ScmpVersion::current().ok();
     key.update(format!("{:?}", v.map(|v| (v.major, v.minor, v.micro))).as_bytes());
     format!("{}.bpf", hex::encode(key.finalize()))
 }
@@ -164,7 +164,10 @@ const MAX_INSTRUCTIONS: usize = 4096;
 
 fn decode_program(bytes: &[u8]) -> Result<Vec<libc::sock_filter>, String> {
     let size = std::mem::size_of::<libc::sock_filter>();
-    if bytes.is_empty() || bytes.len() % size != 0 || bytes.len() / size > MAX_INSTRUCTIONS {
+    if bytes.is_empty()
+        || !bytes.len().is_multiple_of(size)
+        || bytes.len() / size > MAX_INSTRUCTIONS
+    {
         return Err(format!(
             "seccomp program of {} bytes is malformed",
             bytes.len()
