@@ -521,11 +521,8 @@ fn removal_releases_everything(env: &Env) -> Result<()> {
 
 fn failing_plugin(env: &Env) -> Result<()> {
     env.rt.block_on(async {
-        let err = match env
-            .failing
-            .run_pod_sandbox(&sandbox_config(env, "doomed"))
-            .await
-        {
+        let config = sandbox_config(env, "doomed");
+        let err = match env.failing.run_pod_sandbox(&config).await {
             Ok(id) => bail!("sandbox {id} created despite a failing bridge plugin"),
             Err(e) => e,
         };
@@ -559,6 +556,11 @@ fn failing_plugin(env: &Env) -> Result<()> {
             .collect();
         ensure!(left.is_empty(), "sandbox directories left: {left:?}");
         ensure!(env.failing.list_pod_sandboxes().await?.is_empty());
+        ensure!(
+            !config.log_directory.exists(),
+            "the pod log directory {} is left",
+            config.log_directory.display()
+        );
         let mounts = std::fs::read_to_string("/proc/self/mountinfo")?;
         ensure!(
             !mounts.contains(&sandboxes.to_string_lossy().into_owned()),

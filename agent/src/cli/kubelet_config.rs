@@ -349,7 +349,7 @@ pub fn effective(args: &RunArgs, config: &ironlet::kubelet::KubeletConfig) -> Va
         "seccompDefault": args.seccomp_default,
         "podLogsDir": config.pod_log_dir.display().to_string(),
         "podCIDR": args.pod_cidr,
-        "containerLogMaxSize": args.container_log_max_size.to_string(),
+        "containerLogMaxSize": ironlet::node::memory_quantity(args.container_log_max_size).0,
         "containerLogMaxFiles": args.container_log_max_files,
         "crashLoopBackOff": {
             "maxContainerRestartPeriod": go_duration(args.max_container_restart_period),
@@ -464,6 +464,7 @@ mod tests {
         assert_eq!(configz["port"], 10350);
         assert_eq!(configz["syncFrequency"], "1m30s");
         assert_eq!(configz["clusterDomain"], "example.org");
+        assert_eq!(configz["containerLogMaxSize"], "10Mi");
         assert!(
             configz.get("staticPodURL").is_none(),
             "unset fields are omitted"

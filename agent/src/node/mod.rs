@@ -59,5 +59,5 @@ pub use config::NodeConfig;
 pub use controller::NodeController;
 pub use error::{Error, Result};
 pub use machine::{MachineConfig, MachineStatus, Reserved};
-pub use object::{default_labels, go_arch};
+pub use object::{default_labels, go_arch, memory_quantity};
 pub use provider::{NodeResources, NodeStatusProvider, Pressure, ProviderError, Readiness};

@@ -65,7 +65,7 @@ pub(crate) fn cpu_quantity(milli: u64) -> Quantity {
 
 /// Bytes in Kubernetes' canonical binary form: the largest of `Ki`…`Ei` dividing the value
 /// exactly (`24105Mi`), else plain bytes.
-pub(crate) fn memory_quantity(bytes: u64) -> Quantity {
+pub fn memory_quantity(bytes: u64) -> Quantity {
     const SUFFIXES: [&str; 6] = ["Ki", "Mi", "Gi", "Ti", "Pi", "Ei"];
     if bytes == 0 {
         return Quantity("0".to_owned());

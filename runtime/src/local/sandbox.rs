@@ -51,12 +51,20 @@ impl Inner {
             ip: None,
             network: None,
         };
+        let log_dir = &config.log_directory;
+        let log_dir_existed = log_dir.as_os_str().is_empty() || log_dir.exists();
         let result = self.make_sandbox(&mut rec).await;
         if let Err(original) = result {
             let cleanup = match self.detach_network(&rec).await {
                 Ok(()) => self.destroy_sandbox_files(&rec),
                 Err(e) => self.destroy_sandbox_files(&rec).and(Err(e)),
             };
+            // The pod log directory this attempt created, still empty (no container ran).
+            if !log_dir_existed {
+                if let Err(e) = std::fs::remove_dir(log_dir) {
+                    tracing::debug!(dir = %log_dir.display(), error = %e, "pod log directory kept");
+                }
+            }
             if let Err(cleanup) = cleanup {
                 return Err(RuntimeError::Rollback {
                     original: Box::new(original),
