@@ -486,6 +486,41 @@ fn editing_a_manifest_replaces_the_pod() {
 }
 
 #[test]
+fn an_orphaned_pod_log_directory_is_removed_while_live_and_ctr_ones_stay() {
+    if !support::is_root() {
+        return;
+    }
+    let agent = Agent::start();
+    agent.write_manifest(
+        "live.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: live}\nspec:\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: c\n    image: busybox\n    command: [sleep, \"3600\"]\n",
+    );
+    let live = agent.wait_pod("live", "Running", Duration::from_secs(30), |p| {
+        phase(p) == "Running"
+    });
+    let meta = &live.metadata;
+    let live_logs = agent.logs.join(format!(
+        "{}_{}_{}",
+        meta.namespace.as_deref().unwrap_or_default(),
+        meta.name.as_deref().unwrap_or_default(),
+        meta.uid.as_deref().unwrap_or_default()
+    ));
+    assert!(live_logs.is_dir(), "{} missing", live_logs.display());
+    // What an agent killed between removing a deleted pod's sandbox and its logs leaves.
+    let orphan = agent.logs.join("default_gone_0b7e6c1a-orphan");
+    std::fs::create_dir_all(orphan.join("c")).expect("orphan dir");
+    std::fs::write(orphan.join("c/0.log"), b"x\n").expect("orphan log");
+    let ctr = agent.logs.join("ironlet-ctr_tool_5d1f0c2e");
+    std::fs::create_dir_all(&ctr).expect("ctr dir");
+    agent.wait_until("the orphan removed", Duration::from_secs(15), |_| {
+        !orphan.exists()
+    });
+    assert!(live_logs.is_dir(), "the live pod's logs were removed");
+    assert!(ctr.is_dir(), "a ctr container's logs were removed");
+    std::fs::remove_dir(&ctr).expect("remove ctr dir");
+}
+
+#[test]
 fn a_pod_that_does_not_fit_is_rejected_with_out_of_memory_and_never_started() {
     if !support::is_root() {
         return;

@@ -28,7 +28,7 @@ use ironlet_runtime::{LocalRuntime, LocalRuntimeConfig, Runtime};
 use tokio::io::AsyncWriteExt;
 
 /// The sandbox namespace of containers made by `ctr run`.
-const CTR_NAMESPACE: &str = "ironlet-ctr";
+use ironlet::kubelet::CTR_NAMESPACE;
 
 #[derive(Debug, Subcommand)]
 pub enum CtrCommand {

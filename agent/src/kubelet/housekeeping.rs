@@ -161,10 +161,11 @@ impl Kubelet {
         tracing::info!(pod_uid = %uid, "pod removed");
     }
 
-    /// kubelet's `cleanupOrphanedPodCgroups` and `cleanupOrphanedPodDirs`: a pod nobody
-    /// wants, without sandbox or active worker, may still have a cgroup or a directory (the
-    /// agent was killed between creating them and the sandbox, and the pod was deleted
-    /// meanwhile). `keep` says which UIDs to leave alone.
+    /// kubelet's `cleanupOrphanedPodCgroups`, `cleanupOrphanedPodDirs` and the container
+    /// GC's `evictPodLogsDirectories`: a pod nobody wants, without sandbox or active worker,
+    /// may still have a cgroup, a directory or a log directory (the agent was killed
+    /// between creating them and the sandbox, or between removing the sandbox and them, and
+    /// the pod was deleted meanwhile). `keep` says which UIDs to leave alone.
     async fn remove_orphaned_pod_resources(&self, keep: impl Fn(&str) -> bool) {
         let pod_dirs = std::fs::read_dir(self.config.pods_dir())
             .into_iter()
@@ -181,6 +182,10 @@ impl Kubelet {
                     tracing::warn!(pod_uid = %uid, %err, "tearing down an orphaned pod's volumes failed")
                 }
             }
+        }
+        for dir in orphaned_pod_log_dirs(&self.config.pod_log_dir, &keep) {
+            tracing::info!(dir = %dir.display(), "removing the log directory of an orphaned pod");
+            remove_dir(&dir);
         }
         let Some(cgroups) = &self.syncer.cgroups else {
             return;
@@ -231,6 +236,29 @@ fn remove_dir(path: &PathBuf) {
     }
 }
 
+/// Pod log directories (`<ns>_<name>_<uid>`) under `pod_log_dir` whose UID `keep` does not
+/// claim. `ironlet ctr run`'s containers (namespace `ironlet-ctr`) are not the agent's and
+/// are left alone, as are names not in kubelet's layout.
+fn orphaned_pod_log_dirs(
+    pod_log_dir: &std::path::Path,
+    keep: impl Fn(&str) -> bool,
+) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(pod_log_dir) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|e| {
+            let name = e.file_name().to_str()?.to_owned();
+            let (rest, uid) = name.rsplit_once('_')?;
+            let (namespace, _pod) = rest.split_once('_')?;
+            let ours = namespace != crate::kubelet::CTR_NAMESPACE && !uid.is_empty();
+            (ours && !keep(uid)).then(|| e.path())
+        })
+        .collect()
+}
+
 /// A stand-in pod for a runtime pod whose spec is gone: enough to kill it.
 fn orphan_pod(uid: &str, sandboxes: &[PodSandboxStatus]) -> Arc<Pod> {
     let config = sandboxes.first().map(|s| &s.config);
@@ -247,4 +275,34 @@ fn orphan_pod(uid: &str, sandboxes: &[PodSandboxStatus]) -> Arc<Pod> {
         }),
         status: None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_log_directories_of_unclaimed_agent_pods_are_orphans() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for name in [
+            "default_web_uid-kept",
+            "default_gone_uid-gone",
+            "kube-system_dns-1_uid-gone2",
+            "ironlet-ctr_busybox_uid-ctr",
+            "not-kubelet-layout",
+        ] {
+            std::fs::create_dir(dir.path().join(name)).expect("mkdir");
+        }
+        std::fs::write(dir.path().join("default_file_uid-file"), b"").expect("file");
+        let mut found = orphaned_pod_log_dirs(dir.path(), |uid| uid == "uid-kept");
+        found.sort();
+        assert_eq!(
+            found,
+            vec![
+                dir.path().join("default_gone_uid-gone"),
+                dir.path().join("kube-system_dns-1_uid-gone2"),
+            ]
+        );
+        assert!(orphaned_pod_log_dirs(&dir.path().join("missing"), |_| false).is_empty());
+    }
 }

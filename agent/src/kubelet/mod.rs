@@ -47,6 +47,10 @@ use crate::pod_manager::PodManager;
 use crate::pod_workers::{PodWorkers, PodWorkersConfig, UpdatePodOptions, UpdateType};
 use crate::server::{Metrics, PodsView};
 pub use config::KubeletConfig;
+
+/// The namespace of the pseudo pods `ironlet ctr run` makes; the agent leaves their
+/// sandboxes' files alone.
+pub const CTR_NAMESPACE: &str = "ironlet-ctr";
 use events::{EventRecorder, TracingRecorder};
 use status_store::StatusStore;
 use syncer::{NodeResources, NodeSyncer};
