@@ -13,7 +13,7 @@ use super::record::{self, ContainerPhase, ContainerRecord};
 use super::{logs, not_found, remove_dir_all_if_exists, Entry, Inner};
 use crate::error::RuntimeError;
 use crate::image::RootfsMode;
-use crate::spec::{NamespaceMode, SandboxNamespaces, SpecInputs, UserNamespace};
+use crate::spec::{NamespaceMode, SandboxNamespaces, SpecInputs};
 use crate::types::{ContainerConfig, ContainerId, ContainerState, SandboxId, SandboxState};
 
 /// How long a container's exit may take to be recorded by the zygote that reaps it, after
@@ -131,7 +131,10 @@ impl Inner {
                 .map_err(|e| RuntimeError::InvalidConfig(format!("rootfs task: {e}")))??;
 
         let namespaces = sandbox_namespaces(sandbox);
-        let user_namespace = self.config.rootless.then(UserNamespace::current_user);
+        let user_namespace = self
+            .config
+            .rootless
+            .then(crate::spec::subids::rootless_user_namespace);
         let hostname = if sandbox.config.hostname.is_empty() {
             sandbox.config.name.clone()
         } else {
