@@ -431,12 +431,17 @@ impl Inner {
                 .get(id)
                 .and_then(|e| e.record.cgroups_path.clone())
         };
-        let cleaned = super::cleanup::remove_exited(
-            self.cgroups.as_ref(),
-            cgroups_path.as_deref(),
-            &self.config.libcontainer_root(),
-            id.as_str(),
-        );
+        // A rootfs given the image's owners inside the subordinate ranges (image/owners.rs)
+        // is handed back to the user by libcontainer's delete worker, not by the fast path.
+        let hand_back =
+            self.config.rootless && crate::spec::subids::rootless_user_namespace().made_by_worker;
+        let cleaned = !hand_back
+            && super::cleanup::remove_exited(
+                self.cgroups.as_ref(),
+                cgroups_path.as_deref(),
+                &self.config.libcontainer_root(),
+                id.as_str(),
+            );
         if !cleaned {
             self.zygote
                 .delete(id.as_str(), self.config.libcontainer_root(), true)

@@ -111,16 +111,38 @@ pub(crate) fn plan_for_create(bundle: &Path) -> Result<Plan, UsernsError> {
     })
 }
 
-/// The plan of `exec` or `delete` of a container with bundle `bundle` and init `pid`.
+/// The plan of `exec` or `delete` of a container with bundle `bundle` and init `pid`: its
+/// namespace while it runs, else a new one with the same mappings (a `delete` must hand the
+/// rootfs back, see `image/owners.rs`).
 pub(crate) fn plan_for_existing(bundle: &Path, pid: Option<i32>) -> Plan {
-    let made = load_spec(bundle)
-        .ok()
-        .and_then(|s| worker_made(&s))
-        .is_some();
+    let Some((uids, gids)) = load_spec(bundle).ok().and_then(|s| worker_made(&s)) else {
+        return Plan::OwnIds;
+    };
     match pid {
-        Some(pid) if made && Path::new(&format!("/proc/{pid}/ns/user")).exists() => Plan::Join(pid),
-        _ => Plan::OwnIds,
+        Some(pid) if Path::new(&format!("/proc/{pid}/ns/user")).exists() => Plan::Join(pid),
+        _ => Plan::Ranges { uids, gids },
     }
+}
+
+impl Plan {
+    /// The worker is root of a namespace mapping the subordinate ranges.
+    pub(crate) fn maps_ranges(&self) -> bool {
+        !matches!(self, Plan::OwnIds)
+    }
+}
+
+/// The rootfs directory of the bundle's spec.
+pub(crate) fn rootfs_of(bundle: &Path) -> Result<PathBuf, UsernsError> {
+    let spec = load_spec(bundle)?;
+    let root = spec
+        .root()
+        .as_ref()
+        .map(|r| r.path().clone())
+        .ok_or_else(|| UsernsError::Spec {
+            path: bundle.join("config.json"),
+            reason: "no root".into(),
+        })?;
+    Ok(bundle.join(root))
 }
 
 /// Enters the user namespace of `plan` together with a new mount namespace it owns. Must run

@@ -98,8 +98,9 @@ fn perform(
         Request::Delete { id, .. } => Some((id.clone(), false)),
         _ => None,
     };
+    let mut plan = super::userns::Plan::OwnIds;
     if let Some((id, adds)) = cgroup_user.filter(|_| !nix::unistd::geteuid().is_root()) {
-        let plan = match &request {
+        plan = match &request {
             Request::Create { bundle, .. } => {
                 super::userns::plan_for_create(bundle).map_err(|e| e.to_string())?
             }
@@ -120,7 +121,42 @@ fn perform(
             id,
             bundle,
             state_root,
+        } if plan.maps_ranges() => {
+            let rootfs = super::userns::rootfs_of(&bundle).map_err(|e| e.to_string())?;
+            crate::image::owners::apply_recorded(&rootfs).map_err(|e| {
+                format!(
+                    "rootless: give the image's owners to {}: {e}",
+                    rootfs.display()
+                )
+            })?;
+            let created = create(&id, &bundle, &state_root, stdio, seccomp);
+            if created.is_err() {
+                // The agent removes the rootfs of a failed create; it must be the user's.
+                let _ = crate::image::owners::hand_back(&rootfs);
+            }
+            created.map(Some)
+        }
+        Request::Create {
+            id,
+            bundle,
+            state_root,
         } => create(&id, &bundle, &state_root, stdio, seccomp).map(Some),
+        Request::Delete {
+            id,
+            state_root,
+            force,
+        } if plan.maps_ranges() => {
+            let rootfs = load(&state_root, &id)
+                .ok()
+                .and_then(|c| super::userns::rootfs_of(c.bundle()).ok());
+            delete(&id, &state_root, force)?;
+            if let Some(rootfs) = rootfs {
+                crate::image::owners::hand_back(&rootfs).map_err(|e| {
+                    format!("rootless: give {} back to the user: {e}", rootfs.display())
+                })?;
+            }
+            Ok(None)
+        }
         Request::Delete {
             id,
             state_root,
