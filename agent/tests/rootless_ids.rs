@@ -372,12 +372,15 @@ metadata: {name: ids}
 spec:
   terminationGracePeriodSeconds: 1
   securityContext: {runAsUser: 1234, runAsGroup: 1234, fsGroup: 2000, supplementalGroups: [3000]}
-  volumes: [{name: scratch, emptyDir: {}}]
+  volumes:
+  - {name: scratch, emptyDir: {}}
+  - name: info
+    downwardAPI: {defaultMode: 0400, items: [{path: name, fieldRef: {fieldPath: metadata.name}}]}
   containers:
   - name: c
     image: busybox
-    volumeMounts: [{name: scratch, mountPath: /scratch}]
-    command: [sh, -c, "echo written > /scratch/probe && id > /scratch/id.tmp && mv /scratch/id.tmp /scratch/id-out; sleep 3600"]
+    volumeMounts: [{name: scratch, mountPath: /scratch}, {name: info, mountPath: /info}]
+    command: [sh, -c, "echo written > /scratch/probe && cat /info/name > /scratch/info && id > /scratch/id.tmp && mv /scratch/id.tmp /scratch/id-out; sleep 3600"]
 "#,
     )
     .expect("manifest");
@@ -401,6 +404,12 @@ spec:
     for group in ["2000", "3000"] {
         assert!(ids.contains(group), "fsGroup and supplementalGroups: {ids}");
     }
+    // A payload volume of an fsGroup pod (defaultMode 0400) is readable by the pod's user.
+    let info = std::fs::read_to_string(found.with_file_name("info")).unwrap_or_default();
+    assert!(
+        info.starts_with("ids"),
+        "downwardAPI file read as 1234: {info:?}"
+    );
     // Written by container uid 1234: on the host, the range's id for it.
     let probe = found.with_file_name("probe");
     let owner = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(&probe).expect("probe"));
