@@ -6,9 +6,13 @@
 //! containers through `ironlet ctr run` and `ironlet run`; needs root to create the users
 //! (CI runs as root), skips otherwise.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
+
+use support::rootless::StopOnDrop;
 
 fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
@@ -303,36 +307,6 @@ fn find_file(dir: &Path, name: &str) -> Option<PathBuf> {
     None
 }
 
-/// The rootless agent of a test: on drop, its manifests are removed, its pods given time to
-/// go, then it is stopped.
-struct Agent {
-    child: std::process::Child,
-    manifests: PathBuf,
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let mut removed = false;
-        for entry in std::fs::read_dir(&self.manifests)
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            removed |= std::fs::remove_file(entry.path()).is_ok();
-        }
-        if removed {
-            std::thread::sleep(Duration::from_secs(5));
-        }
-        if let Ok(pid) = i32::try_from(self.child.id()) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGTERM,
-            );
-        }
-        let _ = self.child.wait();
-    }
-}
-
 #[test]
 fn a_rootless_pod_runs_as_run_as_user_with_fs_group_and_a_writable_empty_dir() {
     if !is_root() {
@@ -359,8 +333,8 @@ fn a_rootless_pod_runs_as_run_as_user_with_fs_group_and_a_writable_empty_dir() {
         .stderr(log)
         .spawn()
         .expect("rootless agent starts");
-    let agent = Agent {
-        child,
+    let agent = StopOnDrop {
+        agent: child,
         manifests: manifests.clone(),
     };
     let manifest = manifests.join("ids.yaml");
