@@ -14,7 +14,8 @@
 //!    rootfs copy and `lchown`s what carries the xattr ([`apply_recorded`]): inside, files
 //!    belong to whom the image says.
 //! 3. the `delete` worker, in the same namespace, gives the tree back to container root (the
-//!    user on the host, [`hand_back`]), so the agent can remove it as before.
+//!    user on the host, [`hand_back`]), so the agent can remove it as before. Only a rootfs
+//!    marked by [`mark_applied`] needs that (the agent's removal skips its fast path for it).
 //!
 //! Chosen over unpacking inside the user namespace (podman's way) because that would make
 //! the whole store, its GC and every removal need the namespace; here only a container's own
@@ -83,6 +84,21 @@ pub fn hand_back(rootfs: &Path) -> io::Result<()> {
         }
         sys::lchown_at(dir, name, 0, 0)
     })
+}
+
+/// The file beside a bundle's rootfs saying [`apply_recorded`] changed owners in it, so that
+/// its removal needs [`hand_back`] first (a rootfs whose files all belong to container root
+/// needs nothing).
+const APPLIED_MARKER: &str = "rootfs-owners-applied";
+
+/// Marks the bundle `bundle` (see [`needs_hand_back`]).
+pub fn mark_applied(bundle: &Path) -> io::Result<()> {
+    std::fs::write(bundle.join(APPLIED_MARKER), b"")
+}
+
+/// Whether the rootfs of bundle `bundle` has owners only its namespace can undo.
+pub fn needs_hand_back(bundle: &Path) -> bool {
+    bundle.join(APPLIED_MARKER).exists()
 }
 
 fn chmod_at(dir: BorrowedFd<'_>, name: &OsStr, mode: u32) -> io::Result<()> {

@@ -434,7 +434,7 @@ impl Inner {
         // A rootfs given the image's owners inside the subordinate ranges (image/owners.rs)
         // is handed back to the user by libcontainer's delete worker, not by the fast path.
         let hand_back =
-            self.config.rootless && crate::spec::subids::rootless_user_namespace().made_by_worker;
+            self.config.rootless && crate::image::owners::needs_hand_back(&self.container_dir(id));
         let cleaned = !hand_back
             && super::cleanup::remove_exited(
                 self.cgroups.as_ref(),

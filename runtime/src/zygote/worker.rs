@@ -123,12 +123,16 @@ fn perform(
             state_root,
         } if plan.maps_ranges() => {
             let rootfs = super::userns::rootfs_of(&bundle).map_err(|e| e.to_string())?;
-            crate::image::owners::apply_recorded(&rootfs).map_err(|e| {
+            let changed = crate::image::owners::apply_recorded(&rootfs).map_err(|e| {
                 format!(
                     "rootless: give the image's owners to {}: {e}",
                     rootfs.display()
                 )
             })?;
+            if changed > 0 {
+                crate::image::owners::mark_applied(&bundle)
+                    .map_err(|e| format!("rootless: mark {}: {e}", bundle.display()))?;
+            }
             let created = create(&id, &bundle, &state_root, stdio, seccomp);
             if created.is_err() {
                 // The agent removes the rootfs of a failed create; it must be the user's.
