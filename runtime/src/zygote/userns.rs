@@ -267,3 +267,41 @@ fn helper(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(user_ns: bool, annotations: &[(&str, &str)]) -> Spec {
+        let mut kinds = vec![r#"{"type":"mount"}"#];
+        if user_ns {
+            kinds.push(r#"{"type":"user"}"#);
+        }
+        let annotations: serde_json::Map<String, serde_json::Value> = annotations
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), serde_json::Value::from(*v)))
+            .collect();
+        let json = format!(
+            r#"{{"ociVersion":"1.0.2","linux":{{"namespaces":[{}]}},"annotations":{}}}"#,
+            kinds.join(","),
+            serde_json::Value::Object(annotations)
+        );
+        serde_json::from_str(&json).unwrap()
+    }
+
+    #[test]
+    fn only_a_spec_without_a_user_namespace_and_with_both_maps_is_the_workers() {
+        let maps = [
+            (subids::UID_MAP_ANNOTATION, "0:1001:1,1:100000:65536"),
+            (subids::GID_MAP_ANNOTATION, "0:1001:1,1:100000:65536"),
+        ];
+        let (uids, gids) = worker_made(&spec(false, &maps)).unwrap();
+        assert_eq!((uids.len(), gids.len()), (2, 2));
+        assert_eq!(uids[1].host_id, 100000);
+        // libcontainer makes a listed user namespace itself (the single-id fallback).
+        assert!(worker_made(&spec(true, &maps)).is_none());
+        assert!(worker_made(&spec(false, &maps[..1])).is_none());
+        assert!(worker_made(&spec(false, &[(maps[0].0, "x"), maps[1]])).is_none());
+        assert!(worker_made(&spec(false, &[])).is_none());
+    }
+}
