@@ -2,9 +2,13 @@
 //! codes and limits, ps/logs/exec/rm, and a rootless run as an unprivileged user the test
 //! creates. Needs root (CI runs as root); skips otherwise.
 
+mod support;
+
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
+
+use support::rootless::StopOnDrop;
 
 fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
@@ -700,36 +704,6 @@ spec:
     wait("the pod removed", Duration::from_secs(30), &|pods| {
         pods.is_empty()
     });
-}
-
-/// A rootless agent that, however the test ends, gets its manifests removed and a few
-/// seconds to remove the pods before it is stopped (SIGTERM leaves containers running).
-struct StopOnDrop {
-    agent: std::process::Child,
-    manifests: PathBuf,
-}
-
-impl Drop for StopOnDrop {
-    fn drop(&mut self) {
-        let mut removed = false;
-        for entry in std::fs::read_dir(&self.manifests)
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            removed |= std::fs::remove_file(entry.path()).is_ok();
-        }
-        if removed {
-            std::thread::sleep(Duration::from_secs(5));
-        }
-        if let Ok(pid) = i32::try_from(self.agent.id()) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGTERM,
-            );
-        }
-        let _ = self.agent.wait();
-    }
 }
 
 /// Waits for `child` up to `limit`; kills it and fails the test past that.

@@ -31,7 +31,10 @@ pub fn repo_root() -> PathBuf {
 /// `images/out`, with every test image built.
 pub fn test_images() -> Result<PathBuf, TestImagesError> {
     let out = repo_root().join("images/out");
-    if !out.join("busybox/index.json").exists() {
+    let missing = ["busybox", "layered", "nonroot"]
+        .iter()
+        .any(|name| !out.join(name).join("index.json").exists());
+    if missing {
         let script = repo_root().join("images/build");
         let status = std::process::Command::new(&script)
             .arg(&out)

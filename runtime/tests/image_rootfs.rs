@@ -290,3 +290,66 @@ fn preparing_an_unknown_image_is_not_found_and_leaves_nothing() {
     assert!(matches!(err, ImageError::NotFound(_)), "{err}");
     assert!(!target.exists());
 }
+
+/// Rootless (`image/owners.rs`): an unprivileged unpack records each non-root owner in the
+/// `user.ironlet.owner` xattr for the container's user namespace to apply; a layer cannot
+/// forge the record, the rootfs copy carries the topmost layer's, and a file an upper layer
+/// re-adds as root loses the lower layer's record.
+#[test]
+fn a_rootless_store_records_file_owners_for_the_container_namespace() {
+    use ironlet_runtime::image::owners::OWNER_XATTR;
+    let tmp = tempfile::tempdir().unwrap();
+    let (_d, store) = store_with(|c| c.privileged = false);
+    let lower = LayerBuilder::new()
+        .dir("srv", 0o755)
+        .owned_file("srv/app.txt", b"a", 1000, 1000)
+        .owned_file("srv/later-root.txt", b"b", 1000, 1000)
+        .with_xattrs(
+            "srv/forged.txt",
+            tar::EntryType::Regular,
+            &[(OWNER_XATTR, b"0:5")],
+            b"f",
+            0o644,
+        )
+        .build();
+    let upper = LayerBuilder::new()
+        .dir("srv", 0o755)
+        .file("srv/later-root.txt", b"c", 0o644)
+        .owned_file("srv/group.txt", b"g", 0, 2000)
+        .build();
+    let img = TestImage::new(vec![lower, upper]);
+    let layout = img.write_layout(&tmp.path().join("owners"), Some("latest"));
+    store.import(&layout).unwrap();
+    let target = tmp.path().join("bundle");
+    let prepared = store
+        .prepare_rootfs("owners", &target, RootfsMode::Auto)
+        .unwrap();
+    assert_eq!(prepared.mode, RootfsMode::Copy);
+    let owner = |p: &str| {
+        xattr::get(prepared.rootfs.join(p), OWNER_XATTR)
+            .unwrap()
+            .map(|v| String::from_utf8_lossy(&v).into_owned())
+    };
+    assert_eq!(owner("srv/app.txt").as_deref(), Some("1000:1000"));
+    assert_eq!(owner("srv/group.txt").as_deref(), Some("0:2000"));
+    assert_eq!(
+        owner("srv/later-root.txt"),
+        None,
+        "the upper layer's root file"
+    );
+    assert_eq!(
+        owner("srv/forged.txt"),
+        None,
+        "a layer's own record is dropped"
+    );
+    assert_eq!(owner("srv"), None);
+    // The files themselves stay the unpacking user's: the store needs no namespace.
+    let uid = nix::unistd::geteuid().as_raw();
+    assert_eq!(
+        std::fs::metadata(prepared.rootfs.join("srv/app.txt"))
+            .unwrap()
+            .uid(),
+        uid
+    );
+    store.release_rootfs(&target).unwrap();
+}

@@ -322,6 +322,7 @@ fn rootless(uid_size: u32) -> UserNamespace {
         }],
         path: None,
         unprivileged: true,
+        made_by_worker: false,
     }
 }
 
@@ -421,9 +422,85 @@ fn rootless_with_a_single_id_mapping_drops_the_devpts_gid_and_refuses_unmapped_u
             err,
             SpecError::UnmappedId {
                 field: "uid",
-                id: 1000
+                id: 1000,
+                ..
             }
         ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("maps container ids 0;"), "{err}");
+    Ok(())
+}
+
+/// The subordinate-range namespace (`subids.rs`): the zygote's worker makes it, so the spec
+/// lists no user namespace but hands the mappings to the worker; supplementary groups stay
+/// (setgroups is allowed); an id beyond the range is refused naming the range.
+#[test]
+fn a_worker_made_user_namespace_keeps_mappings_and_groups_and_names_the_range() -> Result<()> {
+    let userns = UserNamespace {
+        uid_mappings: ironlet_runtime::spec::subids::mappings(
+            1001,
+            &[ironlet_runtime::spec::subids::SubordinateRange {
+                start: 100_000,
+                count: 65536,
+            }],
+        ),
+        gid_mappings: ironlet_runtime::spec::subids::mappings(
+            1001,
+            &[ironlet_runtime::spec::subids::SubordinateRange {
+                start: 100_000,
+                count: 65536,
+            }],
+        ),
+        path: None,
+        unprivileged: true,
+        made_by_worker: true,
+    };
+    let rootfs = Rootfs::minimal()?;
+    let ns = SandboxNamespaces::default();
+    let img = image();
+    let mut c = container("c");
+    c.security.run_as_user = Some(1234);
+    c.security.run_as_group = Some(1234);
+    c.security.supplemental_groups = vec![2000];
+    let spec = build_spec(&SpecInputs {
+        user_namespace: Some(userns.clone()),
+        ..inputs(&c, &img, rootfs.path(), &ns)
+    })?;
+    let linux = spec.linux().clone().context("linux")?;
+    let kinds: Vec<_> = linux
+        .namespaces()
+        .clone()
+        .unwrap_or_default()
+        .iter()
+        .map(|n| n.typ())
+        .collect();
+    assert!(!kinds.contains(&LinuxNamespaceType::User), "{kinds:?}");
+    // libcontainer refuses mappings without a user namespace: they travel as annotations.
+    assert_eq!(linux.uid_mappings().clone(), None);
+    let annotations = spec.annotations().clone().unwrap_or_default();
+    assert_eq!(
+        annotations
+            .get(ironlet_runtime::spec::subids::UID_MAP_ANNOTATION)
+            .map(String::as_str),
+        Some("0:1001:1,1:100000:65536")
+    );
+    let user = spec.process().clone().context("process")?.user().clone();
+    assert_eq!((user.uid(), user.gid()), (1234, 1234));
+    assert!(user
+        .additional_gids()
+        .clone()
+        .unwrap_or_default()
+        .contains(&2000));
+
+    c.security.run_as_user = Some(70000);
+    let err = build_spec(&SpecInputs {
+        user_namespace: Some(userns),
+        ..inputs(&c, &img, rootfs.path(), &ns)
+    })
+    .expect_err("uid 70000 is beyond the range");
+    assert!(
+        err.to_string().contains("uid 70000") && err.to_string().contains("0,1-65536"),
         "{err}"
     );
     Ok(())

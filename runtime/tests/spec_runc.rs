@@ -330,6 +330,7 @@ fn a_user_namespaced_container_on_the_host_network_runs_as_mapped_root_with_sys_
         gid_mappings: range(65536),
         path: None,
         unprivileged: false,
+        made_by_worker: false,
     };
     // sysfs cannot be mounted for a network namespace the user namespace does not own: the
     // spec bind-mounts the host's /sys instead, which is what makes this container start.

@@ -74,8 +74,14 @@ pub(super) async fn setup(
 }
 
 async fn plan(ctx: &PayloadContext<'_>, volume: &Volume) -> Result<Plan, SetUpError> {
-    let memory = || Medium::Memory {
-        size_bytes: memory_size(ctx.pod, ctx.allocatable, None),
+    // Payload volumes live on tmpfs as kubelet's do; rootless, mounting one needs a
+    // capability the agent lacks, so they are written to the (private) data root instead.
+    let rootless = !nix::unistd::geteuid().is_root();
+    let memory = || match rootless {
+        true => Medium::Disk,
+        false => Medium::Memory {
+            size_bytes: memory_size(ctx.pod, ctx.allocatable, None),
+        },
     };
     if let Some(empty_dir) = &volume.empty_dir {
         let size_limit_bytes = empty_dir
@@ -142,11 +148,21 @@ async fn plan(ctx: &PayloadContext<'_>, volume: &Volume) -> Result<Plan, SetUpEr
             kind: source_kind(volume),
         });
     };
-    let group = fs_group(ctx.pod);
+    let mut group = fs_group(ctx.pod);
     if group.is_some() {
         // kubelet's `SetVolumeOwnership` on a read-only volume adds `0440` to every file.
         for file in files.values_mut() {
             file.mode |= FS_GROUP_FILE_MODE;
+        }
+    }
+    if group.is_some() && rootless {
+        // Rootless: the group's host id is a subordinate one, which only the container's
+        // user namespace may give; the files stay the agent's (container root's) and every
+        // container user may read them instead.
+        tracing::debug!(volume = %volume.name, "rootless: fsGroup not applied to the payload; files are world-readable");
+        group = None;
+        for file in files.values_mut() {
+            file.mode |= ROOTLESS_FS_GROUP_FILE_MODE;
         }
     }
     Ok(Plan::Files {
@@ -160,6 +176,10 @@ async fn plan(ctx: &PayloadContext<'_>, volume: &Volume) -> Result<Plan, SetUpEr
 /// The bits kubelet's `SetVolumeOwnership` adds to the files of a read-only volume of a
 /// pod with an `fsGroup` (owner and group may read).
 const FS_GROUP_FILE_MODE: u32 = 0o440;
+
+/// What a rootless agent adds instead of [`FS_GROUP_FILE_MODE`] (it cannot give the files
+/// the group): read for everyone.
+const ROOTLESS_FS_GROUP_FILE_MODE: u32 = 0o444;
 
 /// The pod's `securityContext.fsGroup`, if set and valid.
 fn fs_group(pod: &Pod) -> Option<u32> {

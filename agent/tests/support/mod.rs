@@ -9,6 +9,7 @@
 #![allow(dead_code)]
 
 pub mod crash;
+pub mod rootless;
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;

@@ -24,6 +24,7 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use super::error::ImageError;
+use super::owners::OWNER_XATTR;
 use super::sys;
 use super::whiteout::{is_overlay_whiteout, Changes};
 
@@ -188,6 +189,10 @@ impl Copier<'_> {
             fs::set_permissions(dst, fs::Permissions::from_mode(meta.mode() & 0o7777))
                 .map_err(io_err("chmod", dst))?;
             copy_xattrs(src, dst, self.preserve_owner)?;
+            // A directory of a lower layer taken over by this one takes this one's owner.
+            if !self.preserve_owner && matches!(xattr::get(src, OWNER_XATTR), Ok(None)) {
+                let _ = xattr::remove(dst, OWNER_XATTR);
+            }
         }
         sys::set_times_at(pfd.as_fd(), name, meta.mtime(), meta.mtime_nsec() as u32)
             .map_err(io_err("setting times of", dst))

@@ -32,6 +32,7 @@ mod index;
 mod lower;
 mod mount;
 mod oci;
+pub mod owners;
 mod pull;
 mod reference;
 mod rootfs;

@@ -258,6 +258,16 @@ impl ImageStore {
 
     fn copy_rootfs(&self, snapshots: &[Snapshot], rootfs: &Path) -> Result<RootfsMode, ImageError> {
         make_dir(rootfs)?;
+        if let Some(old) = snapshots
+            .iter()
+            .find(|s| !self.config.privileged && !s.marker.owners_recorded)
+        {
+            tracing::warn!(
+                chain_id = %old.marker.chain_id,
+                "snapshot unpacked before file owners were recorded: its files belong to \
+                 container root; remove the image and pull it again for the image's owners"
+            );
+        }
         let layers = snapshots
             .iter()
             .map(|s| {

@@ -54,6 +54,10 @@ pub(crate) struct Marker {
     pub whiteouts: WhiteoutFormat,
     pub entries: u64,
     pub bytes: u64,
+    /// Unprivileged unpack recorded non-root owners in xattrs (`owners.rs`); `false` for a
+    /// snapshot unpacked before that (or as root, where the files have their owners).
+    #[serde(default)]
+    pub owners_recorded: bool,
 }
 
 /// A complete snapshot on disk.
@@ -256,6 +260,7 @@ impl ImageStore {
             whiteouts,
             entries: report.entries,
             bytes: report.bytes,
+            owners_recorded: !self.config.privileged,
         };
         let bytes = serde_json::to_vec(&marker)
             .map_err(|e| ImageError::io("encoding", tmp.join(DONE), std::io::Error::other(e)))?;

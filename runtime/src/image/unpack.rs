@@ -28,7 +28,8 @@
 //!
 //! Whiteouts (see `whiteout.rs`) are always returned in [`Changes`]; with
 //! [`WhiteoutFormat::Overlay`] they are also written as overlayfs expects them. Ownership is applied only with `preserve_owner` (root);
-//! otherwise files belong to the unpacking user. Directory modes and times are applied after
+//! otherwise files belong to the unpacking user and a non-root owner is recorded in an xattr
+//! (see `owners.rs`). Directory modes and times are applied after
 //! the last entry, so a read-only directory can still receive its children. xattrs are not
 //! set on symlinks. On error the target is left partly filled: callers unpack into a temp
 //! directory and remove it.
@@ -302,13 +303,22 @@ impl<'a> Unpacker<'a> {
                     }
                     _ => {
                         if let Some(x) = key.strip_prefix("SCHILY.xattr.") {
-                            if !x.starts_with("trusted.overlay.") && !x.starts_with("user.overlay.")
+                            if !x.starts_with("trusted.overlay.")
+                                && !x.starts_with("user.overlay.")
+                                && x != super::owners::OWNER_XATTR
                             {
                                 meta.xattrs.push((x.to_owned(), ext.value_bytes().to_vec()));
                             }
                         }
                     }
                 }
+            }
+        }
+        if !self.opts.preserve_owner {
+            // Applied inside the container's user namespace (see `owners.rs`).
+            if let Some(owner) = super::owners::record(meta.uid, meta.gid) {
+                meta.xattrs
+                    .push((super::owners::OWNER_XATTR.to_owned(), owner));
             }
         }
         Ok(meta)

@@ -13,7 +13,7 @@ use super::record::{self, ContainerPhase, ContainerRecord};
 use super::{logs, not_found, remove_dir_all_if_exists, Entry, Inner};
 use crate::error::RuntimeError;
 use crate::image::RootfsMode;
-use crate::spec::{NamespaceMode, SandboxNamespaces, SpecInputs, UserNamespace};
+use crate::spec::{NamespaceMode, SandboxNamespaces, SpecInputs};
 use crate::types::{ContainerConfig, ContainerId, ContainerState, SandboxId, SandboxState};
 
 /// How long a container's exit may take to be recorded by the zygote that reaps it, after
@@ -131,7 +131,10 @@ impl Inner {
                 .map_err(|e| RuntimeError::InvalidConfig(format!("rootfs task: {e}")))??;
 
         let namespaces = sandbox_namespaces(sandbox);
-        let user_namespace = self.config.rootless.then(UserNamespace::current_user);
+        let user_namespace = self
+            .config
+            .rootless
+            .then(crate::spec::subids::rootless_user_namespace);
         let hostname = if sandbox.config.hostname.is_empty() {
             sandbox.config.name.clone()
         } else {
@@ -428,12 +431,17 @@ impl Inner {
                 .get(id)
                 .and_then(|e| e.record.cgroups_path.clone())
         };
-        let cleaned = super::cleanup::remove_exited(
-            self.cgroups.as_ref(),
-            cgroups_path.as_deref(),
-            &self.config.libcontainer_root(),
-            id.as_str(),
-        );
+        // A rootfs given the image's owners inside the subordinate ranges (image/owners.rs)
+        // is handed back to the user by libcontainer's delete worker, not by the fast path.
+        let hand_back =
+            self.config.rootless && crate::image::owners::needs_hand_back(&self.container_dir(id));
+        let cleaned = !hand_back
+            && super::cleanup::remove_exited(
+                self.cgroups.as_ref(),
+                cgroups_path.as_deref(),
+                &self.config.libcontainer_root(),
+                id.as_str(),
+            );
         if !cleaned {
             self.zygote
                 .delete(id.as_str(), self.config.libcontainer_root(), true)

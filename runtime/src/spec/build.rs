@@ -16,6 +16,7 @@ use super::host::HostFacts;
 use super::inputs::{NamespaceMode, SpecInputs};
 use super::mounts::{MountContext, MASKED_PATHS, READONLY_PATHS};
 use super::rootfs_file::Rootfs;
+use super::subids;
 use super::{caps, devices, mounts, namespaces, process, resources, seccomp, user, SpecError};
 
 /// containerd's (and the kubelet's systemd unit's) open-files limit.
@@ -44,7 +45,7 @@ pub(crate) fn build_for_host(inputs: &SpecInputs<'_>, host: &HostFacts) -> Resul
     let mut user = user::resolve(&rootfs, security, inputs.image)?;
     if let Some(userns) = userns {
         check_mapped(userns, &user)?;
-        if userns.unprivileged && !user.additional_gids.is_empty() {
+        if !userns.allows_setgroups() && !user.additional_gids.is_empty() {
             tracing::debug!(gids = ?user.additional_gids, "unprivileged user namespace: leaving out additional gids");
             user.additional_gids.clear();
         }
@@ -97,6 +98,10 @@ pub(crate) fn build_for_host(inputs: &SpecInputs<'_>, host: &HostFacts) -> Resul
         host.cgroup_v2 && !security.privileged,
     )?));
     match userns {
+        Some(u) if u.made_by_worker => {
+            linux.set_uid_mappings(None);
+            linux.set_gid_mappings(None);
+        }
         Some(u) => {
             linux.set_uid_mappings(Some(namespaces::id_mappings("uid", &u.uid_mappings)?));
             linux.set_gid_mappings(Some(namespaces::id_mappings("gid", &u.gid_mappings)?));
@@ -169,13 +174,19 @@ pub(crate) fn build_for_host(inputs: &SpecInputs<'_>, host: &HostFacts) -> Resul
     spec.set_process(Some(process));
     let set_hostname = inputs.namespaces.uts != NamespaceMode::Host && !inputs.hostname.is_empty();
     spec.set_hostname(set_hostname.then(|| inputs.hostname.to_owned()));
-    spec.set_annotations(Some(
-        container
-            .annotations
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect::<HashMap<_, _>>(),
-    ));
+    let mut annotations = container
+        .annotations
+        .iter()
+        .filter(|(k, _)| !subids::is_map_annotation(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect::<HashMap<_, _>>();
+    if let Some(u) = userns.filter(|u| u.made_by_worker) {
+        // Checked as libcontainer would, then handed to the worker that maps them.
+        namespaces::id_mappings("uid", &u.uid_mappings)?;
+        namespaces::id_mappings("gid", &u.gid_mappings)?;
+        annotations.extend(subids::map_annotations(u));
+    }
+    spec.set_annotations(Some(annotations));
     spec.set_linux(Some(linux));
     tracing::debug!(container = %container.name, uid = user.uid, privileged = security.privileged, "built OCI spec");
     Ok(spec)
@@ -197,17 +208,23 @@ fn nofile_limit(inputs: &SpecInputs<'_>, host: &HostFacts) -> u64 {
 }
 
 fn check_mapped(userns: &super::UserNamespace, user: &user::ResolvedUser) -> Result<(), SpecError> {
+    let unmapped = |field, id, mappings: &[super::IdMapping]| SpecError::UnmappedId {
+        field,
+        id,
+        mapped: super::subids::describe(mappings),
+    };
     if !userns.maps_uid(user.uid) {
-        return Err(SpecError::UnmappedId {
-            field: "uid",
-            id: user.uid,
-        });
+        return Err(unmapped("uid", user.uid, &userns.uid_mappings));
     }
     if !userns.maps_gid(user.gid) {
-        return Err(SpecError::UnmappedId {
-            field: "gid",
-            id: user.gid,
-        });
+        return Err(unmapped("gid", user.gid, &userns.gid_mappings));
+    }
+    if let Some(gid) = userns
+        .allows_setgroups()
+        .then(|| user.additional_gids.iter().find(|g| !userns.maps_gid(**g)))
+        .flatten()
+    {
+        return Err(unmapped("supplementary gid", *gid, &userns.gid_mappings));
     }
     Ok(())
 }

@@ -32,8 +32,16 @@ pub enum SpecError {
     UnknownUser { field: &'static str, name: String },
     #[error("{field} names group {name:?}, which is not in the image's /etc/group")]
     UnknownGroup { field: &'static str, name: String },
-    #[error("{field} {id} is not mapped by the container's user namespace")]
-    UnmappedId { field: &'static str, id: u32 },
+    #[error(
+        "{field} {id} is not mapped by the container's user namespace (it maps container \
+         ids {mapped}; rootless, ids beyond 0 come from the user's /etc/subuid and /etc/subgid \
+         ranges)"
+    )]
+    UnmappedId {
+        field: &'static str,
+        id: u32,
+        mapped: String,
+    },
     #[error("{field} names unknown capability {name:?}")]
     UnknownCapability { field: &'static str, name: String },
     #[error("invalid mount {field} {path:?}: {reason}")]

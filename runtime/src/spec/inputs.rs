@@ -77,6 +77,10 @@ pub struct UserNamespace {
     /// (setgroups is denied in an unprivileged user namespace, CVE-2014-8989), so the spec
     /// carries none.
     pub unprivileged: bool,
+    /// The zygote's worker creates this namespace (with `newuidmap`/`newgidmap`, see
+    /// `subids.rs`) and runs libcontainer inside it as its root: the spec then lists no user
+    /// namespace, its mappings are the worker's, and supplementary groups can be set.
+    pub made_by_worker: bool,
 }
 
 impl UserNamespace {
@@ -97,6 +101,7 @@ impl UserNamespace {
             gid_mappings: single(gid.as_raw()),
             path: None,
             unprivileged: !uid.is_root(),
+            made_by_worker: false,
         }
     }
 
@@ -108,5 +113,11 @@ impl UserNamespace {
     /// Whether container gid `id` is mapped.
     pub fn maps_gid(&self, id: u32) -> bool {
         self.gid_mappings.iter().any(|m| m.maps(id))
+    }
+
+    /// Supplementary groups can be set: root created the namespace, or a privileged helper
+    /// wrote its gid map (an unprivileged writer must deny setgroups, CVE-2014-8989).
+    pub fn allows_setgroups(&self) -> bool {
+        !self.unprivileged || self.made_by_worker
     }
 }

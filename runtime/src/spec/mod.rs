@@ -41,6 +41,7 @@ mod process;
 mod resources;
 mod rootfs_file;
 mod seccomp;
+pub mod subids;
 mod user;
 
 pub use build::build_spec;

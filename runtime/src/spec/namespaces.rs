@@ -4,7 +4,8 @@
 //! means left out of the spec); mount is always new; cgroup is new on a cgroup v2 host for an
 //! unprivileged container (containerd keeps the host's on v1 and for privileged containers, for
 //! compatibility); user is new — or joined — when the container runs in a user namespace, with
-//! its uid/gid mappings.
+//! its uid/gid mappings (unless the zygote's worker makes it, see `subids.rs`: then the spec
+//! carries only the mappings).
 
 use std::path::Path;
 
@@ -47,7 +48,8 @@ pub(crate) fn namespaces(
     if new_cgroup_namespace {
         push(LinuxNamespaceType::Cgroup, None)?;
     }
-    if let Some(userns) = user_namespace {
+    // A namespace the zygote's worker makes is the one libcontainer already runs in.
+    if let Some(userns) = user_namespace.filter(|u| !u.made_by_worker) {
         if let Some(path) = &userns.path {
             if !path.is_absolute() {
                 return Err(SpecError::InvalidNamespacePath {

@@ -21,6 +21,7 @@ mod reaper;
 pub mod seccomp;
 pub(crate) mod server;
 pub(crate) mod sys;
+mod userns;
 mod worker;
 
 use std::os::fd::OwnedFd;

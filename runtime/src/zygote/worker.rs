@@ -98,15 +98,69 @@ fn perform(
         Request::Delete { id, .. } => Some((id.clone(), false)),
         _ => None,
     };
+    let mut plan = super::userns::Plan::OwnIds;
     if let Some((id, adds)) = cgroup_user.filter(|_| !nix::unistd::geteuid().is_root()) {
-        hide_cgroups_from_libcontainer(&id, adds)?;
+        plan = match &request {
+            Request::Create { bundle, .. } => {
+                super::userns::plan_for_create(bundle).map_err(|e| e.to_string())?
+            }
+            Request::Exec { state_root, .. } | Request::Delete { state_root, .. } => {
+                match load(state_root, &id) {
+                    Ok(c) => {
+                        super::userns::plan_for_existing(c.bundle(), c.pid().map(|p| p.as_raw()))
+                    }
+                    Err(_) => super::userns::Plan::OwnIds,
+                }
+            }
+            _ => super::userns::Plan::OwnIds,
+        };
+        hide_cgroups_from_libcontainer(&id, adds, &plan)?;
     }
     match request {
         Request::Create {
             id,
             bundle,
             state_root,
+        } if plan.maps_ranges() => {
+            let rootfs = super::userns::rootfs_of(&bundle).map_err(|e| e.to_string())?;
+            let changed = crate::image::owners::apply_recorded(&rootfs).map_err(|e| {
+                format!(
+                    "rootless: give the image's owners to {}: {e}",
+                    rootfs.display()
+                )
+            })?;
+            if changed > 0 {
+                crate::image::owners::mark_applied(&bundle)
+                    .map_err(|e| format!("rootless: mark {}: {e}", bundle.display()))?;
+            }
+            let created = create(&id, &bundle, &state_root, stdio, seccomp);
+            if created.is_err() {
+                // The agent removes the rootfs of a failed create; it must be the user's.
+                let _ = crate::image::owners::hand_back(&rootfs);
+            }
+            created.map(Some)
+        }
+        Request::Create {
+            id,
+            bundle,
+            state_root,
         } => create(&id, &bundle, &state_root, stdio, seccomp).map(Some),
+        Request::Delete {
+            id,
+            state_root,
+            force,
+        } if plan.maps_ranges() => {
+            let rootfs = load(&state_root, &id)
+                .ok()
+                .and_then(|c| super::userns::rootfs_of(c.bundle()).ok());
+            delete(&id, &state_root, force)?;
+            if let Some(rootfs) = rootfs {
+                crate::image::owners::hand_back(&rootfs).map_err(|e| {
+                    format!("rootless: give {} back to the user: {e}", rootfs.display())
+                })?;
+            }
+            Ok(None)
+        }
         Request::Delete {
             id,
             state_root,
@@ -248,25 +302,20 @@ fn exec(
 }
 
 /// Rootless without cgroup delegation: libcontainer's cgroup v1 manager has no rootless
-/// mode and fails to create its cgroup. So the worker moves into a user namespace that maps
-/// just its own ids (which lets it own a mount namespace) and covers every cgroup
-/// mount with a private tmpfs: libcontainer then "manages" empty directories nobody else
-/// sees, and on a pure v2 host finds no v1 controller at all. The container's own user
-/// namespace nests inside this one with the same ids, so nothing changes for the
-/// container; it simply has no limits, which the CLI and agent report.
-fn hide_cgroups_from_libcontainer(container_id: &str, adds_tasks: bool) -> Result<(), String> {
-    let uid = nix::unistd::geteuid().as_raw();
-    let gid = nix::unistd::getegid().as_raw();
+/// mode and fails to create its cgroup. So the worker moves into a user namespace (see
+/// `userns.rs`: its own ids only, the subordinate ranges, or the running container's), which
+/// lets it own a mount namespace, and covers every cgroup mount with a private tmpfs:
+/// libcontainer then "manages" empty directories nobody else sees, and on a pure v2 host
+/// finds no v1 controller at all. The container simply has no limits, which the CLI and
+/// agent report.
+fn hide_cgroups_from_libcontainer(
+    container_id: &str,
+    adds_tasks: bool,
+    plan: &super::userns::Plan,
+) -> Result<(), String> {
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
         .map_err(|e| format!("rootless: read mountinfo: {e}"))?;
-    nix::sched::unshare(CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNS)
-        .map_err(|e| format!("rootless: unshare user+mount namespace: {e}"))?;
-    let write = |file: &str, content: String| {
-        std::fs::write(file, content).map_err(|e| format!("rootless: write {file}: {e}"))
-    };
-    write("/proc/self/setgroups", "deny".into())?;
-    write("/proc/self/uid_map", format!("{uid} {uid} 1"))?;
-    write("/proc/self/gid_map", format!("{gid} {gid} 1"))?;
+    super::userns::enter(plan).map_err(|e| e.to_string())?;
     set_root_propagation(MsFlags::MS_PRIVATE, "rootless")?;
     for mount_point in cgroup_mount_points(&mountinfo) {
         // cpuset refuses tasks until cpus and mems are set, copied down from the parent.

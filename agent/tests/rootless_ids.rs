@@ -1,0 +1,409 @@
+//! Rootless id ranges end to end (issue 16, "Full id ranges"), as unprivileged users the test
+//! creates and removes: with a `/etc/subuid` and `/etc/subgid` range, an image's `USER` and
+//! its files' owners are what the image says inside the container, `runAsUser`, `fsGroup`
+//! and supplemental groups work in a static pod, and ids beyond the range are refused naming
+//! it; without a range, only the user's own id is mapped and a warning says so. Real
+//! containers through `ironlet ctr run` and `ironlet run`; needs root to create the users
+//! (CI runs as root), skips otherwise.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use support::rootless::StopOnDrop;
+
+fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// The first subordinate id of the test users' range: above what `useradd` hands out by
+/// default (100000 + 65536 per user), distinct per test process.
+fn range_start() -> u32 {
+    400_000 + (std::process::id() % 512) * 65536
+}
+
+/// An unprivileged user made for one test (`useradd` without automatic subordinate ids, then
+/// exactly the range asked for), removed with its home and ranges on drop.
+struct TestUser {
+    name: String,
+    uid: u32,
+    range: Option<(u32, u32)>,
+    work: tempfile::TempDir,
+}
+
+impl TestUser {
+    /// `range`: the subordinate uid and gid range `(start, count)`, or none.
+    fn new(tag: &str, range: Option<(u32, u32)>) -> Self {
+        let name = format!("irl-{tag}-{}", std::process::id());
+        let made = Command::new("useradd")
+            .args(["-K", "SUB_UID_COUNT=0", "-K", "SUB_GID_COUNT=0"])
+            .args(["--create-home", "--shell", "/bin/sh", &name])
+            .status()
+            .expect("useradd runs");
+        assert!(made.success(), "useradd {name}");
+        // From here on the user is removed however the test ends.
+        let uid = Command::new("id")
+            .args(["-u", &name])
+            .output()
+            .ok()
+            .and_then(|o| text(&o.stdout).trim().parse().ok());
+        let work = tempfile::Builder::new()
+            .prefix("ironlet-subid-")
+            .tempdir()
+            .expect("temp dir");
+        let user = Self {
+            name,
+            uid: uid.unwrap_or(u32::MAX),
+            range,
+            work,
+        };
+        assert_ne!(user.uid, u32::MAX, "uid of {}", user.name);
+        if let Some((start, count)) = range {
+            let ids = format!("{start}-{}", start + count - 1);
+            let added = Command::new("usermod")
+                .args(["--add-subuids", &ids, "--add-subgids", &ids, &user.name])
+                .status()
+                .expect("usermod runs");
+            assert!(added.success(), "usermod --add-subuids {ids}");
+        }
+        let work = user.work.path();
+        std::fs::set_permissions(work, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .expect("chmod work");
+        std::fs::copy(env!("CARGO_BIN_EXE_ironlet"), work.join("ironlet")).expect("copy binary");
+        let out = ironlet_runtime::testkit::test_images().expect("test images");
+        for image in ["busybox", "nonroot"] {
+            let cp = Command::new("cp")
+                .arg("-a")
+                .arg(out.join(image))
+                .arg(work.join(image))
+                .status()
+                .expect("cp runs");
+            assert!(cp.success(), "copy {image}");
+        }
+        let chown = Command::new("chown")
+            .arg("-R")
+            .arg(format!("{0}:{0}", user.uid))
+            .arg(work)
+            .status()
+            .expect("chown runs");
+        assert!(chown.success());
+        user
+    }
+
+    fn root_dir(&self) -> PathBuf {
+        self.work.path().join("root")
+    }
+
+    /// `ironlet --root-dir <work>/root ARGS` as the user.
+    fn cmd(&self, args: &[&str]) -> Command {
+        let work = self.work.path();
+        let mut cmd = Command::new("setpriv");
+        cmd.args(["--reuid", &self.uid.to_string()])
+            .args(["--regid", &self.uid.to_string(), "--init-groups", "--"])
+            .arg(work.join("ironlet"))
+            .arg("--root-dir")
+            .arg(self.root_dir())
+            .args(args)
+            .env("HOME", work)
+            .env_remove("XDG_RUNTIME_DIR")
+            .env_remove("IRONLET_LOG")
+            .stdin(Stdio::null());
+        cmd
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.cmd(args).output().expect("setpriv runs")
+    }
+
+    fn import(&self, image: &str) {
+        let layout = self.work.path().join(image);
+        let out = self.run(&["images", "import", &layout.to_string_lossy()]);
+        assert!(out.status.success(), "import: {}", text(&out.stderr));
+    }
+
+    /// `ctr run --rm IMAGE [FLAGS] -- sh -c SCRIPT`.
+    fn sh(&self, image: &str, flags: &[&str], script: &str) -> Output {
+        let mut args = vec!["ctr", "run", "--rm"];
+        args.extend_from_slice(flags);
+        args.extend_from_slice(&[image, "--", "sh", "-c", script]);
+        self.run(&args)
+    }
+
+    /// What `--rm` must have left: no container directory, no libcontainer state.
+    fn assert_no_containers(&self) {
+        for dir in ["containers", "libcontainer"] {
+            let left: Vec<_> = std::fs::read_dir(self.root_dir().join(dir))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.file_name())
+                .collect();
+            assert!(left.is_empty(), "{dir} left behind: {left:?}");
+        }
+    }
+}
+
+impl Drop for TestUser {
+    fn drop(&mut self) {
+        // Processes of the user and of the ids the tests run as (left only by a failed
+        // test), then the work dir (as root), then the user with its home and ranges.
+        let mut uids = vec![self.uid];
+        if let Some((start, _)) = self.range {
+            uids.extend([start + 999, start + 1233]);
+        }
+        for uid in uids {
+            let _ = Command::new("pkill")
+                .args(["-KILL", "-U", &uid.to_string()])
+                .status();
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        let _ = std::fs::remove_dir_all(self.work.path());
+        let _ = Command::new("userdel")
+            .args(["--remove", &self.name])
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// The mapping lines of `/proc/self/uid_map` output, whitespace-normalised.
+fn map_lines(out: &str) -> Vec<String> {
+    out.lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .filter(|l| l.split(' ').count() == 3 && l.split(' ').all(|f| f.parse::<u64>().is_ok()))
+        .collect()
+}
+
+#[test]
+fn an_image_user_and_its_file_owners_are_what_the_image_says_rootless() {
+    if !is_root() {
+        return;
+    }
+    let start = range_start();
+    let user = TestUser::new("ids", Some((start, 65536)));
+    user.import("nonroot");
+    let run = user.sh(
+        "nonroot",
+        &[],
+        "id -u; stat -c '%u:%g %n' /home/app/owned.txt /home/app /srv/root.txt /srv/group.txt; \
+         cat /srv/group.txt; cat /proc/self/uid_map /proc/self/gid_map",
+    );
+    let out = text(&run.stdout);
+    assert!(run.status.success(), "{}", text(&run.stderr));
+    let lines: Vec<_> = out.lines().collect();
+    assert_eq!(lines.first(), Some(&"1234"), "the image's USER: {out}");
+    for owned in [
+        "1000:1000 /home/app/owned.txt",
+        "1000:1000 /home/app",
+        "0:0 /srv/root.txt",
+        "1234:2000 /srv/group.txt",
+    ] {
+        assert!(lines.contains(&owned), "{owned} inside: {out}");
+    }
+    // 0640 1234:2000: only readable because the owner really is 1234.
+    assert!(lines.contains(&"1234:2000"), "{out}");
+    let expected = [format!("0 {} 1", user.uid), format!("1 {start} 65536")];
+    let maps = map_lines(&out);
+    assert_eq!(maps, [&expected[..], &expected[..]].concat(), "{out}");
+    assert!(
+        !text(&run.stderr).contains("only uid"),
+        "no fallback warning with a range: {}",
+        text(&run.stderr)
+    );
+    user.assert_no_containers();
+
+    // Owners are effective: uid 1000 writes into its own directory; 1234 may not.
+    let run = user.sh(
+        "nonroot",
+        &["-u", "1000:1000"],
+        "touch /home/app/new && stat -c %u /home/app/new; touch /srv/x 2>/dev/null || echo denied",
+    );
+    assert!(run.status.success(), "{}", text(&run.stderr));
+    assert_eq!(text(&run.stdout), "1000\ndenied\n");
+    user.assert_no_containers();
+
+    // A running container as 1234: its process runs as the mapped host id, exec and a
+    // forced removal work on it (they join the container's namespace).
+    let run = user.run(&[
+        "ctr", "run", "-d", "--name", "long", "nonroot", "--", "sleep", "300",
+    ]);
+    assert!(run.status.success(), "{}", text(&run.stderr));
+    let host_uid = (start + 1233).to_string();
+    let ps = Command::new("ps")
+        .args(["-o", "uid=,args=", "-U", &host_uid])
+        .output()
+        .expect("ps");
+    assert!(
+        text(&ps.stdout).contains("sleep 300"),
+        "the container process runs as host uid {host_uid}: {}",
+        text(&ps.stdout)
+    );
+    let exec = user.run(&["ctr", "exec", "long", "--", "stat", "-c", "%u", "/home/app"]);
+    assert!(exec.status.success(), "exec: {}", text(&exec.stderr));
+    assert_eq!(text(&exec.stdout), "1000\n");
+    let rm = user.run(&["ctr", "rm", "-f", "long"]);
+    assert!(rm.status.success(), "rm -f: {}", text(&rm.stderr));
+    user.assert_no_containers();
+
+    // Beyond the range: refused, naming it.
+    let run = user.sh("nonroot", &["-u", "70000"], "id -u");
+    assert!(!run.status.success());
+    let err = text(&run.stderr);
+    assert!(
+        err.contains("uid 70000 is not mapped") && err.contains("0,1-65536"),
+        "{err}"
+    );
+    user.assert_no_containers();
+}
+
+#[test]
+fn without_a_subordinate_range_only_the_own_id_is_mapped_with_a_warning() {
+    if !is_root() {
+        return;
+    }
+    let user = TestUser::new("single", None);
+    user.import("busybox");
+    let run = user.sh("busybox", &[], "id -u; cat /proc/self/uid_map");
+    assert!(run.status.success(), "{}", text(&run.stderr));
+    let out = text(&run.stdout);
+    assert_eq!(out.lines().next(), Some("0"), "{out}");
+    assert_eq!(map_lines(&out), [format!("0 {} 1", user.uid)], "{out}");
+    let err = text(&run.stderr);
+    assert!(
+        err.contains(&format!("only uid {} is mapped", user.uid))
+            && err.contains("has no range for user"),
+        "the fallback warning: {err}"
+    );
+    assert_eq!(err.matches("only uid").count(), 1, "one warning: {err}");
+    let run = user.sh("busybox", &["-u", "1234"], "id -u");
+    assert!(!run.status.success());
+    assert!(
+        text(&run.stderr).contains("uid 1234 is not mapped")
+            && text(&run.stderr).contains("maps container ids 0;"),
+        "{}",
+        text(&run.stderr)
+    );
+    user.assert_no_containers();
+}
+
+/// A file named `name` anywhere under `dir` (the pod's emptyDir on the host).
+fn find_file(dir: &Path, name: &str) -> Option<PathBuf> {
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let path = entry.path();
+            match entry.file_type() {
+                Ok(t) if t.is_dir() => stack.push(path),
+                Ok(_) if entry.file_name() == name => return Some(path),
+                _ => {}
+            }
+        }
+    }
+    None
+}
+
+#[test]
+fn a_rootless_pod_runs_as_run_as_user_with_fs_group_and_a_writable_empty_dir() {
+    if !is_root() {
+        return;
+    }
+    let start = range_start() + 65536 * 600;
+    let user = TestUser::new("pod", Some((start, 65536)));
+    user.import("busybox");
+    let manifests = user.work.path().join("manifests");
+    std::fs::create_dir(&manifests).expect("manifest dir");
+    let log_path = user.work.path().join("agent.log");
+    let log = std::fs::File::create(&log_path).expect("agent log");
+    let child = user
+        .cmd(&[
+            "run",
+            "--manifests",
+            &manifests.to_string_lossy(),
+            "--node-name",
+            "rootless-ids",
+            "--file-check-frequency",
+            "1s",
+        ])
+        .stdout(log.try_clone().expect("log fd"))
+        .stderr(log)
+        .spawn()
+        .expect("rootless agent starts");
+    let agent = StopOnDrop {
+        agent: child,
+        manifests: manifests.clone(),
+    };
+    let manifest = manifests.join("ids.yaml");
+    std::fs::write(
+        &manifest,
+        r#"apiVersion: v1
+kind: Pod
+metadata: {name: ids}
+spec:
+  terminationGracePeriodSeconds: 1
+  securityContext: {runAsUser: 1234, runAsGroup: 1234, fsGroup: 2000, supplementalGroups: [3000]}
+  volumes:
+  - {name: scratch, emptyDir: {}}
+  - name: info
+    downwardAPI: {defaultMode: 0400, items: [{path: name, fieldRef: {fieldPath: metadata.name}}]}
+  containers:
+  - name: c
+    image: busybox
+    volumeMounts: [{name: scratch, mountPath: /scratch}, {name: info, mountPath: /info}]
+    command: [sh, -c, "echo written > /scratch/probe && cat /info/name > /scratch/info && id > /scratch/id.tmp && mv /scratch/id.tmp /scratch/id-out; sleep 3600"]
+"#,
+    )
+    .expect("manifest");
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let found = loop {
+        if let Some(path) = find_file(&user.root_dir(), "id-out") {
+            break path;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the pod never wrote its ids; agent log:\n{}",
+            std::fs::read_to_string(&log_path).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let ids = std::fs::read_to_string(&found).unwrap_or_default();
+    assert!(
+        ids.starts_with("uid=1234 gid=1234 groups="),
+        "runAsUser/runAsGroup: {ids}"
+    );
+    for group in ["2000", "3000"] {
+        assert!(ids.contains(group), "fsGroup and supplementalGroups: {ids}");
+    }
+    // A payload volume of an fsGroup pod (defaultMode 0400) is readable by the pod's user.
+    let info = std::fs::read_to_string(found.with_file_name("info")).unwrap_or_default();
+    assert!(
+        info.starts_with("ids"),
+        "downwardAPI file read as 1234: {info:?}"
+    );
+    // Written by container uid 1234: on the host, the range's id for it.
+    let probe = found.with_file_name("probe");
+    let owner = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(&probe).expect("probe"));
+    assert_eq!(owner, start + 1233, "host owner of the emptyDir file");
+
+    std::fs::remove_file(&manifest).expect("remove manifest");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while find_file(&user.root_dir(), "id-out").is_some() || !containers_gone(&user) {
+        assert!(
+            Instant::now() < deadline,
+            "the pod was not removed; agent log:\n{}",
+            std::fs::read_to_string(&log_path).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    drop(agent);
+}
+
+fn containers_gone(user: &TestUser) -> bool {
+    std::fs::read_dir(user.root_dir().join("containers"))
+        .map(|d| d.count() == 0)
+        .unwrap_or(true)
+}
