@@ -50,6 +50,46 @@ impl EventRecorder for ApiRecorder {
             tracing::warn!(pod = %pod_full_name(pod), reason, "event queue full; event dropped");
         }
     }
+
+    fn node_event(&self, kind: EventType, reason: &'static str, message: String) {
+        crate::kubelet::events::TracingRecorder.node_event(kind, reason, message.clone());
+        let event = node_event(kind, reason, message, &self.node_name);
+        if self.tx.try_send(event).is_err() {
+            tracing::warn!(reason, "event queue full; node event dropped");
+        }
+    }
+}
+
+/// A `v1.Event` about the node, as kubelet writes it (its `nodeRef`: kind Node, the node's
+/// name as name and uid, in the `default` namespace).
+pub fn node_event(kind: EventType, reason: &str, message: String, node_name: &str) -> Event {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    Event {
+        metadata: ObjectMeta {
+            name: Some(format!("{node_name}.{:x}", now.as_nanosecond())),
+            namespace: Some("default".into()),
+            ..ObjectMeta::default()
+        },
+        involved_object: ObjectReference {
+            kind: Some("Node".into()),
+            name: Some(node_name.to_owned()),
+            uid: Some(node_name.to_owned()),
+            ..ObjectReference::default()
+        },
+        reason: Some(reason.to_owned()),
+        message: Some(message),
+        type_: Some(kind.as_str().to_owned()),
+        source: Some(EventSource {
+            component: Some("kubelet".into()),
+            host: Some(node_name.to_owned()),
+        }),
+        reporting_component: Some("kubelet".into()),
+        reporting_instance: Some(node_name.to_owned()),
+        first_timestamp: Some(Time(now)),
+        last_timestamp: Some(Time(now)),
+        count: Some(1),
+        ..Event::default()
+    }
 }
 
 /// A `v1.Event` about `pod`, as kubelet writes it.
