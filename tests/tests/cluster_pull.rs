@@ -5,6 +5,12 @@
 //! docker-registry` secret, with `Pulling`/`Pulled` events; a secret with a wrong password
 //! leaves the container in `ErrImagePull`/`ImagePullBackOff` with the registry's error.
 //!
+//! The agent runs with `--serialize-image-pulls` and `--node-status-max-images=1`: two pods
+//! of two images pull one after the other (the agent's pull log shows intervals that do not
+//! overlap), and the Node's `status.images` lists the largest image only, the pulled one,
+//! with its size. A pod whose service account names the pull secret pulls with it (the API
+//! server's ServiceAccount admission copies `imagePullSecrets` into the pod, as for kubelet).
+//!
 //! One control plane, one registry and one agent (node `e2e-pull-<pid>`) serve every test
 //! of this binary. Needs root (containers, cgroups, CNI).
 
@@ -38,6 +44,18 @@ const TESTS: &[SuiteTest<Env>] = &[
         "a_wrong_password_leaves_the_container_in_image_pull_back_off_with_the_registrys_error",
         wrong_password_backs_off,
     ),
+    (
+        "the_node_status_lists_the_pulled_image_with_its_size_up_to_the_limit",
+        node_status_images,
+    ),
+    (
+        "serialized_pulls_of_two_pods_run_one_after_the_other",
+        serialized_pulls,
+    ),
+    (
+        "a_pod_pulls_with_the_pull_secret_of_its_service_account",
+        service_account_secret,
+    ),
 ];
 
 fn main() {
@@ -52,6 +70,8 @@ fn start() -> Result<Env> {
     })?;
     // layered: three of its four layers are nowhere on the node (the agent imports busybox).
     registry.push(&images_out()?.join("layered"), "pulled/layered:1", &[])?;
+    registry.push(&images_out()?.join("busybox"), "serial/a:1", &[])?;
+    registry.push(&images_out()?.join("layered"), "serial/b:1", &[])?;
     let work = tempfile::tempdir()?;
     let config = work.path().join("registries.yaml");
     std::fs::write(
@@ -69,7 +89,12 @@ fn start() -> Result<Env> {
         &kubeconfig,
         &node,
         (std::process::id() + 97) % 250,
-        &["--registry-config".as_ref(), config.as_os_str()],
+        &[
+            "--registry-config".as_ref(),
+            config.as_os_str(),
+            "--serialize-image-pulls".as_ref(),
+            "--node-status-max-images=1".as_ref(),
+        ],
     )?;
     Ok(Env {
         plane,
@@ -82,6 +107,19 @@ fn start() -> Result<Env> {
 /// A pod of the registry's image with pull secret `secret`; `Always` pulls even when the
 /// image is present (so a wrong password is always checked).
 fn registry_pod(env: &Env, name: &str, secret: &str, policy: &str) -> Result<Pod> {
+    image_pod(env, name, "pulled/layered:1", Some(secret), policy)
+}
+
+/// A pod of the registry's `repo_tag`, with pull secret `secret` if any.
+fn image_pod(
+    env: &Env,
+    name: &str,
+    repo_tag: &str,
+    secret: Option<&str>,
+    policy: &str,
+) -> Result<Pod> {
+    let secrets: Vec<serde_json::Value> =
+        secret.into_iter().map(|s| json!({ "name": s })).collect();
     Ok(serde_json::from_value(json!({
         "apiVersion": "v1",
         "kind": "Pod",
@@ -89,10 +127,10 @@ fn registry_pod(env: &Env, name: &str, secret: &str, policy: &str) -> Result<Pod
         "spec": {
             "nodeName": env.agent.node_name,
             "terminationGracePeriodSeconds": 1,
-            "imagePullSecrets": [{ "name": secret }],
+            "imagePullSecrets": secrets,
             "containers": [{
                 "name": "main",
-                "image": format!("{}/pulled/layered:1", env.registry.host()),
+                "image": format!("{}/{repo_tag}", env.registry.host()),
                 "imagePullPolicy": policy,
                 "command": ["sleep", "3603"],
             }],
@@ -244,6 +282,238 @@ fn wrong_password_backs_off(env: &Env) -> Result<()> {
         anyhow::ensure!(
             events.iter().any(|(r, _)| r == "BackOff"),
             "no BackOff event: {events:?}"
+        );
+        Ok(())
+    })
+}
+
+async fn wait_running(pods: &Api<Pod>, name: &str) -> Result<Pod> {
+    eventually(
+        &format!("{name} Running"),
+        Duration::from_secs(90),
+        || async {
+            let pod = pods.get(name).await?;
+            let phase = pod.status.as_ref().and_then(|s| s.phase.clone());
+            Ok((phase.as_deref() == Some("Running")).then_some(pod))
+        },
+    )
+    .await
+}
+
+/// Size of a test image as the store counts it: config plus layer blobs, from its OCI
+/// layout's manifest.
+fn layout_image_size(name: &str) -> Result<i64> {
+    let dir = images_out()?.join(name);
+    let index: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("index.json"))?)?;
+    let digest = index["manifests"][0]["digest"]
+        .as_str()
+        .unwrap_or_default()
+        .trim_start_matches("sha256:")
+        .to_owned();
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("blobs/sha256").join(digest))?)?;
+    let layers: i64 = manifest["layers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|l| l["size"].as_i64())
+        .sum();
+    Ok(layers + manifest["config"]["size"].as_i64().unwrap_or_default())
+}
+
+fn node_status_images(env: &Env) -> Result<()> {
+    block_on(async {
+        docker_registry_secret(env, "regcred", PASS)?;
+        let client = env.plane.admin_client().await?;
+        let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+        create_pod(
+            &pods,
+            &registry_pod(env, "listed", "regcred", "IfNotPresent")?,
+        )
+        .await?;
+        let running = wait_running(&pods, "listed").await;
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client);
+        let tag = format!("{}/pulled/layered:1", env.registry.host());
+        let digest = format!("{}/pulled/layered@sha256:", env.registry.host());
+        // The limit is 1 and busybox (imported) is smaller: only the pulled image.
+        let listed = eventually(
+            "status.images lists the pulled image",
+            Duration::from_secs(60),
+            || async {
+                let node = nodes.get(&env.agent.node_name).await?;
+                let images = node.status.and_then(|s| s.images).unwrap_or_default();
+                let found = images.len() == 1
+                    && images[0].names.as_ref().is_some_and(|n| {
+                        n.contains(&tag) && n.iter().any(|x| x.starts_with(&digest))
+                    });
+                Ok(found.then_some(images))
+            },
+        )
+        .await;
+        let cleanup = delete_pod(&pods, "listed").await;
+        running?;
+        let images = listed?;
+        cleanup?;
+        let names = images[0].names.clone().unwrap_or_default();
+        anyhow::ensure!(
+            names.len() <= 5 && names[0].starts_with(&digest),
+            "repo digests first, five names at most: {names:?}"
+        );
+        anyhow::ensure!(
+            images[0].size_bytes == Some(layout_image_size("layered")?),
+            "size {:?}, the image is {} bytes",
+            images[0].size_bytes,
+            layout_image_size("layered")?
+        );
+        Ok(())
+    })
+}
+
+/// `(start, end)` of each pull of `image` in the agent's log ("image pull started" /
+/// "image pull finished" lines).
+fn pull_intervals(log: &str, image: &str) -> Vec<(jiff_ts::Timestamp, jiff_ts::Timestamp)> {
+    let mut out = Vec::new();
+    let mut started = None;
+    for line in log.lines().map(strip_ansi) {
+        if !line.contains(&format!("image={image} ")) && !line.ends_with(&format!("image={image}"))
+        {
+            continue;
+        }
+        let Some(at) = line
+            .split_whitespace()
+            .next()
+            .and_then(|t| t.parse::<jiff_ts::Timestamp>().ok())
+        else {
+            continue;
+        };
+        if line.contains("image pull started") {
+            started = Some(at);
+        } else if line.contains("image pull finished") {
+            if let Some(s) = started.take() {
+                out.push((s, at));
+            }
+        }
+    }
+    out
+}
+
+use k8s_openapi::jiff as jiff_ts;
+
+fn strip_ansi(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for d in chars.by_ref() {
+                if d.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn serialized_pulls(env: &Env) -> Result<()> {
+    block_on(async {
+        docker_registry_secret(env, "regcred", PASS)?;
+        let pods: Api<Pod> = Api::namespaced(env.plane.admin_client().await?, "default");
+        let images = ["serial/a:1", "serial/b:1"];
+        for (name, image) in [("serial-a", images[0]), ("serial-b", images[1])] {
+            create_pod(
+                &pods,
+                &image_pod(env, name, image, Some("regcred"), "Always")?,
+            )
+            .await?;
+        }
+        let a = wait_running(&pods, "serial-a").await;
+        let b = wait_running(&pods, "serial-b").await;
+        let events = [
+            event_messages(env, "serial-a").await?,
+            event_messages(env, "serial-b").await?,
+        ];
+        let cleanup = (
+            delete_pod(&pods, "serial-a").await,
+            delete_pod(&pods, "serial-b").await,
+        );
+        a?;
+        b?;
+        cleanup.0?;
+        cleanup.1?;
+        let log = env.agent.log();
+        let mut spans = Vec::new();
+        for image in images {
+            let full = format!("{}/{image}", env.registry.host());
+            let found = pull_intervals(&log, &full);
+            anyhow::ensure!(found.len() == 1, "pulls of {full}: {found:?}");
+            spans.push(found[0]);
+        }
+        spans.sort();
+        anyhow::ensure!(
+            spans[1].0 >= spans[0].1,
+            "the second pull started at {} before the first ended at {}",
+            spans[1].0,
+            spans[0].1
+        );
+        for list in &events {
+            anyhow::ensure!(
+                list.iter().any(|(r, m)| r == "Pulled"
+                    && m.starts_with("Successfully pulled image")
+                    && m.contains("s including waiting)")),
+                "no Pulled event: {list:?}"
+            );
+        }
+        Ok(())
+    })
+}
+
+fn service_account_secret(env: &Env) -> Result<()> {
+    block_on(async {
+        docker_registry_secret(env, "sacred", PASS)?;
+        let _ = env
+            .plane
+            .kubectl(&["delete", "serviceaccount", "puller", "--ignore-not-found"]);
+        env.plane.kubectl(&["create", "serviceaccount", "puller"])?;
+        env.plane.kubectl(&[
+            "patch",
+            "serviceaccount",
+            "puller",
+            "-p",
+            r#"{"imagePullSecrets":[{"name":"sacred"}]}"#,
+        ])?;
+        let pods: Api<Pod> = Api::namespaced(env.plane.admin_client().await?, "default");
+        // No pod-level secret; Always: the registry is asked (with credentials) every time.
+        let mut pod = image_pod(env, "sa-pull", "pulled/layered:1", None, "Always")?;
+        if let Some(spec) = pod.spec.as_mut() {
+            spec.service_account_name = Some("puller".into());
+        }
+        create_pod(&pods, &pod).await?;
+        let running = wait_running(&pods, "sa-pull").await;
+        let events = event_messages(env, "sa-pull").await?;
+        let cleanup = delete_pod(&pods, "sa-pull").await;
+        let _ = env
+            .plane
+            .kubectl(&["delete", "serviceaccount", "puller", "--ignore-not-found"]);
+        let pod = running?;
+        cleanup?;
+        let secrets: Vec<String> = pod
+            .spec
+            .and_then(|s| s.image_pull_secrets)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|r| r.name)
+            .collect();
+        anyhow::ensure!(
+            secrets == ["sacred"],
+            "the API server copied the service account's secrets: {secrets:?}"
+        );
+        anyhow::ensure!(
+            events
+                .iter()
+                .any(|(r, m)| r == "Pulled" && m.starts_with("Successfully pulled image")),
+            "pulled from the registry with the service account's secret: {events:?}"
         );
         Ok(())
     })

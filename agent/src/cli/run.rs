@@ -248,6 +248,31 @@ pub(super) fn parse_log_max_files(text: &str) -> Result<usize, String> {
     }
 }
 
+/// The image GC policy and pull limit the flags ask for, validated as kubelet validates them.
+struct ImageSettings {
+    gc_policy: ironlet::kubelet::image_gc::ImageGcPolicy,
+    max_parallel_pulls: Option<usize>,
+}
+
+fn image_settings(args: &RunArgs) -> anyhow::Result<ImageSettings> {
+    let gc_policy = ironlet::kubelet::image_gc::ImageGcPolicy {
+        high_threshold_percent: args.image_gc_high_threshold,
+        low_threshold_percent: args.image_gc_low_threshold,
+        min_age: args.image_minimum_gc_age,
+        max_age: args.image_maximum_gc_age,
+    };
+    gc_policy.validate().map_err(anyhow::Error::msg)?;
+    if args.image_gc_period.is_zero() {
+        bail!("--image-gc-period must be more than 0s");
+    }
+    let max_parallel_pulls = pull_limit(args.serialize_image_pulls, args.max_parallel_image_pulls)
+        .map_err(anyhow::Error::msg)?;
+    Ok(ImageSettings {
+        gc_policy,
+        max_parallel_pulls,
+    })
+}
+
 /// Pulls at once node-wide from kubelet's `serializeImagePulls` and `maxParallelImagePulls`,
 /// with kubelet's validation messages.
 pub(super) fn pull_limit(
@@ -328,6 +353,8 @@ pub fn run(
     matches: &clap::ArgMatches,
 ) -> anyhow::Result<ExitCode> {
     super::kubelet_config::apply_file(&mut args, matches)?;
+    // A configuration error stops the start here, not in an agent the supervisor restarts.
+    image_settings(&args)?;
     let rootless = super::running_rootless();
     let root_dir = super::root_dir(&root_flag, rootless);
     if args.pod_manifest_path.is_none() && args.manifest_url.is_none() && args.kubeconfig.is_none()
@@ -404,23 +431,10 @@ fn run_agent(
         max_per_pod_container: args.maximum_dead_containers_per_container,
         max_containers: args.maximum_dead_containers,
     };
-    config.image_gc_policy = ironlet::kubelet::image_gc::ImageGcPolicy {
-        high_threshold_percent: args.image_gc_high_threshold,
-        low_threshold_percent: args.image_gc_low_threshold,
-        min_age: args.image_minimum_gc_age,
-        max_age: args.image_maximum_gc_age,
-    };
-    config
-        .image_gc_policy
-        .validate()
-        .map_err(anyhow::Error::msg)?;
-    if args.image_gc_period.is_zero() {
-        bail!("--image-gc-period must be more than 0s");
-    }
+    let images = image_settings(&args)?;
+    config.image_gc_policy = images.gc_policy;
     config.image_gc_period = args.image_gc_period;
-    config.max_parallel_image_pulls =
-        pull_limit(args.serialize_image_pulls, args.max_parallel_image_pulls)
-            .map_err(anyhow::Error::msg)?;
+    config.max_parallel_image_pulls = images.max_parallel_pulls;
     if args.read_only_port != 0 {
         bail!("--read-only-port is not served by ironlet (unauthenticated); leave it at 0");
     }

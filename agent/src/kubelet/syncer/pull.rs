@@ -184,8 +184,11 @@ impl NodeSyncer {
             None => None,
         };
         let pull_started = Instant::now();
+        let pod_name = crate::config::pod_full_name(pod);
+        tracing::info!(pod = %pod_name, %image, waited = ?started.elapsed(), "image pull started");
         let result = self.images.pull_image(image, request).await;
         drop(slot);
+        tracing::info!(pod = %pod_name, %image, ok = result.is_ok(), "image pull finished");
         match result {
             Ok(report) => {
                 // A joined pull started before this call: report at most our own part.
