@@ -25,8 +25,10 @@
 //! restart every image is new again (the minimum age protects all of them, least recently
 //! used order is lost, and the maximum age waits one full age since the start). ironlet
 //! saves them in `<root-dir>/image-gc-state.json` after every run and reads them at start,
-//! so order and ages survive agent restarts and upgrades; the "wait one maximum age after
-//! the start" guard then applies only when there was no saved state. A second deviation,
+//! so order and ages survive agent restarts and upgrades. Nothing is removed in the first
+//! minimum age after a start with saved state (the containers of pods started again after
+//! a reboot do not exist yet: kubelet's newly detected images are protected that long),
+//! and without saved state the maximum age waits one full age, as kubelet's. A second deviation,
 //! for the maximum age: an image never used counts from its first detection (kubelet's
 //! zero last-used time makes a just-pulled image "older than any maximum age" once the
 //! kubelet has run that long, racing the container about to use it).
@@ -212,6 +214,24 @@ pub fn eviction_order(
     out
 }
 
+/// When, after a start at `now`, images may first be removed for space and for their
+/// maximum age. Without saved state (kubelet): every image is newly detected, which the
+/// minimum age protects, and the maximum age waits one full age. With saved state the
+/// recorded times are real, but the containers of pods about to be started again (after a
+/// reboot) do not exist yet: both wait the minimum age, the time kubelet's newly detected
+/// images are protected.
+pub fn start_grace(
+    saved: bool,
+    policy: &ImageGcPolicy,
+    now: SystemTime,
+) -> (SystemTime, SystemTime) {
+    if saved {
+        (now + policy.min_age, now + policy.min_age)
+    } else {
+        (now, now + policy.max_age)
+    }
+}
+
 /// Whether `c` is older than the maximum age at `now` (unused since its last use, or since
 /// its first detection when never used).
 pub fn too_old(c: &Candidate, max_age: Duration, now: SystemTime) -> bool {
@@ -263,8 +283,9 @@ struct SavedState {
 #[derive(Debug)]
 struct State {
     records: HashMap<String, ImageRecord>,
-    /// When the maximum age may first apply (kubelet: one age after the start; with saved
-    /// state: at once).
+    /// When images may first be removed for space (see [`start_grace`]).
+    space_from: SystemTime,
+    /// When the maximum age may first apply (see [`start_grace`]).
     max_age_from: SystemTime,
     previous_failed: bool,
 }
@@ -313,11 +334,7 @@ impl ImageGc {
                     None
                 }
             });
-        let max_age_from = if saved.is_some() {
-            now
-        } else {
-            now + policy.max_age
-        };
+        let (space_from, max_age_from) = start_grace(saved.is_some(), &policy, now);
         Self {
             runtime,
             images,
@@ -327,6 +344,7 @@ impl ImageGc {
             events,
             state: tokio::sync::Mutex::new(State {
                 records: saved.map(|s| s.records).unwrap_or_default(),
+                space_from,
                 max_age_from,
                 previous_failed: false,
             }),
@@ -540,6 +558,10 @@ impl ImageGc {
     ) -> Result<u64, ImageGcError> {
         let mut freed = 0u64;
         let mut errors = Vec::new();
+        if now < state.space_from {
+            tracing::info!("images are kept for the minimum age after the start");
+            return Ok(0);
+        }
         for c in candidates {
             if freed >= wanted {
                 break;
@@ -753,6 +775,7 @@ mod tests {
             events: Arc::new(super::super::events::TracingRecorder),
             state: tokio::sync::Mutex::new(State {
                 records: HashMap::new(),
+                space_from: t(0),
                 max_age_from: t(0),
                 previous_failed: false,
             }),
@@ -779,6 +802,16 @@ mod tests {
         );
         assert_eq!(gc.node_images(2).len(), 2);
         assert!(gc.node_images(0).is_empty());
+    }
+
+    #[test]
+    fn after_a_start_nothing_goes_before_the_minimum_age_nor_by_age_before_kubelet_would() {
+        let policy = ImageGcPolicy {
+            max_age: Duration::from_secs(3600),
+            ..ImageGcPolicy::default()
+        };
+        assert_eq!(start_grace(false, &policy, t(0)), (t(0), t(3600)));
+        assert_eq!(start_grace(true, &policy, t(0)), (t(120), t(120)));
     }
 
     #[test]
