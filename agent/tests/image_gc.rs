@@ -145,6 +145,25 @@ fn unused_images_go_above_the_threshold_but_used_young_and_pinned_ones_stay() {
     );
     // The image a running container uses stays, and so does the pod.
     assert!(repos(&agent).contains("busybox"));
+    // The times survive restarts: saved, busybox's last use included.
+    let ids: BTreeSet<String> = ironlet(&agent, &["images", "ls", "-q"])
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    let state: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(agent.root.path().join("image-gc-state.json")).expect("state saved"),
+    )
+    .expect("state is JSON");
+    let records = state["records"].as_object().cloned().unwrap_or_default();
+    assert_eq!(
+        records.keys().cloned().collect::<BTreeSet<_>>(),
+        ids,
+        "{state}"
+    );
+    assert!(
+        records.values().all(|r| !r["last_used"].is_null()),
+        "busybox is in use: {state}"
+    );
     let pod = agent.pod("user").expect("pod listed");
     assert_eq!(support::phase(&pod), "Running");
 
