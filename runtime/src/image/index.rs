@@ -77,6 +77,7 @@ impl IndexFile {
         let manifest = self.refs.remove(reference)?;
         if self.refs_to(&manifest).next().is_none() {
             self.images.remove(&manifest);
+            self.drop_stale_pins();
         }
         Some(manifest)
     }
@@ -94,6 +95,7 @@ impl IndexFile {
         if let Some(old) = self.refs.insert(reference, manifest.clone()) {
             if old != manifest && self.refs_to(&old).next().is_none() {
                 self.images.remove(&old);
+                self.drop_stale_pins();
             }
         }
     }
