@@ -10,6 +10,9 @@
 //! overlap), and the Node's `status.images` lists the largest image only, the pulled one,
 //! with its size. A pod whose service account names the pull secret pulls with it (the API
 //! server's ServiceAccount admission copies `imagePullSecrets` into the pod, as for kubelet).
+//! Image GC thresholds of 1 %/0 % make its first run (at start) fail to free enough — every
+//! image is younger than the 2 min minimum age, so nothing is removed while the tests run —
+//! and the Node gets kubelet's `FreeDiskSpaceFailed` warning.
 //!
 //! One control plane, one registry and one agent (node `e2e-pull-<pid>`) serve every test
 //! of this binary. Needs root (containers, cgroups, CNI).
@@ -56,6 +59,10 @@ const TESTS: &[SuiteTest<Env>] = &[
         "a_pod_pulls_with_the_pull_secret_of_its_service_account",
         service_account_secret,
     ),
+    (
+        "image_gc_that_cannot_free_enough_warns_on_the_node_with_kubelets_message",
+        image_gc_warning,
+    ),
 ];
 
 fn main() {
@@ -94,6 +101,8 @@ fn start() -> Result<Env> {
             config.as_os_str(),
             "--serialize-image-pulls".as_ref(),
             "--node-status-max-images=1".as_ref(),
+            "--image-gc-high-threshold=1".as_ref(),
+            "--image-gc-low-threshold=0".as_ref(),
         ],
     )?;
     Ok(Env {
@@ -514,6 +523,43 @@ fn service_account_secret(env: &Env) -> Result<()> {
                 .iter()
                 .any(|(r, m)| r == "Pulled" && m.starts_with("Successfully pulled image")),
             "pulled from the registry with the service account's secret: {events:?}"
+        );
+        Ok(())
+    })
+}
+
+fn image_gc_warning(env: &Env) -> Result<()> {
+    block_on(async {
+        let events: Api<Event> = Api::namespaced(env.plane.admin_client().await?, "default");
+        let selector = format!(
+            "involvedObject.kind=Node,involvedObject.name={}",
+            env.agent.node_name
+        );
+        let event = eventually(
+            "a FreeDiskSpaceFailed event on the node",
+            Duration::from_secs(60),
+            || async {
+                let list = events
+                    .list(&ListParams::default().fields(&selector))
+                    .await?;
+                Ok(list
+                    .items
+                    .into_iter()
+                    .find(|e| e.reason.as_deref() == Some("FreeDiskSpaceFailed")))
+            },
+        )
+        .await?;
+        let message = event.message.unwrap_or_default();
+        anyhow::ensure!(
+            message.starts_with(
+                "Failed to garbage collect required amount of images. Attempted to free "
+            ) && message.ends_with(" bytes eligible to free."),
+            "{message:?}"
+        );
+        anyhow::ensure!(event.type_.as_deref() == Some("Warning"));
+        anyhow::ensure!(
+            event.source.and_then(|s| s.component).as_deref() == Some("kubelet"),
+            "from the kubelet"
         );
         Ok(())
     })
