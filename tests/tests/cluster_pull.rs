@@ -383,7 +383,7 @@ fn node_status_images(env: &Env) -> Result<()> {
 fn pull_intervals(log: &str, image: &str) -> Vec<(jiff_ts::Timestamp, jiff_ts::Timestamp)> {
     let mut out = Vec::new();
     let mut started = None;
-    for line in log.lines().map(strip_ansi) {
+    for line in log.lines() {
         if !line.contains(&format!("image={image} ")) && !line.ends_with(&format!("image={image}"))
         {
             continue;
@@ -407,23 +407,6 @@ fn pull_intervals(log: &str, image: &str) -> Vec<(jiff_ts::Timestamp, jiff_ts::T
 }
 
 use k8s_openapi::jiff as jiff_ts;
-
-fn strip_ansi(line: &str) -> String {
-    let mut out = String::with_capacity(line.len());
-    let mut chars = line.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for d in chars.by_ref() {
-                if d.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
 
 fn serialized_pulls(env: &Env) -> Result<()> {
     block_on(async {
@@ -451,7 +434,7 @@ fn serialized_pulls(env: &Env) -> Result<()> {
         b?;
         cleanup.0?;
         cleanup.1?;
-        let log = env.agent.log();
+        let log = env.agent.plain_log();
         let mut spans = Vec::new();
         for image in images {
             let full = format!("{}/{image}", env.registry.host());
