@@ -378,9 +378,16 @@ fn node_status_images(env: &Env) -> Result<()> {
     })
 }
 
-/// `(start, end)` of each pull of `image` in the agent's log ("image pull started" /
-/// "image pull finished" lines).
-fn pull_intervals(log: &str, image: &str) -> Vec<(jiff_ts::Timestamp, jiff_ts::Timestamp)> {
+/// One pull in the agent's log ("image pull started" / "image pull finished" lines).
+#[derive(Debug, Clone, Copy)]
+struct LoggedPull {
+    start: jiff_ts::Timestamp,
+    end: jiff_ts::Timestamp,
+    /// How long the pod waited for its turn (the start line's `waited=`), seconds.
+    waited: f64,
+}
+
+fn pull_intervals(log: &str, image: &str) -> Vec<LoggedPull> {
     let mut out = Vec::new();
     let mut started = None;
     for line in log.lines() {
@@ -396,14 +403,46 @@ fn pull_intervals(log: &str, image: &str) -> Vec<(jiff_ts::Timestamp, jiff_ts::T
             continue;
         };
         if line.contains("image pull started") {
-            started = Some(at);
+            let waited = line
+                .split_whitespace()
+                .find_map(|t| t.strip_prefix("waited="))
+                .and_then(debug_duration_secs)
+                .unwrap_or(f64::NAN);
+            started = Some((at, waited));
         } else if line.contains("image pull finished") {
-            if let Some(s) = started.take() {
-                out.push((s, at));
+            if let Some((start, waited)) = started.take() {
+                out.push(LoggedPull {
+                    start,
+                    end: at,
+                    waited,
+                });
             }
         }
     }
     out
+}
+
+/// Seconds of a Rust `Duration` as `{:?}` prints it (`1.5s`, `85.1ms`, `12µs`, `950ns`).
+fn debug_duration_secs(text: &str) -> Option<f64> {
+    let split = text.find(|c: char| !c.is_ascii_digit() && c != '.')?;
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number.parse().ok()?;
+    let scale = match unit {
+        "s" => 1.0,
+        "ms" => 1e-3,
+        "µs" => 1e-6,
+        "ns" => 1e-9,
+        _ => return None,
+    };
+    Some(value * scale)
+}
+
+/// `(pull, including waiting)` seconds of a `Pulled` event's message.
+fn pulled_times(message: &str) -> Option<(f64, f64)> {
+    let rest = message.split("\" in ").nth(1)?;
+    let (pull, rest) = rest.split_once("s (")?;
+    let (total, _) = rest.split_once("s including waiting)")?;
+    Some((pull.parse().ok()?, total.parse().ok()?))
 }
 
 use k8s_openapi::jiff as jiff_ts;
@@ -435,28 +474,34 @@ fn serialized_pulls(env: &Env) -> Result<()> {
         cleanup.0?;
         cleanup.1?;
         let log = env.agent.plain_log();
-        let mut spans = Vec::new();
-        for image in images {
+        let mut pulls = Vec::new();
+        for (image, events) in images.iter().zip(&events) {
             let full = format!("{}/{image}", env.registry.host());
             let found = pull_intervals(&log, &full);
             anyhow::ensure!(found.len() == 1, "pulls of {full}: {found:?}");
-            spans.push(found[0]);
+            let times = events
+                .iter()
+                .find(|(r, _)| r == "Pulled")
+                .and_then(|(_, m)| pulled_times(m));
+            let Some(times) = times else {
+                anyhow::bail!("no Pulled event with times: {events:?}");
+            };
+            pulls.push((found[0], times));
         }
-        spans.sort();
+        pulls.sort_by_key(|(p, _)| p.start);
+        let (first, (second, (pull, total))) = (pulls[0].0, pulls[1]);
         anyhow::ensure!(
-            spans[1].0 >= spans[0].1,
+            second.start >= first.end,
             "the second pull started at {} before the first ended at {}",
-            spans[1].0,
-            spans[0].1
+            second.start,
+            first.end
         );
-        for list in &events {
-            anyhow::ensure!(
-                list.iter().any(|(r, m)| r == "Pulled"
-                    && m.starts_with("Successfully pulled image")
-                    && m.contains("s including waiting)")),
-                "no Pulled event: {list:?}"
-            );
-        }
+        // The wait for the turn shows in "including waiting" (3 decimals in the message).
+        anyhow::ensure!(
+            total - pull >= second.waited - 0.005,
+            "Pulled {pull}s ({total}s including waiting) hides a {}s wait",
+            second.waited
+        );
         Ok(())
     })
 }
