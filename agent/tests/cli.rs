@@ -91,6 +91,45 @@ fn images_import_list_and_remove_with_docker_style_references() {
     );
 }
 
+#[test]
+fn conflicting_pull_and_image_gc_settings_stop_the_start_with_kubelet_s_message() {
+    let root = tempfile::tempdir().expect("temp dir");
+    let manifests = root.path().join("manifests");
+    let run = |extra: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_ironlet"))
+            .arg("--root-dir")
+            .arg(root.path())
+            .arg("run")
+            .arg("--pod-manifest-path")
+            .arg(&manifests)
+            .args(extra)
+            .output()
+            .expect("ironlet runs");
+        assert!(!out.status.success(), "{extra:?} was accepted");
+        text(&out.stderr)
+    };
+    let err = run(&[
+        "--serialize-image-pulls=true",
+        "--max-parallel-image-pulls=2",
+    ]);
+    assert!(
+        err.contains("maxParallelImagePulls (--max-parallel-image-pulls) 2 must be 1 or nil when serializeImagePulls (--serialize-image-pulls) is true"),
+        "{err}"
+    );
+    let err = run(&[
+        "--image-gc-high-threshold=70",
+        "--image-gc-low-threshold=80",
+    ]);
+    assert!(
+        err.contains("must be less than imageGCHighThresholdPercent"),
+        "{err}"
+    );
+    assert!(
+        !root.path().join("ironlet.sock").exists(),
+        "nothing started"
+    );
+}
+
 /// Runs `ironlet ARGS` on `node` with a stdout whose reader is already gone, as in
 /// `ironlet images ls | head -0` or `| grep -q` after its first match.
 fn into_closed_pipe(node: &Node, args: &[&str]) -> Output {

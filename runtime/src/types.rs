@@ -412,6 +412,10 @@ pub struct Image {
     /// Sum of the (compressed) layer sizes plus config.
     pub size: u64,
     pub config: ImageConfig,
+    /// Never removed by image garbage collection (CRI `Image.pinned`): set with
+    /// `ironlet images pin`.
+    #[serde(default)]
+    pub pinned: bool,
 }
 
 /// Totals of the image store (kubecontainer `ImageStats`).

@@ -289,3 +289,30 @@ fn the_async_service_imports_lists_and_removes_with_space_given_back() {
         .expect("the image service deadlocked (gc lock held by an import?)");
     });
 }
+
+#[test]
+fn a_pin_is_listed_on_every_tag_of_the_image_and_goes_with_the_image() {
+    let img = layered_image();
+    let tmp = tempfile::tempdir().unwrap();
+    let layout = img.write_layout(&tmp.path().join("layered"), Some("latest"));
+    let (_d, store) = store();
+    store.import(&layout).unwrap();
+    assert!(!store.get_image("layered").unwrap().unwrap().pinned);
+    assert!(store.set_pinned("layered", true).unwrap());
+    assert!(!store.set_pinned("absent:1", true).unwrap());
+    let by_id = store.get_image(&img.id()).unwrap().unwrap();
+    assert!(by_id.pinned, "the pin is the image's, whatever names it");
+    assert!(store.set_pinned(&img.id(), false).unwrap());
+    assert!(!store.get_image("layered").unwrap().unwrap().pinned);
+
+    // Removing the image drops its pin: a later import of it is not pinned.
+    store.set_pinned("layered", true).unwrap();
+    store.remove_image(&img.id()).unwrap();
+    store.import(&layout).unwrap();
+    assert!(!store.get_image("layered").unwrap().unwrap().pinned);
+    // So does removing its last tag.
+    store.set_pinned("layered", true).unwrap();
+    store.remove_image("layered").unwrap();
+    store.import(&layout).unwrap();
+    assert!(!store.get_image("layered").unwrap().unwrap().pinned);
+}

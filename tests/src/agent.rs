@@ -177,6 +177,22 @@ impl ClusterAgent {
         std::fs::read_to_string(&self.log_file).unwrap_or_default()
     }
 
+    /// The agent's log so far without terminal colour sequences (tracing colours it).
+    pub fn plain_log(&self) -> String {
+        let log = self.log();
+        let mut out = String::with_capacity(log.len());
+        let mut chars = log.chars();
+        while let Some(c) = chars.next() {
+            if c == '\u{1b}' {
+                // A CSI sequence ends with a letter.
+                chars.by_ref().find(char::is_ascii_alphabetic);
+            } else {
+                out.push(c);
+            }
+        }
+        out
+    }
+
     /// The last `lines` lines of the log.
     pub fn log_tail(&self, lines: usize) -> String {
         let log = self.log();

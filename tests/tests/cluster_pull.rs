@@ -5,6 +5,15 @@
 //! docker-registry` secret, with `Pulling`/`Pulled` events; a secret with a wrong password
 //! leaves the container in `ErrImagePull`/`ImagePullBackOff` with the registry's error.
 //!
+//! The agent runs with `--serialize-image-pulls` and `--node-status-max-images=1`: two pods
+//! of two images pull one after the other (the agent's pull log shows intervals that do not
+//! overlap), and the Node's `status.images` lists the largest image only, the pulled one,
+//! with its size. A pod whose service account names the pull secret pulls with it (the API
+//! server's ServiceAccount admission copies `imagePullSecrets` into the pod, as for kubelet).
+//! Image GC thresholds of 1 %/0 % make its first run (at start) fail to free enough — every
+//! image is younger than the 2 min minimum age, so nothing is removed while the tests run —
+//! and the Node gets kubelet's `FreeDiskSpaceFailed` warning.
+//!
 //! One control plane, one registry and one agent (node `e2e-pull-<pid>`) serve every test
 //! of this binary. Needs root (containers, cgroups, CNI).
 
@@ -38,6 +47,22 @@ const TESTS: &[SuiteTest<Env>] = &[
         "a_wrong_password_leaves_the_container_in_image_pull_back_off_with_the_registrys_error",
         wrong_password_backs_off,
     ),
+    (
+        "the_node_status_lists_the_pulled_image_with_its_size_up_to_the_limit",
+        node_status_images,
+    ),
+    (
+        "serialized_pulls_of_two_pods_run_one_after_the_other",
+        serialized_pulls,
+    ),
+    (
+        "a_pod_pulls_with_the_pull_secret_of_its_service_account",
+        service_account_secret,
+    ),
+    (
+        "image_gc_that_cannot_free_enough_warns_on_the_node_with_kubelets_message",
+        image_gc_warning,
+    ),
 ];
 
 fn main() {
@@ -52,6 +77,8 @@ fn start() -> Result<Env> {
     })?;
     // layered: three of its four layers are nowhere on the node (the agent imports busybox).
     registry.push(&images_out()?.join("layered"), "pulled/layered:1", &[])?;
+    registry.push(&images_out()?.join("busybox"), "serial/a:1", &[])?;
+    registry.push(&images_out()?.join("layered"), "serial/b:1", &[])?;
     let work = tempfile::tempdir()?;
     let config = work.path().join("registries.yaml");
     std::fs::write(
@@ -69,7 +96,14 @@ fn start() -> Result<Env> {
         &kubeconfig,
         &node,
         (std::process::id() + 97) % 250,
-        &["--registry-config".as_ref(), config.as_os_str()],
+        &[
+            "--registry-config".as_ref(),
+            config.as_os_str(),
+            "--serialize-image-pulls".as_ref(),
+            "--node-status-max-images=1".as_ref(),
+            "--image-gc-high-threshold=1".as_ref(),
+            "--image-gc-low-threshold=0".as_ref(),
+        ],
     )?;
     Ok(Env {
         plane,
@@ -82,6 +116,19 @@ fn start() -> Result<Env> {
 /// A pod of the registry's image with pull secret `secret`; `Always` pulls even when the
 /// image is present (so a wrong password is always checked).
 fn registry_pod(env: &Env, name: &str, secret: &str, policy: &str) -> Result<Pod> {
+    image_pod(env, name, "pulled/layered:1", Some(secret), policy)
+}
+
+/// A pod of the registry's `repo_tag`, with pull secret `secret` if any.
+fn image_pod(
+    env: &Env,
+    name: &str,
+    repo_tag: &str,
+    secret: Option<&str>,
+    policy: &str,
+) -> Result<Pod> {
+    let secrets: Vec<serde_json::Value> =
+        secret.into_iter().map(|s| json!({ "name": s })).collect();
     Ok(serde_json::from_value(json!({
         "apiVersion": "v1",
         "kind": "Pod",
@@ -89,10 +136,10 @@ fn registry_pod(env: &Env, name: &str, secret: &str, policy: &str) -> Result<Pod
         "spec": {
             "nodeName": env.agent.node_name,
             "terminationGracePeriodSeconds": 1,
-            "imagePullSecrets": [{ "name": secret }],
+            "imagePullSecrets": secrets,
             "containers": [{
                 "name": "main",
-                "image": format!("{}/pulled/layered:1", env.registry.host()),
+                "image": format!("{}/{repo_tag}", env.registry.host()),
                 "imagePullPolicy": policy,
                 "command": ["sleep", "3603"],
             }],
@@ -244,6 +291,303 @@ fn wrong_password_backs_off(env: &Env) -> Result<()> {
         anyhow::ensure!(
             events.iter().any(|(r, _)| r == "BackOff"),
             "no BackOff event: {events:?}"
+        );
+        Ok(())
+    })
+}
+
+async fn wait_running(pods: &Api<Pod>, name: &str) -> Result<Pod> {
+    eventually(
+        &format!("{name} Running"),
+        Duration::from_secs(90),
+        || async {
+            let pod = pods.get(name).await?;
+            let phase = pod.status.as_ref().and_then(|s| s.phase.clone());
+            Ok((phase.as_deref() == Some("Running")).then_some(pod))
+        },
+    )
+    .await
+}
+
+/// Size of a test image as the store counts it: config plus layer blobs, from its OCI
+/// layout's manifest.
+fn layout_image_size(name: &str) -> Result<i64> {
+    let dir = images_out()?.join(name);
+    let index: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("index.json"))?)?;
+    let digest = index["manifests"][0]["digest"]
+        .as_str()
+        .unwrap_or_default()
+        .trim_start_matches("sha256:")
+        .to_owned();
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("blobs/sha256").join(digest))?)?;
+    let layers: i64 = manifest["layers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|l| l["size"].as_i64())
+        .sum();
+    Ok(layers + manifest["config"]["size"].as_i64().unwrap_or_default())
+}
+
+fn node_status_images(env: &Env) -> Result<()> {
+    block_on(async {
+        docker_registry_secret(env, "regcred", PASS)?;
+        let client = env.plane.admin_client().await?;
+        let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+        create_pod(
+            &pods,
+            &registry_pod(env, "listed", "regcred", "IfNotPresent")?,
+        )
+        .await?;
+        let running = wait_running(&pods, "listed").await;
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client);
+        let tag = format!("{}/pulled/layered:1", env.registry.host());
+        let digest = format!("{}/pulled/layered@sha256:", env.registry.host());
+        // The limit is 1 and busybox (imported) is smaller: only the pulled image.
+        let listed = eventually(
+            "status.images lists the pulled image",
+            Duration::from_secs(60),
+            || async {
+                let node = nodes.get(&env.agent.node_name).await?;
+                let images = node.status.and_then(|s| s.images).unwrap_or_default();
+                let found = images.len() == 1
+                    && images[0].names.as_ref().is_some_and(|n| {
+                        n.contains(&tag) && n.iter().any(|x| x.starts_with(&digest))
+                    });
+                Ok(found.then_some(images))
+            },
+        )
+        .await;
+        let cleanup = delete_pod(&pods, "listed").await;
+        running?;
+        let images = listed?;
+        cleanup?;
+        let names = images[0].names.clone().unwrap_or_default();
+        anyhow::ensure!(
+            names.len() <= 5 && names[0].starts_with(&digest),
+            "repo digests first, five names at most: {names:?}"
+        );
+        anyhow::ensure!(
+            images[0].size_bytes == Some(layout_image_size("layered")?),
+            "size {:?}, the image is {} bytes",
+            images[0].size_bytes,
+            layout_image_size("layered")?
+        );
+        Ok(())
+    })
+}
+
+/// One pull in the agent's log ("image pull started" / "image pull finished" lines).
+#[derive(Debug, Clone, Copy)]
+struct LoggedPull {
+    start: jiff_ts::Timestamp,
+    end: jiff_ts::Timestamp,
+    /// How long the pod waited for its turn (the start line's `waited=`), seconds.
+    waited: f64,
+}
+
+fn pull_intervals(log: &str, image: &str) -> Vec<LoggedPull> {
+    let mut out = Vec::new();
+    let mut started = None;
+    for line in log.lines() {
+        if !line.contains(&format!("image={image} ")) && !line.ends_with(&format!("image={image}"))
+        {
+            continue;
+        }
+        let Some(at) = line
+            .split_whitespace()
+            .next()
+            .and_then(|t| t.parse::<jiff_ts::Timestamp>().ok())
+        else {
+            continue;
+        };
+        if line.contains("image pull started") {
+            let waited = line
+                .split_whitespace()
+                .find_map(|t| t.strip_prefix("waited="))
+                .and_then(debug_duration_secs)
+                .unwrap_or(f64::NAN);
+            started = Some((at, waited));
+        } else if line.contains("image pull finished") {
+            if let Some((start, waited)) = started.take() {
+                out.push(LoggedPull {
+                    start,
+                    end: at,
+                    waited,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// Seconds of a Rust `Duration` as `{:?}` prints it (`1.5s`, `85.1ms`, `12µs`, `950ns`).
+fn debug_duration_secs(text: &str) -> Option<f64> {
+    let split = text.find(|c: char| !c.is_ascii_digit() && c != '.')?;
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number.parse().ok()?;
+    let scale = match unit {
+        "s" => 1.0,
+        "ms" => 1e-3,
+        "µs" => 1e-6,
+        "ns" => 1e-9,
+        _ => return None,
+    };
+    Some(value * scale)
+}
+
+/// `(pull, including waiting)` seconds of a `Pulled` event's message.
+fn pulled_times(message: &str) -> Option<(f64, f64)> {
+    let rest = message.split("\" in ").nth(1)?;
+    let (pull, rest) = rest.split_once("s (")?;
+    let (total, _) = rest.split_once("s including waiting)")?;
+    Some((pull.parse().ok()?, total.parse().ok()?))
+}
+
+use k8s_openapi::jiff as jiff_ts;
+
+fn serialized_pulls(env: &Env) -> Result<()> {
+    block_on(async {
+        docker_registry_secret(env, "regcred", PASS)?;
+        let pods: Api<Pod> = Api::namespaced(env.plane.admin_client().await?, "default");
+        let images = ["serial/a:1", "serial/b:1"];
+        for (name, image) in [("serial-a", images[0]), ("serial-b", images[1])] {
+            create_pod(
+                &pods,
+                &image_pod(env, name, image, Some("regcred"), "Always")?,
+            )
+            .await?;
+        }
+        let a = wait_running(&pods, "serial-a").await;
+        let b = wait_running(&pods, "serial-b").await;
+        let events = [
+            event_messages(env, "serial-a").await?,
+            event_messages(env, "serial-b").await?,
+        ];
+        let cleanup = (
+            delete_pod(&pods, "serial-a").await,
+            delete_pod(&pods, "serial-b").await,
+        );
+        a?;
+        b?;
+        cleanup.0?;
+        cleanup.1?;
+        let log = env.agent.plain_log();
+        let mut pulls = Vec::new();
+        for (image, events) in images.iter().zip(&events) {
+            let full = format!("{}/{image}", env.registry.host());
+            let found = pull_intervals(&log, &full);
+            anyhow::ensure!(found.len() == 1, "pulls of {full}: {found:?}");
+            let times = events
+                .iter()
+                .find(|(r, _)| r == "Pulled")
+                .and_then(|(_, m)| pulled_times(m));
+            let Some(times) = times else {
+                anyhow::bail!("no Pulled event with times: {events:?}");
+            };
+            pulls.push((found[0], times));
+        }
+        pulls.sort_by_key(|(p, _)| p.start);
+        let (first, (second, (pull, total))) = (pulls[0].0, pulls[1]);
+        anyhow::ensure!(
+            second.start >= first.end,
+            "the second pull started at {} before the first ended at {}",
+            second.start,
+            first.end
+        );
+        // The wait for the turn shows in "including waiting" (3 decimals in the message).
+        anyhow::ensure!(
+            total - pull >= second.waited - 0.005,
+            "Pulled {pull}s ({total}s including waiting) hides a {}s wait",
+            second.waited
+        );
+        Ok(())
+    })
+}
+
+fn service_account_secret(env: &Env) -> Result<()> {
+    block_on(async {
+        docker_registry_secret(env, "sacred", PASS)?;
+        let _ = env
+            .plane
+            .kubectl(&["delete", "serviceaccount", "puller", "--ignore-not-found"]);
+        env.plane.kubectl(&["create", "serviceaccount", "puller"])?;
+        env.plane.kubectl(&[
+            "patch",
+            "serviceaccount",
+            "puller",
+            "-p",
+            r#"{"imagePullSecrets":[{"name":"sacred"}]}"#,
+        ])?;
+        let pods: Api<Pod> = Api::namespaced(env.plane.admin_client().await?, "default");
+        // No pod-level secret; Always: the registry is asked (with credentials) every time.
+        let mut pod = image_pod(env, "sa-pull", "pulled/layered:1", None, "Always")?;
+        if let Some(spec) = pod.spec.as_mut() {
+            spec.service_account_name = Some("puller".into());
+        }
+        create_pod(&pods, &pod).await?;
+        let running = wait_running(&pods, "sa-pull").await;
+        let events = event_messages(env, "sa-pull").await?;
+        let cleanup = delete_pod(&pods, "sa-pull").await;
+        let _ = env
+            .plane
+            .kubectl(&["delete", "serviceaccount", "puller", "--ignore-not-found"]);
+        let pod = running?;
+        cleanup?;
+        let secrets: Vec<String> = pod
+            .spec
+            .and_then(|s| s.image_pull_secrets)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|r| r.name)
+            .collect();
+        anyhow::ensure!(
+            secrets == ["sacred"],
+            "the API server copied the service account's secrets: {secrets:?}"
+        );
+        anyhow::ensure!(
+            events
+                .iter()
+                .any(|(r, m)| r == "Pulled" && m.starts_with("Successfully pulled image")),
+            "pulled from the registry with the service account's secret: {events:?}"
+        );
+        Ok(())
+    })
+}
+
+fn image_gc_warning(env: &Env) -> Result<()> {
+    block_on(async {
+        let events: Api<Event> = Api::namespaced(env.plane.admin_client().await?, "default");
+        let selector = format!(
+            "involvedObject.kind=Node,involvedObject.name={}",
+            env.agent.node_name
+        );
+        let event = eventually(
+            "a FreeDiskSpaceFailed event on the node",
+            Duration::from_secs(60),
+            || async {
+                let list = events
+                    .list(&ListParams::default().fields(&selector))
+                    .await?;
+                Ok(list
+                    .items
+                    .into_iter()
+                    .find(|e| e.reason.as_deref() == Some("FreeDiskSpaceFailed")))
+            },
+        )
+        .await?;
+        let message = event.message.unwrap_or_default();
+        anyhow::ensure!(
+            message.starts_with(
+                "Failed to garbage collect required amount of images. Attempted to free "
+            ) && message.ends_with(" bytes eligible to free."),
+            "{message:?}"
+        );
+        anyhow::ensure!(event.type_.as_deref() == Some("Warning"));
+        anyhow::ensure!(
+            event.source.and_then(|s| s.component).as_deref() == Some("kubelet"),
+            "from the kubelet"
         );
         Ok(())
     })

@@ -50,6 +50,28 @@ impl EventRecorder for ApiRecorder {
             tracing::warn!(pod = %pod_full_name(pod), reason, "event queue full; event dropped");
         }
     }
+
+    fn node_event(&self, kind: EventType, reason: &'static str, message: String) {
+        crate::kubelet::events::TracingRecorder.node_event(kind, reason, message.clone());
+        let event = node_event(kind, reason, message, &self.node_name);
+        if self.tx.try_send(event).is_err() {
+            tracing::warn!(reason, "event queue full; node event dropped");
+        }
+    }
+}
+
+/// A `v1.Event` about the node, as kubelet writes it (its `nodeRef`: kind Node, the node's
+/// name as name and uid, in the `default` namespace).
+pub fn node_event(kind: EventType, reason: &str, message: String, node_name: &str) -> Event {
+    let involved = ObjectReference {
+        kind: Some("Node".into()),
+        name: Some(node_name.to_owned()),
+        uid: Some(node_name.to_owned()),
+        ..ObjectReference::default()
+    };
+    kubelet_event(
+        involved, "default", node_name, kind, reason, message, node_name,
+    )
 }
 
 /// A `v1.Event` about `pod`, as kubelet writes it.
@@ -60,28 +82,44 @@ pub fn pod_event(
     message: String,
     node_name: &str,
 ) -> Event {
-    let now = k8s_openapi::jiff::Timestamp::now();
     let name = pod.metadata.name.clone().unwrap_or_default();
     let namespace = pod
         .metadata
         .namespace
         .clone()
         .unwrap_or_else(|| "default".into());
+    let involved = ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        name: Some(name.clone()),
+        namespace: Some(namespace.clone()),
+        uid: Some(pod_uid(pod).to_owned()),
+        resource_version: pod.metadata.resource_version.clone(),
+        ..ObjectReference::default()
+    };
+    kubelet_event(
+        involved, &namespace, &name, kind, reason, message, node_name,
+    )
+}
+
+/// An event from the kubelet on `node_name` about `involved`, named `<object>.<now in hex ns>`.
+fn kubelet_event(
+    involved: ObjectReference,
+    namespace: &str,
+    object: &str,
+    kind: EventType,
+    reason: &str,
+    message: String,
+    node_name: &str,
+) -> Event {
+    let now = k8s_openapi::jiff::Timestamp::now();
     Event {
         metadata: ObjectMeta {
-            name: Some(format!("{name}.{:x}", now.as_nanosecond())),
-            namespace: Some(namespace.clone()),
+            name: Some(format!("{object}.{:x}", now.as_nanosecond())),
+            namespace: Some(namespace.to_owned()),
             ..ObjectMeta::default()
         },
-        involved_object: ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Pod".into()),
-            name: Some(name),
-            namespace: Some(namespace),
-            uid: Some(pod_uid(pod).to_owned()),
-            resource_version: pod.metadata.resource_version.clone(),
-            ..ObjectReference::default()
-        },
+        involved_object: involved,
         reason: Some(reason.to_owned()),
         message: Some(message),
         type_: Some(kind.as_str().to_owned()),
@@ -173,6 +211,15 @@ mod tests {
             message.into(),
             "n1",
         )
+    }
+
+    #[test]
+    fn node_events_name_the_node_as_kubelet_s_node_ref_does() {
+        let e = node_event(EventType::Warning, "FreeDiskSpaceFailed", "m".into(), "n1");
+        assert_eq!(e.involved_object.kind.as_deref(), Some("Node"));
+        assert_eq!(e.involved_object.uid.as_deref(), Some("n1"));
+        assert_eq!(e.metadata.namespace.as_deref(), Some("default"));
+        assert_eq!(e.type_.as_deref(), Some("Warning"));
     }
 
     #[test]

@@ -40,6 +40,16 @@ pub enum ImagesCommand {
         #[arg(long = "max-concurrent-downloads", default_value_t = 3)]
         max_concurrent_downloads: usize,
     },
+    /// Pin images: image garbage collection never removes them (CRI's pinned images).
+    Pin {
+        #[arg(required = true)]
+        references: Vec<String>,
+    },
+    /// Unpin images.
+    Unpin {
+        #[arg(required = true)]
+        references: Vec<String>,
+    },
     /// Remove an image reference.
     #[command(alias = "remove")]
     Rm {
@@ -108,6 +118,8 @@ pub async fn run(root: &Path, cmd: ImagesCommand) -> anyhow::Result<ExitCode> {
                 }
             }
         }
+        ImagesCommand::Pin { references } => return pin(&service, &references, true).await,
+        ImagesCommand::Unpin { references } => return pin(&service, &references, false).await,
         ImagesCommand::Rm { references } => {
             let mut failed = false;
             for reference in references {
@@ -205,4 +217,31 @@ pub fn human_size(bytes: u64) -> String {
     } else {
         format!("{value:.3}{}", UNITS[unit])
     }
+}
+
+/// `ironlet images pin|unpin`: 1 when a reference names no image.
+async fn pin(
+    service: &LocalImageService,
+    references: &[String],
+    pinned: bool,
+) -> anyhow::Result<ExitCode> {
+    let mut failed = false;
+    for reference in references {
+        let store = service.store().clone();
+        let name = reference.clone();
+        let found = tokio::task::spawn_blocking(move || store.set_pinned(&name, pinned))
+            .await
+            .context("pinning")?
+            .with_context(|| format!("image {reference}"))?;
+        if found {
+            outln!(
+                "{}: {reference}",
+                if pinned { "Pinned" } else { "Unpinned" }
+            )?;
+        } else {
+            eprintln!("ironlet: no such image: {reference}");
+            failed = true;
+        }
+    }
+    Ok(ExitCode::from(u8::from(failed)))
 }

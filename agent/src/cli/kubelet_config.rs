@@ -60,6 +60,17 @@ struct KubeletConfiguration {
     crash_loop_back_off: Option<CrashLoopBackOff>,
     container_log_max_size: Option<String>,
     container_log_max_files: Option<i64>,
+    #[serde(rename = "imageGCHighThresholdPercent")]
+    image_gc_high_threshold_percent: Option<i64>,
+    #[serde(rename = "imageGCLowThresholdPercent")]
+    image_gc_low_threshold_percent: Option<i64>,
+    #[serde(rename = "imageMinimumGCAge")]
+    image_minimum_gc_age: Option<String>,
+    #[serde(rename = "imageMaximumGCAge")]
+    image_maximum_gc_age: Option<String>,
+    node_status_max_images: Option<i32>,
+    serialize_image_pulls: Option<bool>,
+    max_parallel_image_pulls: Option<i32>,
     #[serde(flatten)]
     extra: BTreeMap<String, Value>,
 }
@@ -268,6 +279,43 @@ impl KubeletConfiguration {
             max_container_restart_period,
             duration("crashLoopBackOff.maxContainerRestartPeriod", restart)?
         );
+        let percent = |name: &str, value: Option<i64>| -> anyhow::Result<Option<u8>> {
+            value
+                .map(|v| {
+                    u8::try_from(v).ok().filter(|p| *p <= 100).ok_or_else(|| {
+                        anyhow::anyhow!("{name}: {v} must be between 0 and 100, inclusive")
+                    })
+                })
+                .transpose()
+        };
+        set!(
+            image_gc_high_threshold,
+            percent(
+                "imageGCHighThresholdPercent",
+                self.image_gc_high_threshold_percent
+            )?
+        );
+        set!(
+            image_gc_low_threshold,
+            percent(
+                "imageGCLowThresholdPercent",
+                self.image_gc_low_threshold_percent
+            )?
+        );
+        set!(
+            image_minimum_gc_age,
+            duration("imageMinimumGCAge", self.image_minimum_gc_age)?
+        );
+        set!(
+            image_maximum_gc_age,
+            duration("imageMaximumGCAge", self.image_maximum_gc_age)?
+        );
+        set!(node_status_max_images, self.node_status_max_images);
+        set!(serialize_image_pulls, self.serialize_image_pulls);
+        set!(
+            max_parallel_image_pulls,
+            self.max_parallel_image_pulls.map(Some)
+        );
         Ok(())
     }
 }
@@ -354,6 +402,13 @@ pub fn effective(args: &RunArgs, config: &ironlet::kubelet::KubeletConfig) -> Va
         "crashLoopBackOff": {
             "maxContainerRestartPeriod": go_duration(args.max_container_restart_period),
         },
+        "imageGCHighThresholdPercent": args.image_gc_high_threshold,
+        "imageGCLowThresholdPercent": args.image_gc_low_threshold,
+        "imageMinimumGCAge": go_duration(args.image_minimum_gc_age),
+        "imageMaximumGCAge": go_duration(args.image_maximum_gc_age),
+        "nodeStatusMaxImages": args.node_status_max_images,
+        "serializeImagePulls": args.serialize_image_pulls,
+        "maxParallelImagePulls": args.max_parallel_image_pulls,
     });
     drop_nulls(&mut config);
     config
@@ -511,6 +566,35 @@ mod tests {
         assert_eq!(args.container_log_max_files, 2, "the flag wins");
         assert!(run_with(&format!("{HEAD}containerLogMaxFiles: 1\n"), &[]).is_err());
         assert!(run_with(&format!("{HEAD}containerLogMaxSize: lots\n"), &[]).is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn image_gc_and_pull_fields_come_from_the_file() -> anyhow::Result<()> {
+        let text = format!(
+            "{HEAD}imageGCHighThresholdPercent: 90\nimageGCLowThresholdPercent: 70\n\
+             imageMinimumGCAge: 5m\nimageMaximumGCAge: 24h\nnodeStatusMaxImages: -1\n\
+             serializeImagePulls: false\nmaxParallelImagePulls: 4\n"
+        );
+        let config = KubeletConfiguration::parse(&text)?;
+        assert!(
+            config.unsupported().is_empty(),
+            "{:?}",
+            config.unsupported()
+        );
+        let args = run_with(&text, &["--image-gc-low-threshold=75"])?;
+        assert_eq!(args.image_gc_high_threshold, 90);
+        assert_eq!(args.image_gc_low_threshold, 75, "the flag wins");
+        assert_eq!(args.image_minimum_gc_age, Duration::from_secs(300));
+        assert_eq!(args.image_maximum_gc_age, Duration::from_secs(86400));
+        assert_eq!(args.node_status_max_images, -1);
+        assert!(!args.serialize_image_pulls);
+        assert_eq!(args.max_parallel_image_pulls, Some(4));
+        let configz = effective(&args, &ironlet::kubelet::KubeletConfig::new("n", "/tmp/r"));
+        assert_eq!(configz["imageGCHighThresholdPercent"], 90);
+        assert_eq!(configz["imageMaximumGCAge"], "24h0m0s");
+        assert_eq!(configz["maxParallelImagePulls"], 4);
+        assert!(run_with(&format!("{HEAD}imageGCHighThresholdPercent: 101\n"), &[]).is_err());
         Ok(())
     }
 

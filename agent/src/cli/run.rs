@@ -180,6 +180,49 @@ pub struct RunArgs {
     /// Layers of one image downloaded (and unpacked) at once; containerd's default is 3.
     #[arg(long = "max-concurrent-downloads", default_value_t = 3)]
     pub max_concurrent_downloads: usize,
+    /// Image file system usage (percent) at or above which image garbage collection runs;
+    /// 100 turns it off (unless --image-maximum-gc-age is set).
+    #[arg(long = "image-gc-high-threshold", default_value_t = 85, value_parser = clap::value_parser!(u8).range(0..=100))]
+    pub image_gc_high_threshold: u8,
+    /// Image file system usage (percent) image garbage collection brings it down to; must
+    /// be less than --image-gc-high-threshold.
+    #[arg(long = "image-gc-low-threshold", default_value_t = 80, value_parser = clap::value_parser!(u8).range(0..=100))]
+    pub image_gc_low_threshold: u8,
+    /// Minimum age (since first seen) of an unused image before garbage collection may
+    /// remove it.
+    #[arg(long = "image-minimum-gc-age", value_parser = parse_duration, default_value = "2m")]
+    pub image_minimum_gc_age: Duration,
+    /// An image unused for longer is removed whatever the disk usage; 0s: off.
+    #[arg(long = "image-maximum-gc-age", value_parser = parse_duration, default_value = "0s")]
+    pub image_maximum_gc_age: Duration,
+    /// How often image garbage collection runs (kubelet: 5m, not configurable; for tests).
+    #[arg(long = "image-gc-period", value_parser = parse_duration, default_value = "5m", hide = true)]
+    pub image_gc_period: Duration,
+    /// Images listed in the Node's status.images (largest first); -1: no limit.
+    #[arg(
+        long = "node-status-max-images",
+        default_value_t = 50,
+        allow_negative_numbers = true
+    )]
+    pub node_status_max_images: i32,
+    /// Pull one image at a time node-wide. ironlet's default is false (kubelet's is true,
+    /// kept for old Docker daemons that broke under parallel pulls): ironlet joins
+    /// concurrent pulls of one image, bounds the layers of each pull
+    /// (--max-concurrent-downloads) and unpacks while downloading, so a serial queue would
+    /// only make every pod wait behind the largest pull in front of it.
+    #[arg(
+        long = "serialize-image-pulls",
+        default_value_t = false,
+        action = clap::ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true"
+    )]
+    pub serialize_image_pulls: bool,
+    /// Most image pulls at once node-wide (needs --serialize-image-pulls=false); unset: no
+    /// limit.
+    #[arg(long = "max-parallel-image-pulls")]
+    pub max_parallel_image_pulls: Option<i32>,
     /// Size (a quantity, e.g. `10Mi`) from which a container's log file is rotated.
     #[arg(long = "container-log-max-size", value_parser = parse_log_max_size, default_value = "10Mi")]
     pub container_log_max_size: u64,
@@ -202,6 +245,49 @@ pub(super) fn parse_log_max_files(text: &str) -> Result<usize, String> {
     match text.parse::<usize>() {
         Ok(n) if n >= 2 => Ok(n),
         _ => Err(format!("{text:?}: must be a number of at least 2")),
+    }
+}
+
+/// The image GC policy and pull limit the flags ask for, validated as kubelet validates them.
+struct ImageSettings {
+    gc_policy: ironlet::kubelet::image_gc::ImageGcPolicy,
+    max_parallel_pulls: Option<usize>,
+}
+
+fn image_settings(args: &RunArgs) -> anyhow::Result<ImageSettings> {
+    let gc_policy = ironlet::kubelet::image_gc::ImageGcPolicy {
+        high_threshold_percent: args.image_gc_high_threshold,
+        low_threshold_percent: args.image_gc_low_threshold,
+        min_age: args.image_minimum_gc_age,
+        max_age: args.image_maximum_gc_age,
+    };
+    gc_policy.validate().map_err(anyhow::Error::msg)?;
+    if args.image_gc_period.is_zero() {
+        bail!("--image-gc-period must be more than 0s");
+    }
+    let max_parallel_pulls = pull_limit(args.serialize_image_pulls, args.max_parallel_image_pulls)
+        .map_err(anyhow::Error::msg)?;
+    Ok(ImageSettings {
+        gc_policy,
+        max_parallel_pulls,
+    })
+}
+
+/// Pulls at once node-wide from kubelet's `serializeImagePulls` and `maxParallelImagePulls`,
+/// with kubelet's validation messages.
+pub(super) fn pull_limit(
+    serialize: bool,
+    max_parallel: Option<i32>,
+) -> Result<Option<usize>, String> {
+    match (serialize, max_parallel) {
+        (_, Some(n)) if n < 1 => Err(format!(
+            "invalid configuration: maxParallelImagePulls (--max-parallel-image-pulls) {n} must be a positive number"
+        )),
+        (true, Some(n)) if n > 1 => Err(format!(
+            "invalid configuration: maxParallelImagePulls (--max-parallel-image-pulls) {n} must be 1 or nil when serializeImagePulls (--serialize-image-pulls) is true"
+        )),
+        (true, _) => Ok(Some(1)),
+        (false, n) => Ok(n.and_then(|n| usize::try_from(n).ok())),
     }
 }
 
@@ -267,6 +353,8 @@ pub fn run(
     matches: &clap::ArgMatches,
 ) -> anyhow::Result<ExitCode> {
     super::kubelet_config::apply_file(&mut args, matches)?;
+    // A configuration error stops the start here, not in an agent the supervisor restarts.
+    image_settings(&args)?;
     let rootless = super::running_rootless();
     let root_dir = super::root_dir(&root_flag, rootless);
     if args.pod_manifest_path.is_none() && args.manifest_url.is_none() && args.kubeconfig.is_none()
@@ -343,6 +431,10 @@ fn run_agent(
         max_per_pod_container: args.maximum_dead_containers_per_container,
         max_containers: args.maximum_dead_containers,
     };
+    let images = image_settings(&args)?;
+    config.image_gc_policy = images.gc_policy;
+    config.image_gc_period = args.image_gc_period;
+    config.max_parallel_image_pulls = images.max_parallel_pulls;
     if args.read_only_port != 0 {
         bail!("--read-only-port is not served by ironlet (unauthenticated); leave it at 0");
     }
@@ -422,8 +514,11 @@ fn run_agent(
         let (stop_node, node_stopped) = tokio::sync::oneshot::channel::<()>();
         let node_task = match client {
             Some(client) => {
+                let image_gc = kubelet.image_gc();
+                let max_images = args.node_status_max_images;
                 let provider = ironlet::node::MachineStatus::new(machine)
-                    .context("reading the machine's capacity")?;
+                    .context("reading the machine's capacity")?
+                    .with_images(Arc::new(move || image_gc.node_images(max_images)));
                 let health = health_watch(kubelet.view());
                 let controller = ironlet::node::NodeController::new(
                     client,
@@ -635,6 +730,57 @@ mod tests {
                 w.run.minimum_container_ttl_duration,
             )
         })
+    }
+
+    #[test]
+    fn pull_limits_follow_kubelet_semantics() {
+        assert_eq!(pull_limit(true, None), Ok(Some(1)));
+        assert_eq!(pull_limit(true, Some(1)), Ok(Some(1)));
+        assert_eq!(pull_limit(false, None), Ok(None));
+        assert_eq!(pull_limit(false, Some(4)), Ok(Some(4)));
+        let err = pull_limit(true, Some(3)).unwrap_err();
+        assert!(
+            err.contains("must be 1 or nil when serializeImagePulls"),
+            "{err}"
+        );
+        assert!(pull_limit(false, Some(0))
+            .unwrap_err()
+            .contains("must be a positive number"));
+    }
+
+    #[test]
+    fn image_flags_take_kubelet_defaults_and_ironlet_serializes_nothing() {
+        use clap::Parser;
+        let w = Wrapper::try_parse_from(["ironlet"]).expect("defaults parse");
+        assert_eq!(
+            (
+                w.run.image_gc_high_threshold,
+                w.run.image_gc_low_threshold,
+                w.run.image_minimum_gc_age,
+                w.run.image_maximum_gc_age,
+                w.run.node_status_max_images,
+                w.run.serialize_image_pulls,
+                w.run.max_parallel_image_pulls,
+            ),
+            (
+                85,
+                80,
+                Duration::from_secs(120),
+                Duration::ZERO,
+                50,
+                false,
+                None
+            )
+        );
+        assert!(Wrapper::try_parse_from(["ironlet", "--image-gc-high-threshold=101"]).is_err());
+        let w = Wrapper::try_parse_from([
+            "ironlet",
+            "--serialize-image-pulls",
+            "--node-status-max-images=-1",
+        ])
+        .expect("flags parse");
+        assert!(w.run.serialize_image_pulls);
+        assert_eq!(w.run.node_status_max_images, -1);
     }
 
     #[test]

@@ -67,6 +67,14 @@ pub struct KubeletConfig {
     /// The sysctls pods may set: kubelet's safe ones plus `--allowed-unsafe-sysctls`
     /// (kubelet default: none unsafe).
     pub allowed_sysctls: crate::admission::SysctlAllowlist,
+    /// Image garbage collection (kubelet `--image-gc-high-threshold`,
+    /// `--image-gc-low-threshold`, `--image-minimum-gc-age`, `--image-maximum-gc-age`).
+    pub image_gc_policy: super::image_gc::ImageGcPolicy,
+    /// How often image GC runs (kubelet: every 5 min).
+    pub image_gc_period: Duration,
+    /// Image pulls at once node-wide: `None`, no limit (kubelet `serializeImagePulls=false`
+    /// without `maxParallelImagePulls`); `Some(1)`, serialized.
+    pub max_parallel_image_pulls: Option<usize>,
 }
 
 impl KubeletConfig {
@@ -98,12 +106,20 @@ impl KubeletConfig {
             cluster_domain: String::new(),
             resolv_conf: PathBuf::from("/etc/resolv.conf"),
             allowed_sysctls: crate::admission::SysctlAllowlist::default(),
+            image_gc_policy: super::image_gc::ImageGcPolicy::default(),
+            image_gc_period: super::image_gc::IMAGE_GC_PERIOD,
+            max_parallel_image_pulls: None,
         }
     }
 
     /// `<root>/pods`: per-pod volumes and termination-message files.
     pub fn pods_dir(&self) -> PathBuf {
         self.root_dir.join("pods")
+    }
+
+    /// `<root>/images`: the image store, whose file system is the image file system.
+    pub fn images_dir(&self) -> PathBuf {
+        self.root_dir.join("images")
     }
 
     /// `<root>/ironlet.sock`: the local inspection socket.

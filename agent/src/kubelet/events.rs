@@ -44,11 +44,24 @@ pub mod reason {
     pub const ERR_IMAGE_NEVER_PULL: &str = "ErrImageNeverPull";
     /// The eviction manager evicted the pod (kubelet's `eviction.Reason`).
     pub const EVICTED: &str = "Evicted";
+    /// Image GC could not free enough (a Node event).
+    pub const FREE_DISK_SPACE_FAILED: &str = "FreeDiskSpaceFailed";
+    /// Image GC failed twice in a row (a Node event).
+    pub const IMAGE_GC_FAILED: &str = "ImageGCFailed";
+    /// The image file system reports no capacity (a Node event).
+    pub const INVALID_DISK_CAPACITY: &str = "InvalidDiskCapacity";
 }
 
 /// Where pod events go.
 pub trait EventRecorder: Send + Sync {
     fn event(&self, pod: &Pod, kind: EventType, reason: &'static str, message: String);
+    /// An event about the node itself (image GC, …). Default: logged.
+    fn node_event(&self, kind: EventType, reason: &'static str, message: String) {
+        match kind {
+            EventType::Normal => tracing::info!(object = "node", reason, %message, "event"),
+            EventType::Warning => tracing::warn!(object = "node", reason, %message, "event"),
+        }
+    }
 }
 
 /// Logs events; the default without an API server.

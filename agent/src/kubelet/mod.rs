@@ -20,6 +20,7 @@ pub mod etc_files;
 pub mod events;
 pub mod eviction;
 mod housekeeping;
+pub mod image_gc;
 pub mod security;
 pub mod stats;
 pub mod status_store;
@@ -100,6 +101,8 @@ pub struct Kubelet {
     rejected: HashMap<String, Arc<Pod>>,
     /// Requests to the API status manager; `None` without an API server.
     api_commands: Option<mpsc::UnboundedSender<crate::apiserver::ApiCommand>>,
+    /// Image garbage collection and the node's image list.
+    image_gc: Arc<image_gc::ImageGc>,
 }
 
 impl Kubelet {
@@ -180,6 +183,14 @@ impl Kubelet {
             )),
             None => Arc::new(TracingRecorder),
         };
+        let image_gc = Arc::new(image_gc::ImageGc::new(
+            runtime.clone(),
+            images.clone(),
+            config.image_gc_policy,
+            config.images_dir(),
+            config.root_dir.join("image-gc-state.json"),
+            events.clone(),
+        ));
         let syncer = Arc::new(NodeSyncer {
             volumes: crate::volumes::VolumeManager::new(config.root_dir.clone(), objects.clone()),
             config: config.clone(),
@@ -207,6 +218,10 @@ impl Kubelet {
             pull_backoff: Mutex::new(Default::default()),
             waiting: Mutex::new(HashMap::new()),
             evictions: Mutex::new(HashMap::new()),
+            pull_slots: config
+                .max_parallel_image_pulls
+                .map(|n| Arc::new(tokio::sync::Semaphore::new(n.max(1)))),
+            images_changed: Arc::new(tokio::sync::Notify::new()),
         });
         let workers = PodWorkers::new(
             syncer.clone(),
@@ -271,7 +286,14 @@ impl Kubelet {
             probe_updates,
             rejected: HashMap::new(),
             api_commands,
+            image_gc,
         })
+    }
+
+    /// Image garbage collection: [`image_gc::ImageGc::free_space`] for the node-pressure
+    /// eviction, [`image_gc::ImageGc::node_images`] for the node status.
+    pub fn image_gc(&self) -> Arc<image_gc::ImageGc> {
+        self.image_gc.clone()
     }
 
     /// The status store (for the local server and the API status manager).
@@ -323,6 +345,10 @@ impl Kubelet {
             self.syncer.clone(),
             self.config.pods_dir(),
             self.config.eviction_monitoring_period,
+        )));
+        let _image_gc = AbortOnDrop(tokio::spawn(self.image_gc.clone().run(
+            self.config.image_gc_period,
+            self.syncer.images_changed.clone(),
         )));
         loop {
             tokio::select! {

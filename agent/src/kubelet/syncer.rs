@@ -72,6 +72,11 @@ pub struct NodeSyncer {
     pub(crate) pull_backoff: Mutex<pull::PullBackoff>,
     /// Pods the eviction manager evicted, by UID: the status they report from then on.
     pub(crate) evictions: Mutex<HashMap<String, StatusLifecycle>>,
+    /// The node-wide limit on image pulls at once (`--serialize-image-pulls`,
+    /// `--max-parallel-image-pulls`); `None`: no limit.
+    pub(crate) pull_slots: Option<Arc<tokio::sync::Semaphore>>,
+    /// Notified after a pull, so the node status lists the new image soon.
+    pub(crate) images_changed: Arc<tokio::sync::Notify>,
 }
 
 impl NodeSyncer {

@@ -11,6 +11,7 @@
 //! | `Hostname`                      | the node name                                            |
 //! | nodeInfo                        | uname, `/etc/os-release`, machine-id, boot_id, DMI uuid  |
 //! | MemoryPressure / DiskPressure   | MemAvailable / free space below the eviction thresholds  |
+//! | images                          | [`MachineStatus::with_images`]: the agent's image list   |
 //!
 //! Allocatable follows kubelet's node allocatable: `memory` − reserved − `memory.available`
 //! threshold (100Mi), `ephemeral-storage` − reserved − `nodefs.available` threshold (10 %),
@@ -23,7 +24,7 @@ use std::net::{IpAddr, Ipv4Addr, UdpSocket};
 use std::path::{Path, PathBuf};
 
 use ironlet_cgroups::{Hierarchy, NodeCapacity};
-use k8s_openapi::api::core::v1::{NodeAddress, NodeSystemInfo};
+use k8s_openapi::api::core::v1::{ContainerImage, NodeAddress, NodeSystemInfo};
 use tracing::warn;
 
 use super::config::hostname;
@@ -91,12 +92,24 @@ impl Default for MachineConfig {
     }
 }
 
+/// The node's images for `status.images`, as the agent's image manager lists them.
+pub type ImageList = std::sync::Arc<dyn Fn() -> Vec<ContainerImage> + Send + Sync>;
+
 /// Reads capacity, addresses, system info and pressure from this machine.
-#[derive(Debug)]
 pub struct MachineStatus {
     config: MachineConfig,
     hierarchy: Hierarchy,
     system_info: NodeSystemInfo,
+    images: Option<ImageList>,
+}
+
+impl std::fmt::Debug for MachineStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MachineStatus")
+            .field("config", &self.config)
+            .field("system_info", &self.system_info)
+            .finish_non_exhaustive()
+    }
 }
 
 impl MachineStatus {
@@ -108,7 +121,14 @@ impl MachineStatus {
             config,
             hierarchy,
             system_info,
+            images: None,
         })
+    }
+
+    /// Reports `status.images` from `images` (kubelet's image cache, largest first).
+    pub fn with_images(mut self, images: ImageList) -> Self {
+        self.images = Some(images);
+        self
     }
 
     fn filesystem(&self) -> Result<Filesystem, ProviderError> {
@@ -172,6 +192,10 @@ impl NodeStatusProvider for MachineStatus {
 
     fn system_info(&self) -> NodeSystemInfo {
         self.system_info.clone()
+    }
+
+    fn images(&self) -> Option<Vec<ContainerImage>> {
+        self.images.as_ref().map(|list| list())
     }
 
     fn pressure(&self) -> Pressure {

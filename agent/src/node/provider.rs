@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use k8s_openapi::api::core::v1::{NodeAddress, NodeSystemInfo};
+use k8s_openapi::api::core::v1::{ContainerImage, NodeAddress, NodeSystemInfo};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 /// `status.capacity` and `status.allocatable`, keyed by resource name (`cpu`, `memory`,
@@ -61,6 +61,11 @@ pub trait NodeStatusProvider: Send + Sync + 'static {
     /// Readiness. Default: ready.
     fn readiness(&self) -> Readiness {
         Readiness::Ready
+    }
+    /// `status.images` (largest first, already cut to `--node-status-max-images`); `None`
+    /// leaves the field alone. Default: none.
+    fn images(&self) -> Option<Vec<ContainerImage>> {
+        None
     }
 }
 

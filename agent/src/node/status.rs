@@ -9,7 +9,7 @@
 //! (merging them by `type` would keep addresses we no longer have).
 
 use k8s_openapi::api::core::v1::{
-    DaemonEndpoint, NodeAddress, NodeDaemonEndpoints, NodeStatus, NodeSystemInfo,
+    ContainerImage, DaemonEndpoint, NodeAddress, NodeDaemonEndpoints, NodeStatus, NodeSystemInfo,
 };
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{json, Value};
@@ -26,6 +26,7 @@ pub(crate) struct Snapshot {
     pub system_info: NodeSystemInfo,
     pub conditions: Vec<Condition>,
     pub kubelet_port: Option<u16>,
+    pub images: Option<Vec<ContainerImage>>,
 }
 
 impl Snapshot {
@@ -37,6 +38,7 @@ impl Snapshot {
             system_info: provider.system_info(),
             conditions: conditions(provider.pressure(), &provider.readiness()),
             kubelet_port: provider.kubelet_port(),
+            images: provider.images(),
         })
     }
 }
@@ -104,6 +106,7 @@ impl StatusReporter {
             declared_features: snapshot
                 .kubelet_port
                 .map(|_| DECLARED_FEATURES.iter().map(|f| (*f).to_owned()).collect()),
+            images: snapshot.images.clone(),
             ..NodeStatus::default()
         }
     }
@@ -160,6 +163,7 @@ mod tests {
             system_info: NodeSystemInfo::default(),
             conditions: conditions(Pressure::default(), &readiness),
             kubelet_port: Some(10250),
+            images: None,
         }
     }
 
@@ -188,6 +192,23 @@ mod tests {
 
     fn reporter() -> StatusReporter {
         StatusReporter::new(Transitions::default(), Duration::from_secs(300))
+    }
+
+    #[test]
+    fn images_are_reported_and_a_new_image_makes_the_status_due() {
+        let mut with_image = snapshot(true);
+        with_image.images = Some(vec![ContainerImage {
+            names: Some(vec!["reg/app@sha256:ab".into(), "reg/app:1".into()]),
+            size_bytes: Some(42),
+        }]);
+        let status = reporter().status(&with_image, Timestamp::UNIX_EPOCH);
+        assert_eq!(status.images, with_image.images);
+        let patch = status_patch(&status);
+        assert_eq!(patch["status"]["images"][0]["sizeBytes"], 42);
+        let mut reporter = reporter();
+        let start = Instant::now();
+        reporter.accepted(snapshot(true), start);
+        assert!(reporter.due(&with_image, start + Duration::from_secs(10)));
     }
 
     #[test]

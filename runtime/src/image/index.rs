@@ -57,6 +57,9 @@ pub(crate) struct IndexFile {
     /// `Always` pull policy re-pulls only these (imported images are the node's own copy).
     #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
     pub pulled: std::collections::BTreeSet<String>,
+    /// Image ids (config digests) image garbage collection must keep.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
+    pub pinned: std::collections::BTreeSet<Digest>,
 }
 
 impl IndexFile {
@@ -74,8 +77,16 @@ impl IndexFile {
         let manifest = self.refs.remove(reference)?;
         if self.refs_to(&manifest).next().is_none() {
             self.images.remove(&manifest);
+            self.drop_stale_pins();
         }
         Some(manifest)
+    }
+
+    /// Forgets pins of ids no manifest has any more (the image went).
+    pub(crate) fn drop_stale_pins(&mut self) {
+        let images = &self.images;
+        self.pinned
+            .retain(|id| images.values().any(|r| &r.config_digest == id));
     }
 
     /// Points `reference` at `manifest`, dropping the previous target if it lost its last ref.
@@ -84,6 +95,7 @@ impl IndexFile {
         if let Some(old) = self.refs.insert(reference, manifest.clone()) {
             if old != manifest && self.refs_to(&old).next().is_none() {
                 self.images.remove(&old);
+                self.drop_stale_pins();
             }
         }
     }

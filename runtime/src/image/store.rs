@@ -140,19 +140,7 @@ impl ImageStore {
     /// The image a reference or id names, if present.
     pub fn get_image(&self, reference: &str) -> Result<Option<Image>, ImageError> {
         let file = self.index.load()?;
-        let id = match resolve(&file, reference)? {
-            None => return Ok(None),
-            Some(Target::Id(id)) => id,
-            Some(Target::Ref(key)) => match file.refs.get(&key).and_then(|m| file.images.get(m)) {
-                Some(rec) => rec.config_digest.clone(),
-                None => return Ok(None),
-            },
-            Some(Target::Manifest(m)) => match file.images.get(&m) {
-                Some(rec) => rec.config_digest.clone(),
-                None => return Ok(None),
-            },
-        };
-        Ok(image_of(&file, &id))
+        Ok(id_of(&file, reference)?.and_then(|id| image_of(&file, &id)))
     }
 
     /// Untags a reference (or removes every tag of an id / every ref of a digest). The
@@ -180,7 +168,26 @@ impl ImageStore {
                 file.images.remove(m);
                 tracing::info!(manifest = %m, "image removed");
             }
+            file.drop_stale_pins();
             Ok(!manifests.is_empty())
+        })
+    }
+
+    /// Pins (or unpins) the image a reference or id names: image garbage collection never
+    /// removes a pinned image. Returns `false` when nothing matched.
+    pub fn set_pinned(&self, reference: &str, pinned: bool) -> Result<bool, ImageError> {
+        self.index.update(|file| {
+            let Some(id) = id_of(file, reference)? else {
+                return Ok(false);
+            };
+            if pinned {
+                file.pinned.insert(id.clone());
+            } else {
+                file.pinned.remove(&id);
+            }
+            file.drop_stale_pins();
+            tracing::info!(image = %id, pinned, "image pin set");
+            Ok(true)
         })
     }
 
@@ -229,6 +236,17 @@ impl ImageStore {
         }
         Ok(out)
     }
+}
+
+/// The image id a reference or id names, if present.
+fn id_of(file: &IndexFile, reference: &str) -> Result<Option<Digest>, ImageError> {
+    let record = |m: &Digest| file.images.get(m).map(|r| r.config_digest.clone());
+    Ok(match resolve(file, reference)? {
+        None => None,
+        Some(Target::Id(id)) => Some(id),
+        Some(Target::Ref(key)) => file.refs.get(&key).and_then(record),
+        Some(Target::Manifest(m)) => record(&m),
+    })
 }
 
 /// Resolves a user's string against the index. `Ok(None)` when it is valid but absent.
@@ -321,6 +339,7 @@ pub(crate) fn image_of(file: &IndexFile, id: &Digest) -> Option<Image> {
         repo_digests,
         size: rec.size,
         config: rec.config.clone(),
+        pinned: file.pinned.contains(id),
     })
 }
 

@@ -13,7 +13,9 @@
 //! ```
 //!
 //! The back-off mirrors kubelet's image puller: 10 s, doubling, at most 300 s, per pod UID
-//! and image.
+//! and image. Pulls wait for a node-wide slot when pulls are serialized or limited
+//! (`--serialize-image-pulls`, `--max-parallel-image-pulls`): the `Pulled` event's first
+//! time is the pull's own, the second ("including waiting") counts from `Pulling`.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -175,19 +177,33 @@ impl NodeSyncer {
             keyring: self.pull_secrets(pod).await,
             ..PullRequest::default()
         };
-        match self.images.pull_image(image, request).await {
+        // kubelet's serial / parallel image puller: wait for a slot (FIFO); the wait
+        // counts in "including waiting", not in the pull's own time.
+        let slot = match &self.pull_slots {
+            Some(slots) => slots.clone().acquire_owned().await.ok(),
+            None => None,
+        };
+        let pull_started = Instant::now();
+        let pod_name = crate::config::pod_full_name(pod);
+        tracing::info!(pod = %pod_name, %image, waited = ?started.elapsed(), "image pull started");
+        let result = self.images.pull_image(image, request).await;
+        drop(slot);
+        tracing::info!(pod = %pod_name, %image, ok = result.is_ok(), "image pull finished");
+        match result {
             Ok(report) => {
-                // A joined pull started before this call: report at most our own wait.
+                // A joined pull started before this call: report at most our own part.
                 let waited = started.elapsed();
+                let pulled_in = report.duration.min(pull_started.elapsed());
                 self.lock_pull_backoff().succeeded(&key);
                 self.remember_image(&report.image);
+                self.images_changed.notify_one();
                 self.event(
                     pod,
                     EventType::Normal,
                     reason::PULLED,
                     format!(
                         "Successfully pulled image \"{image}\" in {:.3}s ({:.3}s including waiting). Image size: {} bytes.",
-                        report.duration.min(waited).as_secs_f64(),
+                        pulled_in.as_secs_f64(),
                         waited.as_secs_f64(),
                         report.image.size
                     ),
