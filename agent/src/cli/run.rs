@@ -509,6 +509,7 @@ async fn bind_kubelet_api(
         node_name: config.node_name.clone(),
         pod_log_dir: config.pod_log_dir.clone(),
         configz: super::kubelet_config::effective(args, config),
+        streaming_idle_timeout: ironlet::server::kubelet_api::portforward::DEFAULT_IDLE_TIMEOUT,
     })
     .await
     .context("starting the kubelet API")?;
