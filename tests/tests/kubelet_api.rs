@@ -1420,12 +1420,20 @@ struct PortForward {
 impl PortForward {
     /// `kubectl port-forward pod/POD :REMOTE` on 127.0.0.1, once it said where it listens.
     fn start(env: &Env, pod: &str, remote: u16) -> Result<Self> {
+        Self::start_with(env, pod, remote, true)
+    }
+
+    /// With `websockets` false, kubectl speaks plain SPDY to the API server
+    /// (`KUBECTL_PORT_FORWARD_WEBSOCKETS=false`), which passes the upgrade on to the node
+    /// as it is: the path of API servers that do not tunnel.
+    fn start_with(env: &Env, pod: &str, remote: u16, websockets: bool) -> Result<Self> {
         let stderr =
             std::env::temp_dir().join(format!("kapi-pf-{}-{pod}-{remote}.err", std::process::id()));
         let file = std::fs::File::create(&stderr).context("creating kubectl's stderr file")?;
         let mut child = env
             .plane
             .kubectl_command()
+            .env("KUBECTL_PORT_FORWARD_WEBSOCKETS", websockets.to_string())
             .args(["port-forward", "--address", "127.0.0.1"])
             .arg(format!("pod/{pod}"))
             .arg(format!(":{remote}"))
@@ -1535,6 +1543,25 @@ fn first_page(forward: &PortForward) -> Result<Vec<u8>> {
     }
 }
 
+/// `/big` through `forward`, checked against the pod's `sha256sum` line; prints MB/s.
+fn fetch_big(forward: &PortForward, in_pod: &str, how: &str) -> Result<Vec<u8>> {
+    let started = Instant::now();
+    let (status, big) = forward.get("/big")?;
+    let elapsed = started.elapsed();
+    assert!(status.contains(" 200 "), "{status}");
+    assert_eq!(big.len(), BIG_SIZE, "the whole file ({how})");
+    assert_eq!(
+        in_pod.split_whitespace().next(),
+        Some(sha256_hex(&big).as_str()),
+        "the same bytes ({how})"
+    );
+    eprintln!(
+        "port-forward ({how}): 20 MiB in {elapsed:?}, {:.1} MB/s",
+        BIG_SIZE as f64 / 1e6 / elapsed.as_secs_f64()
+    );
+    Ok(big)
+}
+
 fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::Digest;
     sha2::Sha256::digest(bytes)
@@ -1554,20 +1581,12 @@ fn port_forward(env: &Env) -> Result<()> {
         // 20 MiB, byte for byte (the pod's own sha256sum of the file).
         let in_pod = kubectl_exec_sh(env, name, "sha256sum /www/big")?;
         let in_pod = String::from_utf8_lossy(&in_pod.stdout).into_owned();
-        let started = Instant::now();
-        let (status, big) = forward.get("/big")?;
-        let elapsed = started.elapsed();
-        assert!(status.contains(" 200 "), "{status}");
-        assert_eq!(big.len(), BIG_SIZE, "the whole file");
-        assert_eq!(
-            in_pod.split_whitespace().next(),
-            Some(sha256_hex(&big).as_str()),
-            "the same bytes"
-        );
-        eprintln!(
-            "port-forward: 20 MiB in {elapsed:?}, {:.1} MB/s",
-            BIG_SIZE as f64 / 1e6 / elapsed.as_secs_f64()
-        );
+        let big = fetch_big(&forward, &in_pod, "SPDY tunnelled in WebSocket")?;
+        // The same over plain SPDY (a second session at the same time).
+        let spdy = PortForward::start_with(env, name, 80, false)?;
+        assert_eq!(first_page(&spdy)?, b"hello-through-port-forward\n");
+        fetch_big(&spdy, &in_pod, "plain SPDY")?;
+        drop(spdy);
 
         // Two connections at once: the first has sent half a request and waits while the
         // second is served whole; then the first completes.
