@@ -927,12 +927,16 @@ mod session_tests {
     }
 
     fn start() -> (Client, tokio::task::JoinHandle<()>) {
+        start_idle(DEFAULT_IDLE_TIMEOUT)
+    }
+
+    fn start_idle(idle: Duration) -> (Client, tokio::task::JoinHandle<()>) {
         let (server, client) = duplex(1 << 20);
         let target = Target {
             sandbox_id: "sandbox".into(),
             netns: None,
         };
-        let served = tokio::spawn(serve(server, Upgrade::Spdy, target, DEFAULT_IDLE_TIMEOUT));
+        let served = tokio::spawn(serve(server, Upgrade::Spdy, target, idle));
         let (reader, writer) = tokio::io::split(client);
         let client = Client {
             reader: FrameReader::new(reader),
@@ -1073,5 +1077,31 @@ mod session_tests {
                 status: spdy::CANCEL
             }
         );
+    }
+
+    #[tokio::test]
+    async fn an_idle_session_is_closed_with_goaway_and_traffic_keeps_it_open() {
+        let (mut client, served) = start_idle(Duration::from_secs(2));
+        // Pings every half second keep it alive past the timeout.
+        for _ in 0..6 {
+            client.send(Frame::Ping { id: 1 }).await;
+            assert_eq!(client.next().await, Frame::Ping { id: 1 });
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        assert!(!served.is_finished(), "closed while in use");
+        // Then silence: GOAWAY and the end of the stream.
+        assert_eq!(
+            client.next().await,
+            Frame::GoAway {
+                last_good_stream_id: 0,
+                status: spdy::GOAWAY_OK
+            }
+        );
+        let end = client.reader.read_frame().await.expect("a clean end");
+        assert_eq!(end, None);
+        tokio::time::timeout(Duration::from_secs(5), served)
+            .await
+            .expect("the session ends")
+            .expect("session task");
     }
 }
