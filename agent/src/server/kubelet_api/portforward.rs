@@ -421,12 +421,7 @@ where
                 stream_id, headers, ..
             } => {
                 if stream_id % 2 == 0 || stream_id <= last_stream_id {
-                    let _ = out
-                        .send(Frame::RstStream {
-                            stream_id,
-                            status: spdy::PROTOCOL_ERROR,
-                        })
-                        .await;
+                    reset(&out, stream_id, spdy::PROTOCOL_ERROR).await;
                     continue;
                 }
                 last_stream_id = stream_id;
@@ -434,12 +429,7 @@ where
                     Ok(parsed) => parsed,
                     Err(reason) => {
                         tracing::warn!(%reason, "Stream rejected");
-                        let _ = out
-                            .send(Frame::RstStream {
-                                stream_id,
-                                status: spdy::CANCEL,
-                            })
-                            .await;
+                        reset(&out, stream_id, spdy::CANCEL).await;
                         continue;
                     }
                 };
@@ -534,12 +524,7 @@ where
                     };
                     if !delivered && !entry.forwarding {
                         streams.remove(&stream_id);
-                        let _ = out
-                            .send(Frame::RstStream {
-                                stream_id,
-                                status: spdy::PROTOCOL_ERROR,
-                            })
-                            .await;
+                        reset(&out, stream_id, spdy::PROTOCOL_ERROR).await;
                         continue;
                     }
                 }
@@ -596,13 +581,12 @@ async fn send_data(out: &mpsc::Sender<Frame>, stream_id: u32, flags: u8, data: V
 async fn send_error(out: &mpsc::Sender<Frame>, error_id: u32, data_id: Option<u32>, text: String) {
     send_data(out, error_id, 0, text.into_bytes()).await;
     for stream_id in data_id.into_iter().chain([error_id]) {
-        let _ = out
-            .send(Frame::RstStream {
-                stream_id,
-                status: spdy::CANCEL,
-            })
-            .await;
+        reset(out, stream_id, spdy::CANCEL).await;
     }
+}
+
+async fn reset(out: &mpsc::Sender<Frame>, stream_id: u32, status: u32) {
+    let _ = out.send(Frame::RstStream { stream_id, status }).await;
 }
 
 /// One forwarded connection.
@@ -731,20 +715,22 @@ fn dial_error(err: &NetError, network: &str) -> String {
 }
 
 #[cfg(test)]
+use spdy::headers as h;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
     fn request(method: &str, headers: &[(&str, &str)]) -> Request {
-        Request {
-            method: method.into(),
-            path: "/portForward/default/web".into(),
-            query: None,
-            headers: headers
-                .iter()
-                .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
-                .collect(),
-            body: Vec::new(),
-        }
+        Request::with_headers(method, "/portForward/default/web", headers)
+    }
+
+    /// The 101's head and the session kind of an accepted upgrade.
+    fn accepted(method: &str, headers: &[(&str, &str)]) -> (String, Upgrade) {
+        let (head, upgrade) = upgrade_response(&request(method, headers)).expect("an upgrade");
+        let head = String::from_utf8(head).expect("ascii");
+        assert!(head.starts_with("HTTP/1.1 101 "), "{head}");
+        (head, upgrade)
     }
 
     fn text(response: Response) -> (u16, String) {
@@ -754,37 +740,40 @@ mod tests {
         (status, all)
     }
 
+    /// A plain SPDY upgrade offering `protocol`, as the API server sends it.
+    fn spdy_upgrade(protocol: &str) -> [(&str, &str); 3] {
+        [
+            ("Connection", "Upgrade"),
+            ("Upgrade", "SPDY/3.1"),
+            ("X-Stream-Protocol-Version", protocol),
+        ]
+    }
+
+    /// A WebSocket upgrade offering `protocol` (RFC 6455's example key).
+    fn websocket_upgrade(protocol: &str) -> [(&str, &str); 4] {
+        [
+            ("Connection", "Upgrade"),
+            ("Upgrade", "websocket"),
+            ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="),
+            ("Sec-WebSocket-Protocol", protocol),
+        ]
+    }
+
+    fn refused(method: &str, headers: &[(&str, &str)]) -> (u16, String) {
+        text(upgrade_response(&request(method, headers)).expect_err("refused"))
+    }
+
     #[test]
     fn the_api_servers_spdy_upgrade_is_accepted() {
-        let (head, upgrade) = upgrade_response(&request(
-            "POST",
-            &[
-                ("Connection", "Upgrade"),
-                ("Upgrade", "SPDY/3.1"),
-                ("X-Stream-Protocol-Version", "portforward.k8s.io"),
-            ],
-        ))
-        .expect("an upgrade");
-        let head = String::from_utf8(head).expect("ascii");
+        let (head, upgrade) = accepted("POST", &spdy_upgrade(PROTOCOL));
         assert_eq!(upgrade, Upgrade::Spdy);
-        assert!(head.starts_with("HTTP/1.1 101 "));
         assert!(head.contains("Upgrade: SPDY/3.1\r\n"));
         assert!(head.contains("X-Stream-Protocol-Version: portforward.k8s.io\r\n"));
     }
 
     #[test]
     fn kubectls_tunnelling_websocket_is_accepted() {
-        let (head, upgrade) = upgrade_response(&request(
-            "GET",
-            &[
-                ("Connection", "Upgrade"),
-                ("Upgrade", "websocket"),
-                ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="),
-                ("Sec-WebSocket-Protocol", "SPDY/3.1+portforward.k8s.io"),
-            ],
-        ))
-        .expect("an upgrade");
-        let head = String::from_utf8(head).expect("ascii");
+        let (head, upgrade) = accepted("GET", &websocket_upgrade("SPDY/3.1+portforward.k8s.io"));
         assert_eq!(upgrade, Upgrade::WebSocketTunnel);
         assert!(head.contains("Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n"));
         assert!(head.contains("Sec-WebSocket-Protocol: SPDY/3.1+portforward.k8s.io\r\n"));
@@ -792,48 +781,20 @@ mod tests {
 
     #[test]
     fn refusals_carry_kubelets_status_and_message() {
-        let (status, body) = text(
-            upgrade_response(&request("POST", &[("Upgrade", "SPDY/3.1")])).expect_err("refused"),
-        );
+        let (status, body) = refused("POST", &[("Upgrade", "SPDY/3.1")]);
         assert_eq!(status, 400);
         assert!(body.contains("X-Stream-Protocol-Version does not exist"));
-        let (status, body) = text(
-            upgrade_response(&request(
-                "POST",
-                &[
-                    ("Connection", "Upgrade"),
-                    ("Upgrade", "SPDY/3.1"),
-                    ("X-Stream-Protocol-Version", "v4.channel.k8s.io"),
-                ],
-            ))
-            .expect_err("refused"),
-        );
+        let (status, body) = refused("POST", &spdy_upgrade("v4.channel.k8s.io"));
         assert_eq!(status, 403);
         assert!(body.contains("unable to negotiate protocol"));
-        let (status, _) = text(
-            upgrade_response(&request(
-                "GET",
-                &[
-                    ("Connection", "Upgrade"),
-                    ("Upgrade", "websocket"),
-                    ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="),
-                    ("Sec-WebSocket-Protocol", "v4.channel.k8s.io"),
-                ],
-            ))
-            .expect_err("refused"),
-        );
+        let (status, body) = refused("GET", &websocket_upgrade("SPDY/3.1+v4.channel.k8s.io"));
+        assert_eq!(status, 403);
+        assert!(body.contains("unable to negotiate protocol"));
+        // kubelet's own WebSocket port-forward protocol is not served.
+        let (status, _) = refused("GET", &websocket_upgrade("v4.channel.k8s.io"));
         assert_eq!(status, 400);
-        let (status, _) = text(
-            upgrade_response(&request("DELETE", &[("Upgrade", "SPDY/3.1")])).expect_err("refused"),
-        );
+        let (status, _) = refused("DELETE", &spdy_upgrade(PROTOCOL));
         assert_eq!(status, 405);
-    }
-
-    fn h(pairs: &[(&str, &str)]) -> Headers {
-        pairs
-            .iter()
-            .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
-            .collect()
     }
 
     #[test]
@@ -917,13 +878,6 @@ mod session_tests {
             })
             .await;
         }
-    }
-
-    fn h(pairs: &[(&str, &str)]) -> Headers {
-        pairs
-            .iter()
-            .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
-            .collect()
     }
 
     fn start() -> (Client, tokio::task::JoinHandle<()>) {

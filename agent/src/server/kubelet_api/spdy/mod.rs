@@ -475,6 +475,15 @@ fn control(frame_type: u16, flags: u8, payload: &[u8], out: &mut Vec<u8>) -> Res
     Ok(())
 }
 
+/// Headers from `(name, value)` pairs (tests).
+#[cfg(test)]
+pub fn headers(pairs: &[(&str, &str)]) -> Headers {
+    pairs
+        .iter()
+        .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     //! Frames captured from Go's framer (`github.com/moby/spdystream/spdy` v0.5.1, the one
@@ -496,13 +505,6 @@ mod tests {
     const GO_REPLY_1: &str = "800300020000000e000000016260606000000000ffff";
     /// DATA 3 FIN "hi", RST_STREAM 3 CANCEL, PING 1, GOAWAY 3 OK, WINDOW_UPDATE 3 65536.
     const GO_MISC: &str = "00000003010000026869800300030000000800000003000000058003000600000004000000018003000700000008000000030000000080030009000000080000000300010000";
-
-    fn headers(pairs: &[(&str, &str)]) -> Headers {
-        pairs
-            .iter()
-            .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
-            .collect()
-    }
 
     async fn read_all(bytes: Vec<u8>) -> Vec<Frame> {
         let mut reader = FrameReader::new(std::io::Cursor::new(bytes));
