@@ -23,7 +23,8 @@
 //! node) to a busybox `httpd`: a page, a 20 MiB file byte for byte (its MB/s printed), two
 //! connections at once; a port nothing listens on gets kubelet's error through kubectl while
 //! another session and the node go on; the node refuses port forwarding without credentials
-//! (401) and without RBAC (403).
+//! (401) and without RBAC (403); a kubectl killed mid-connection leaves no connection open
+//! in the pod.
 //!
 //! One control plane and one agent (node `e2e-kapi-<pid>`) serve every test of this binary;
 //! the tests use distinct pod names. Needs root (containers, cgroups, CNI).
@@ -135,6 +136,10 @@ const TESTS: &[SuiteTest<Env>] = &[
     (
         "port_forward_on_the_node_is_refused_without_credentials_401_and_without_rbac_403",
         port_forward_refused,
+    ),
+    (
+        "a_killed_kubectl_port_forward_leaves_no_connection_in_the_pod",
+        port_forward_client_killed,
     ),
 ];
 
@@ -1667,4 +1672,48 @@ fn port_forward_refused(env: &Env) -> Result<()> {
     let path = format!("/portForward/default/{name}");
     let protocol = "SPDY/3.1+portforward.k8s.io";
     refused_401_403(env, name, &path, protocol, "kapi-port-forward-nobody")
+}
+
+/// Established TCP connections on port 80 in the pod's network namespace (both ends of the
+/// node's connection to httpd count), from its `/proc/net/tcp` and `tcp6` (httpd listens on
+/// `:::80`, so its end of a connection to 127.0.0.1 is in `tcp6`).
+fn pod_connections_on_80(env: &Env, pod: &str) -> Result<usize> {
+    let out = kubectl_exec_sh(env, pod, "cat /proc/net/tcp /proc/net/tcp6")?;
+    let table = String::from_utf8_lossy(&out.stdout).into_owned();
+    Ok(table
+        .lines()
+        .filter(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // local_address rem_address st: "0100007F:0050 0100007F:9C40 01".
+            fields.len() > 3
+                && fields[3] == "01"
+                && (fields[1].ends_with(":0050") || fields[2].ends_with(":0050"))
+        })
+        .count())
+}
+
+fn port_forward_client_killed(env: &Env) -> Result<()> {
+    let name = "kapi-port-forward-killed";
+    with_pod(env, name, HTTPD, "Never", |_pods| async move {
+        wait_httpd(env, name)?;
+        let forward = PortForward::start(env, name, 80)?;
+        // Half a request: httpd waits for the rest, the connection stays open.
+        let mut conn = forward.connect()?;
+        conn.write_all(b"GET /index.html HTTP/1.0\r\n")?;
+        eventually(
+            "the forwarded connection is open in the pod",
+            Duration::from_secs(15),
+            || async { Ok((pod_connections_on_80(env, name)? == 2).then_some(())) },
+        )
+        .await?;
+        drop(forward);
+        eventually(
+            "no connection left in the pod once kubectl is gone",
+            Duration::from_secs(15),
+            || async { Ok((pod_connections_on_80(env, name)? == 0).then_some(())) },
+        )
+        .await?;
+        drop(conn);
+        Ok(())
+    })
 }
