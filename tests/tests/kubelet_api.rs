@@ -24,7 +24,7 @@
 //! connections at once; a port nothing listens on gets kubelet's error through kubectl while
 //! another session and the node go on; the node refuses port forwarding without credentials
 //! (401) and without RBAC (403); a kubectl killed mid-connection leaves no connection open
-//! in the pod.
+//! in the pod; a host-network pod's port is reached on the host's loopback.
 //!
 //! One control plane and one agent (node `e2e-kapi-<pid>`) serve every test of this binary;
 //! the tests use distinct pod names. Needs root (containers, cgroups, CNI).
@@ -141,6 +141,10 @@ const TESTS: &[SuiteTest<Env>] = &[
         "a_killed_kubectl_port_forward_leaves_no_connection_in_the_pod",
         port_forward_client_killed,
     ),
+    (
+        "kubectl_port_forward_to_a_host_network_pod_reaches_the_hosts_loopback",
+        port_forward_host_network,
+    ),
 ];
 
 const RUNNING_TIMEOUT: Duration = Duration::from_secs(60);
@@ -196,6 +200,17 @@ fn block_on<T, F: std::future::Future<Output = Result<T>>>(f: F) -> Result<T> {
 
 /// A busybox pod on the test node running `script` with `sh -c`.
 async fn run_pod(env: &Env, name: &str, script: &str, restart: &str) -> Result<Api<Pod>> {
+    run_pod_with(env, name, script, restart, false).await
+}
+
+/// [`run_pod`], in the host's network namespace if `host_network`.
+async fn run_pod_with(
+    env: &Env,
+    name: &str,
+    script: &str,
+    restart: &str,
+    host_network: bool,
+) -> Result<Api<Pod>> {
     let client = env.plane.admin_client().await?;
     let pods: Api<Pod> = Api::namespaced(client, "default");
     let pod: Pod = serde_json::from_value(json!({
@@ -206,6 +221,7 @@ async fn run_pod(env: &Env, name: &str, script: &str, restart: &str) -> Result<A
             "nodeName": env.agent.node_name,
             "restartPolicy": restart,
             "terminationGracePeriodSeconds": 1,
+            "hostNetwork": host_network,
             "containers": [{
                 "name": "main",
                 "image": "busybox",
@@ -1715,5 +1731,40 @@ fn port_forward_client_killed(env: &Env) -> Result<()> {
         .await?;
         drop(conn);
         Ok(())
+    })
+}
+
+fn port_forward_host_network(env: &Env) -> Result<()> {
+    let name = "kapi-port-forward-host";
+    // A free port on the host, for httpd bound to the host's loopback only.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let script = format!(
+        "mkdir -p /www && echo on-the-host > /www/index.html && \
+         exec httpd -f -p 127.0.0.1:{port} -h /www"
+    );
+    block_on(async {
+        let pods = run_pod_with(env, name, &script, "Never", true).await?;
+        let result = async {
+            eventually("httpd on the host", Duration::from_secs(30), || async {
+                Ok(std::net::TcpStream::connect(("127.0.0.1", port))
+                    .ok()
+                    .map(|_| ()))
+            })
+            .await?;
+            let forward = PortForward::start(env, name, port)?;
+            let (status, body) = forward.get("/index.html")?;
+            assert!(
+                status.contains(" 200 "),
+                "{status}: {}",
+                forward.stderr_text()
+            );
+            assert_eq!(body, b"on-the-host\n");
+            Ok(())
+        }
+        .await;
+        remove_pod(&pods, name).await?;
+        result
     })
 }
