@@ -1593,7 +1593,8 @@ fn sha256_hex(bytes: &[u8]) -> String {
 
 fn port_forward(env: &Env) -> Result<()> {
     let name = "kapi-port-forward";
-    with_pod(env, name, HTTPD, "Never", |_pods| async move {
+    let port = node_port(env)?;
+    with_pod(env, name, HTTPD, "Never", |pods| async move {
         wait_httpd(env, name)?;
         let forward = PortForward::start(env, name, 80)?;
         let page = first_page(&forward)?;
@@ -1639,6 +1640,25 @@ fn port_forward(env: &Env) -> Result<()> {
             assert_eq!(sha256_hex(&body), sha256_hex(&big), "a parallel fetch");
         }
         drop(forward);
+
+        // Straight to the node as the API server: the pod's uid in the path is checked
+        // (404 for another), an unknown pod is 404, and a request that is no upgrade 400.
+        let uid = pods.get(name).await?.metadata.uid.unwrap_or_default();
+        let pki = env.plane.dir().join("pki");
+        let (cert, key) = (
+            pki.join("apiserver-kubelet-client.crt"),
+            pki.join("apiserver-kubelet-client.key"),
+        );
+        let (cert, key) = (cert.to_string_lossy(), key.to_string_lossy());
+        let as_apiserver = ["--cert", &cert, "--key", &key];
+        for (path, want) in [
+            (format!("/portForward/default/{name}/{uid}"), "400"),
+            (format!("/portForward/default/{name}"), "400"),
+            (format!("/portForward/default/{name}/not-{uid}"), "404"),
+            ("/portForward/default/no-such-pod".to_owned(), "404"),
+        ] {
+            assert_eq!(curl(env, port, &path, &as_apiserver)?, want, "{path}");
+        }
         Ok(())
     })
 }
