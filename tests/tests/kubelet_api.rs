@@ -1736,19 +1736,14 @@ fn port_forward_client_killed(env: &Env) -> Result<()> {
         // Half a request: httpd waits for the rest, the connection stays open.
         let mut conn = forward.connect()?;
         conn.write_all(b"GET /index.html HTTP/1.0\r\n")?;
-        eventually(
-            "the forwarded connection is open in the pod",
-            Duration::from_secs(15),
-            || async { Ok((pod_connections_on_80(env, name)? == 2).then_some(())) },
-        )
-        .await?;
+        let connections = |want: usize, what: &'static str| {
+            eventually(what, Duration::from_secs(15), move || async move {
+                Ok((pod_connections_on_80(env, name)? == want).then_some(()))
+            })
+        };
+        connections(2, "the forwarded connection is open in the pod").await?;
         drop(forward);
-        eventually(
-            "no connection left in the pod once kubectl is gone",
-            Duration::from_secs(15),
-            || async { Ok((pod_connections_on_80(env, name)? == 0).then_some(())) },
-        )
-        .await?;
+        connections(0, "no connection left in the pod once kubectl is gone").await?;
         drop(conn);
         Ok(())
     })
