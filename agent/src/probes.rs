@@ -34,7 +34,7 @@ mod grpc;
 mod handler;
 mod http;
 mod manager;
-mod net;
+pub(crate) mod net;
 mod results;
 mod spec;
 mod worker;

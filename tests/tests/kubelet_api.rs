@@ -19,6 +19,12 @@
 //! writes 30000 numbered lines (~4 MiB): at most 3 files are left, their lines run on without
 //! a gap or a repeat, `--tail` spans them, and a `kubectl logs -f` started before the
 //! output sees every line once.
+//! `kubectl port-forward` (SPDY tunnelled in the WebSocket the API server proxies to the
+//! node) to a busybox `httpd`: a page, a 20 MiB file byte for byte (its MB/s printed), two
+//! connections at once; a port nothing listens on gets kubelet's error through kubectl while
+//! another session and the node go on; the node refuses port forwarding without credentials
+//! (401) and without RBAC (403); a kubectl killed mid-connection leaves no connection open
+//! in the pod; a host-network pod's port is reached on the host's loopback.
 //!
 //! One control plane and one agent (node `e2e-kapi-<pid>`) serve every test of this binary;
 //! the tests use distinct pod names. Needs root (containers, cgroups, CNI).
@@ -119,6 +125,26 @@ const TESTS: &[SuiteTest<Env>] = &[
         "a_log_rotated_past_container_log_max_size_keeps_max_files_and_every_line_for_a_follower",
         logs_rotation,
     ),
+    (
+        "kubectl_port_forward_serves_a_page_20mib_unchanged_and_concurrent_connections",
+        port_forward,
+    ),
+    (
+        "kubectl_port_forward_to_a_closed_port_reports_kubelets_error_and_the_node_goes_on",
+        port_forward_closed_port,
+    ),
+    (
+        "port_forward_on_the_node_is_refused_without_credentials_401_and_without_rbac_403",
+        port_forward_refused,
+    ),
+    (
+        "a_killed_kubectl_port_forward_leaves_no_connection_in_the_pod",
+        port_forward_client_killed,
+    ),
+    (
+        "kubectl_port_forward_to_a_host_network_pod_reaches_the_hosts_loopback",
+        port_forward_host_network,
+    ),
 ];
 
 const RUNNING_TIMEOUT: Duration = Duration::from_secs(60);
@@ -174,6 +200,17 @@ fn block_on<T, F: std::future::Future<Output = Result<T>>>(f: F) -> Result<T> {
 
 /// A busybox pod on the test node running `script` with `sh -c`.
 async fn run_pod(env: &Env, name: &str, script: &str, restart: &str) -> Result<Api<Pod>> {
+    run_pod_with(env, name, script, restart, false).await
+}
+
+/// [`run_pod`], in the host's network namespace if `host_network`.
+async fn run_pod_with(
+    env: &Env,
+    name: &str,
+    script: &str,
+    restart: &str,
+    host_network: bool,
+) -> Result<Api<Pod>> {
     let client = env.plane.admin_client().await?;
     let pods: Api<Pod> = Api::namespaced(client, "default");
     let pod: Pod = serde_json::from_value(json!({
@@ -184,6 +221,7 @@ async fn run_pod(env: &Env, name: &str, script: &str, restart: &str) -> Result<A
             "nodeName": env.agent.node_name,
             "restartPolicy": restart,
             "terminationGracePeriodSeconds": 1,
+            "hostNetwork": host_network,
             "containers": [{
                 "name": "main",
                 "image": "busybox",
@@ -870,11 +908,18 @@ fn exec_client_killed(env: &Env) -> Result<()> {
 }
 
 fn exec_refused(env: &Env) -> Result<()> {
-    let port = node_port(env)?;
     let name = "kapi-exec-refused";
-    let sa = "kapi-exec-nobody";
+    let path = format!("/exec/default/{name}/main?command=true&stdout=1");
+    refused_401_403(env, name, &path, "v5.channel.k8s.io", "kapi-exec-nobody")
+}
+
+/// A WebSocket upgrade of `path` (offering `protocol`) straight to the node, for a pod
+/// `name`: 401 without credentials, 403 with the token of a new ServiceAccount `sa` that
+/// has no RBAC for `nodes/proxy`.
+fn refused_401_403(env: &Env, name: &str, path: &str, protocol: &str, sa: &str) -> Result<()> {
+    let port = node_port(env)?;
     with_pod(env, name, SLEEPER, "Never", |_pods| async move {
-        let path = format!("/exec/default/{name}/main?command=true&stdout=1");
+        let protocol = format!("Sec-WebSocket-Protocol: {protocol}");
         let upgrade = [
             "-H",
             "Connection: Upgrade",
@@ -885,9 +930,9 @@ fn exec_refused(env: &Env) -> Result<()> {
             "-H",
             "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==",
             "-H",
-            "Sec-WebSocket-Protocol: v5.channel.k8s.io",
+            &protocol,
         ];
-        assert_eq!(curl(env, port, &path, &upgrade)?, "401", "no credentials");
+        assert_eq!(curl(env, port, path, &upgrade)?, "401", "no credentials");
         env.plane.kubectl(&["create", "serviceaccount", sa])?;
         let result = (|| {
             let token = env.plane.kubectl(&["create", "token", sa])?;
@@ -895,7 +940,7 @@ fn exec_refused(env: &Env) -> Result<()> {
             let mut args = upgrade.to_vec();
             args.extend(["-H", &header]);
             assert_eq!(
-                curl(env, port, &path, &args)?,
+                curl(env, port, path, &args)?,
                 "403",
                 "no RBAC for nodes/proxy"
             );
@@ -1378,5 +1423,363 @@ fn metrics_probes(env: &Env) -> Result<()> {
             "the removed pod's series stay: {text}"
         );
         Ok(())
+    })
+}
+
+/// busybox `httpd` on port 80 serving `/www`: `index.html` and `big`, 20 MiB of random bytes.
+const HTTPD: &str = "mkdir -p /www && echo hello-through-port-forward > /www/index.html && \
+                     head -c 20971520 /dev/urandom > /www/big && exec httpd -f -p 80 -h /www";
+const BIG_SIZE: usize = 20 * 1024 * 1024;
+
+/// A running `kubectl port-forward`, killed on drop; its stderr goes to a file.
+struct PortForward {
+    child: std::process::Child,
+    local: u16,
+    stderr: PathBuf,
+}
+
+impl PortForward {
+    /// `kubectl port-forward pod/POD :REMOTE` on 127.0.0.1, once it said where it listens.
+    fn start(env: &Env, pod: &str, remote: u16) -> Result<Self> {
+        Self::start_with(env, pod, remote, true)
+    }
+
+    /// With `websockets` false, kubectl speaks plain SPDY to the API server
+    /// (`KUBECTL_PORT_FORWARD_WEBSOCKETS=false`), which passes the upgrade on to the node
+    /// as it is: the path of API servers that do not tunnel.
+    fn start_with(env: &Env, pod: &str, remote: u16, websockets: bool) -> Result<Self> {
+        let stderr =
+            std::env::temp_dir().join(format!("kapi-pf-{}-{pod}-{remote}.err", std::process::id()));
+        let file = std::fs::File::create(&stderr).context("creating kubectl's stderr file")?;
+        let mut child = env
+            .plane
+            .kubectl_command()
+            .env("KUBECTL_PORT_FORWARD_WEBSOCKETS", websockets.to_string())
+            .args(["port-forward", "--address", "127.0.0.1"])
+            .arg(format!("pod/{pod}"))
+            .arg(format!(":{remote}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(file)
+            .spawn()
+            .context("starting kubectl port-forward")?;
+        let stdout = child.stdout.take().context("kubectl's stdout")?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            // "Forwarding from 127.0.0.1:40123 -> 80"; later lines are read and dropped so
+            // that kubectl never blocks on a full pipe.
+            let mut tx = Some(tx);
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(|l| l.ok())
+            {
+                let port = line
+                    .strip_prefix("Forwarding from 127.0.0.1:")
+                    .and_then(|rest| rest.split(' ').next())
+                    .and_then(|p| p.parse::<u16>().ok());
+                if let (Some(port), Some(tx)) = (port, tx.take()) {
+                    let _ = tx.send(port);
+                }
+            }
+        });
+        let mut forward = Self {
+            child,
+            local: 0,
+            stderr,
+        };
+        match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(port) => forward.local = port,
+            Err(_) => bail!(
+                "kubectl port-forward never said where it listens: {}",
+                forward.stderr_text()
+            ),
+        }
+        Ok(forward)
+    }
+
+    fn stderr_text(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    fn connect(&self) -> Result<std::net::TcpStream> {
+        let stream = std::net::TcpStream::connect(("127.0.0.1", self.local))
+            .context("connecting to kubectl's local port")?;
+        stream.set_read_timeout(Some(Duration::from_secs(60)))?;
+        Ok(stream)
+    }
+
+    /// `GET path` (HTTP/1.0, so the server closes the connection); the status line and body.
+    fn get(&self, path: &str) -> Result<(String, Vec<u8>)> {
+        let mut stream = self.connect()?;
+        stream.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())?;
+        read_response(&mut stream)
+    }
+}
+
+impl Drop for PortForward {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.stderr);
+    }
+}
+
+/// Reads an HTTP/1.0 response to its end: the status line and the body.
+fn read_response(stream: &mut std::net::TcpStream) -> Result<(String, Vec<u8>)> {
+    use std::io::Read;
+    let mut all = Vec::new();
+    stream
+        .read_to_end(&mut all)
+        .context("reading the response")?;
+    let split = all
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .with_context(|| format!("no header end in {:?}", String::from_utf8_lossy(&all)))?;
+    let head = String::from_utf8_lossy(&all[..split]).into_owned();
+    let status = head.lines().next().unwrap_or("").to_owned();
+    Ok((status, all[split + 4..].to_vec()))
+}
+
+/// Waits until the pod's httpd answers on its own loopback (a port-forward to a port not
+/// yet listening fails, and kubectl then ends the whole session).
+fn wait_httpd(env: &Env, pod: &str) -> Result<()> {
+    let script = "for i in $(seq 150); do \
+                  wget -q -O /dev/null http://127.0.0.1/index.html && exit 0; sleep 0.2; done; exit 1";
+    let out = kubectl_exec_sh(env, pod, script)?;
+    if !out.status.success() {
+        bail!("httpd never answered in {pod}: {out:?}");
+    }
+    Ok(())
+}
+
+/// The first page through `forward`.
+fn first_page(forward: &PortForward) -> Result<Vec<u8>> {
+    match forward.get("/index.html") {
+        Ok((status, body)) if status.contains(" 200 ") => Ok(body),
+        other => bail!(
+            "no page through port-forward: {other:?}\nkubectl: {}",
+            forward.stderr_text()
+        ),
+    }
+}
+
+/// `/big` through `forward`, checked against the pod's `sha256sum` line; prints MB/s.
+fn fetch_big(forward: &PortForward, in_pod: &str, how: &str) -> Result<Vec<u8>> {
+    let started = Instant::now();
+    let (status, big) = forward.get("/big")?;
+    let elapsed = started.elapsed();
+    assert!(status.contains(" 200 "), "{status}");
+    assert_eq!(big.len(), BIG_SIZE, "the whole file ({how})");
+    assert_eq!(
+        in_pod.split_whitespace().next(),
+        Some(sha256_hex(&big).as_str()),
+        "the same bytes ({how})"
+    );
+    eprintln!(
+        "port-forward ({how}): 20 MiB in {elapsed:?}, {:.1} MB/s",
+        BIG_SIZE as f64 / 1e6 / elapsed.as_secs_f64()
+    );
+    Ok(big)
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn port_forward(env: &Env) -> Result<()> {
+    let name = "kapi-port-forward";
+    let port = node_port(env)?;
+    with_pod(env, name, HTTPD, "Never", |pods| async move {
+        wait_httpd(env, name)?;
+        let forward = PortForward::start(env, name, 80)?;
+        let page = first_page(&forward)?;
+        assert_eq!(page, b"hello-through-port-forward\n");
+
+        // 20 MiB, byte for byte (the pod's own sha256sum of the file).
+        let in_pod = kubectl_exec_sh(env, name, "sha256sum /www/big")?;
+        let in_pod = String::from_utf8_lossy(&in_pod.stdout).into_owned();
+        let big = fetch_big(&forward, &in_pod, "SPDY tunnelled in WebSocket")?;
+        // The same over plain SPDY (a second session at the same time).
+        let spdy = PortForward::start_with(env, name, 80, false)?;
+        assert_eq!(first_page(&spdy)?, b"hello-through-port-forward\n");
+        fetch_big(&spdy, &in_pod, "plain SPDY")?;
+        drop(spdy);
+
+        // Two connections at once: the first has sent half a request and waits while the
+        // second is served whole; then the first completes.
+        let mut first = forward.connect()?;
+        first.write_all(b"GET /index.html HTTP/1.0\r\n")?;
+        let (status, body) = forward.get("/index.html")?;
+        assert!(status.contains(" 200 "), "second: {status}");
+        assert_eq!(body, b"hello-through-port-forward\n");
+        first.write_all(b"\r\n")?;
+        let (status, body) = read_response(&mut first)?;
+        assert!(status.contains(" 200 "), "first: {status}");
+        assert_eq!(body, b"hello-through-port-forward\n");
+        // And several in parallel threads, each its own stream pair.
+        let fetches: Vec<_> = (0..4)
+            .map(|_| {
+                let local = forward.local;
+                std::thread::spawn(move || -> Result<Vec<u8>> {
+                    let mut stream = std::net::TcpStream::connect(("127.0.0.1", local))?;
+                    stream.set_read_timeout(Some(Duration::from_secs(60)))?;
+                    stream.write_all(b"GET /big HTTP/1.0\r\n\r\n")?;
+                    Ok(read_response(&mut stream)?.1)
+                })
+            })
+            .collect();
+        for fetch in fetches {
+            let body = fetch
+                .join()
+                .map_err(|_| anyhow::anyhow!("a fetch panicked"))??;
+            assert_eq!(sha256_hex(&body), sha256_hex(&big), "a parallel fetch");
+        }
+        drop(forward);
+
+        // Straight to the node as the API server: the pod's uid in the path is checked
+        // (404 for another), an unknown pod is 404, and a request that is no upgrade 400.
+        let uid = pods.get(name).await?.metadata.uid.unwrap_or_default();
+        let pki = env.plane.dir().join("pki");
+        let (cert, key) = (
+            pki.join("apiserver-kubelet-client.crt"),
+            pki.join("apiserver-kubelet-client.key"),
+        );
+        let (cert, key) = (cert.to_string_lossy(), key.to_string_lossy());
+        let as_apiserver = ["--cert", &cert, "--key", &key];
+        for (path, want) in [
+            (format!("/portForward/default/{name}/{uid}"), "400"),
+            (format!("/portForward/default/{name}"), "400"),
+            (format!("/portForward/default/{name}/not-{uid}"), "404"),
+            ("/portForward/default/no-such-pod".to_owned(), "404"),
+        ] {
+            assert_eq!(curl(env, port, &path, &as_apiserver)?, want, "{path}");
+        }
+        Ok(())
+    })
+}
+
+fn port_forward_closed_port(env: &Env) -> Result<()> {
+    let name = "kapi-port-forward-closed";
+    with_pod(env, name, HTTPD, "Never", |_pods| async move {
+        wait_httpd(env, name)?;
+        let good = PortForward::start(env, name, 80)?;
+        first_page(&good)?;
+        let mut bad = PortForward::start(env, name, 81)?;
+        // The local connection is accepted, then closed without data.
+        let mut conn = bad.connect()?;
+        conn.write_all(b"GET / HTTP/1.0\r\n\r\n")?;
+        let mut got = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut conn, &mut got);
+        assert!(got.is_empty(), "nothing listens on 81: {got:?}");
+        // kubectl prints the node's error and (v1.37) ends the session it came on.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let status = loop {
+            if let Some(status) = bad.child.try_wait()? {
+                break status;
+            }
+            if Instant::now() > deadline {
+                bail!("kubectl port-forward :81 still runs: {}", bad.stderr_text());
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        let stderr = bad.stderr_text();
+        eprintln!("kubectl port-forward :81 exited {status}: {stderr}");
+        assert!(
+            stderr.contains("error forwarding port 81 to pod")
+                && stderr.contains("failed to connect to localhost:81 inside namespace")
+                && stderr.contains("connection refused"),
+            "kubelet's message: {stderr}"
+        );
+        // The other session, and a new one, still forward.
+        assert_eq!(first_page(&good)?, b"hello-through-port-forward\n");
+        let again = PortForward::start(env, name, 80)?;
+        assert_eq!(first_page(&again)?, b"hello-through-port-forward\n");
+        Ok(())
+    })
+}
+
+fn port_forward_refused(env: &Env) -> Result<()> {
+    let name = "kapi-port-forward-refused";
+    let path = format!("/portForward/default/{name}");
+    let protocol = "SPDY/3.1+portforward.k8s.io";
+    refused_401_403(env, name, &path, protocol, "kapi-port-forward-nobody")
+}
+
+/// Established TCP connections on port 80 in the pod's network namespace (both ends of the
+/// node's connection to httpd count), from its `/proc/net/tcp` and `tcp6` (httpd listens on
+/// `:::80`, so its end of a connection to 127.0.0.1 is in `tcp6`).
+fn pod_connections_on_80(env: &Env, pod: &str) -> Result<usize> {
+    let out = kubectl_exec_sh(env, pod, "cat /proc/net/tcp /proc/net/tcp6")?;
+    let table = String::from_utf8_lossy(&out.stdout).into_owned();
+    Ok(table
+        .lines()
+        .filter(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // local_address rem_address st: "0100007F:0050 0100007F:9C40 01".
+            fields.len() > 3
+                && fields[3] == "01"
+                && (fields[1].ends_with(":0050") || fields[2].ends_with(":0050"))
+        })
+        .count())
+}
+
+fn port_forward_client_killed(env: &Env) -> Result<()> {
+    let name = "kapi-port-forward-killed";
+    with_pod(env, name, HTTPD, "Never", |_pods| async move {
+        wait_httpd(env, name)?;
+        let forward = PortForward::start(env, name, 80)?;
+        // Half a request: httpd waits for the rest, the connection stays open.
+        let mut conn = forward.connect()?;
+        conn.write_all(b"GET /index.html HTTP/1.0\r\n")?;
+        let connections = |want: usize, what: &'static str| {
+            eventually(what, Duration::from_secs(15), move || async move {
+                Ok((pod_connections_on_80(env, name)? == want).then_some(()))
+            })
+        };
+        connections(2, "the forwarded connection is open in the pod").await?;
+        drop(forward);
+        connections(0, "no connection left in the pod once kubectl is gone").await?;
+        drop(conn);
+        Ok(())
+    })
+}
+
+fn port_forward_host_network(env: &Env) -> Result<()> {
+    let name = "kapi-port-forward-host";
+    // A free port on the host, for httpd bound to the host's loopback only.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let script = format!(
+        "mkdir -p /www && echo on-the-host > /www/index.html && \
+         exec httpd -f -p 127.0.0.1:{port} -h /www"
+    );
+    block_on(async {
+        let pods = run_pod_with(env, name, &script, "Never", true).await?;
+        let result = async {
+            eventually("httpd on the host", Duration::from_secs(30), || async {
+                Ok(std::net::TcpStream::connect(("127.0.0.1", port))
+                    .ok()
+                    .map(|_| ()))
+            })
+            .await?;
+            let forward = PortForward::start(env, name, port)?;
+            let (status, body) = forward.get("/index.html")?;
+            assert!(
+                status.contains(" 200 "),
+                "{status}: {}",
+                forward.stderr_text()
+            );
+            assert_eq!(body, b"on-the-host\n");
+            Ok(())
+        }
+        .await;
+        remove_pod(&pods, name).await?;
+        result
     })
 }

@@ -39,6 +39,7 @@ struct KubeletConfiguration {
     read_only_port: Option<u16>,
     healthz_port: Option<u16>,
     healthz_bind_address: Option<IpAddr>,
+    streaming_connection_idle_timeout: Option<String>,
     tls_cert_file: Option<PathBuf>,
     tls_private_key_file: Option<PathBuf>,
     authentication: Option<Authentication>,
@@ -236,6 +237,13 @@ impl KubeletConfiguration {
             http_check_frequency,
             duration("httpCheckFrequency", self.http_check_frequency)?
         );
+        set!(
+            streaming_connection_idle_timeout,
+            duration(
+                "streamingConnectionIdleTimeout",
+                self.streaming_connection_idle_timeout
+            )?
+        );
         set!(address, self.address);
         set!(port, self.port);
         set!(read_only_port, self.read_only_port);
@@ -376,6 +384,7 @@ pub fn effective(args: &RunArgs, config: &ironlet::kubelet::KubeletConfig) -> Va
         "port": args.port,
         "readOnlyPort": args.read_only_port,
         "healthzPort": args.healthz_port,
+        "streamingConnectionIdleTimeout": go_duration(args.streaming_connection_idle_timeout),
         "healthzBindAddress": args.healthz_bind_address.to_string(),
         "tlsCertFile": path(&args.tls_cert_file),
         "tlsPrivateKeyFile": path(&args.tls_private_key_file),
@@ -477,6 +486,7 @@ mod tests {
         let text = format!(
             "{HEAD}staticPodPath: /etc/kubernetes/manifests\nport: 10350\nmaxPods: 42\n\
              syncFrequency: 1m30s\nclusterDNS: [10.96.0.10]\nclusterDomain: cluster.local\n\
+             streamingConnectionIdleTimeout: 30m\n\
              systemReserved: {{cpu: 200m, memory: 100Mi}}\n\
              authentication: {{x509: {{clientCAFile: /etc/ca.crt}}, anonymous: {{enabled: false}}}}\n\
              crashLoopBackOff: {{maxContainerRestartPeriod: 10s}}\n\
@@ -493,6 +503,10 @@ mod tests {
             Some(Path::new("/etc/kubernetes/manifests"))
         );
         assert_eq!(args.port, 10350);
+        assert_eq!(
+            args.streaming_connection_idle_timeout,
+            Duration::from_secs(1800)
+        );
         assert_eq!(args.max_pods, 7, "the flag wins over maxPods");
         assert_eq!(args.cluster_domain, "example.org", "the flag wins");
         assert_eq!(args.sync_frequency, Duration::from_secs(90));

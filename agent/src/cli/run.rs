@@ -149,6 +149,9 @@ pub struct RunArgs {
     /// kubelet's unauthenticated read-only port; only 0 (off, kubelet's default) is accepted.
     #[arg(long = "read-only-port", default_value_t = 0)]
     pub read_only_port: u16,
+    /// A port-forward session without traffic for this long is closed (kubelet's default).
+    #[arg(long = "streaming-connection-idle-timeout", value_parser = parse_duration, default_value = "4h")]
+    pub streaming_connection_idle_timeout: Duration,
     /// Plain-HTTP /healthz port; 0 turns it off.
     #[arg(long = "healthz-port", default_value_t = ironlet::server::kubelet_api::DEFAULT_HEALTHZ_PORT)]
     pub healthz_port: u16,
@@ -604,6 +607,7 @@ async fn bind_kubelet_api(
         node_name: config.node_name.clone(),
         pod_log_dir: config.pod_log_dir.clone(),
         configz: super::kubelet_config::effective(args, config),
+        streaming_idle_timeout: args.streaming_connection_idle_timeout,
     })
     .await
     .context("starting the kubelet API")?;

@@ -51,6 +51,21 @@ pub struct Request {
 }
 
 impl Request {
+    /// A bodiless request with these headers (for tests of handlers).
+    #[cfg(test)]
+    pub fn with_headers(method: &str, path: &str, headers: &[(&str, &str)]) -> Self {
+        Self {
+            method: method.into(),
+            path: path.into(),
+            query: None,
+            headers: headers
+                .iter()
+                .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
+                .collect(),
+            body: Vec::new(),
+        }
+    }
+
     /// The first header with this name (case-insensitive).
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers

@@ -458,16 +458,7 @@ mod tests {
     }
 
     fn request(headers: &[(&str, &str)]) -> Request {
-        Request {
-            method: "GET".into(),
-            path: "/exec/default/p/c".into(),
-            query: None,
-            headers: headers
-                .iter()
-                .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
-                .collect(),
-            body: Vec::new(),
-        }
+        Request::with_headers("GET", "/exec/default/p/c", headers)
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //!             ──► authorize: SubjectAccessReview on nodes/<subresource>               (403)
 //!             ──► /containerLogs/…  streamed (logs)
 //!                 /exec/…  upgraded to WebSocket, the process's stdio (exec)
+//!                 /portForward/…  SPDY/3.1, plain or tunnelled in WebSocket (portforward)
 //!                 /stats/summary /metrics/resource  (stats, from the StatsProvider)
 //!                 /metrics/probes  (prober_probe_total of the probe workers)
 //!                 /runningpods/  (pods with a running container, as kubelet lists them)
@@ -21,6 +22,8 @@
 pub mod auth;
 pub mod exec;
 pub mod logs;
+pub mod portforward;
+pub mod spdy;
 pub mod stats;
 pub mod tls;
 mod x509;
@@ -66,6 +69,9 @@ pub struct KubeletApiConfig {
     /// The effective `KubeletConfiguration` (with `kind` and `apiVersion`), served on
     /// `/configz` as kubelet's `{"kubeletconfig": …}`.
     pub configz: serde_json::Value,
+    /// `--streaming-connection-idle-timeout`: a port-forward session without traffic for
+    /// this long is closed.
+    pub streaming_idle_timeout: Duration,
 }
 
 /// What the handlers read and whom they ask.
@@ -298,6 +304,22 @@ async fn connection(
                         async move { runtime.exec(&id, &exec).await.map_err(|e| e.to_string()) };
                     let code = exec::serve(stream, protocol, &opts, start).await;
                     tracing::debug!(?code, command = ?opts.command, "exec ended");
+                }
+            }
+        }
+        ["portForward", namespace, pod] | ["portForward", namespace, pod, _] => {
+            let uid = segments.get(3).copied();
+            match port_forward_target(namespace, pod, uid, &request, services).await {
+                Err(response) => respond(&mut writer, response).await,
+                Ok((target, head, upgrade)) => {
+                    let mut stream = reader.unsplit(writer);
+                    let wrote = tokio::time::timeout(WRITE_TIMEOUT, stream.write_all(&head)).await;
+                    if !matches!(wrote, Ok(Ok(()))) {
+                        return;
+                    }
+                    tracing::debug!(pod = %pod, sandbox = %target.sandbox_id, ?upgrade, "port-forward session");
+                    portforward::serve(stream, upgrade, target, config.streaming_idle_timeout)
+                        .await;
                 }
             }
         }
@@ -566,6 +588,46 @@ fn exec_target(
     let (head, protocol) =
         exec::upgrade_response(request).map_err(|e| Response::text(400, format!("{e}\n")))?;
     Ok((id, opts, head, protocol))
+}
+
+/// The sandbox a port-forward goes to and the upgrade answer; else kubelet's error
+/// response (404 unknown pod or uid, 500 no sandbox, the upgrade's own refusals).
+async fn port_forward_target(
+    namespace: &str,
+    pod_name: &str,
+    uid: Option<&str>,
+    request: &Request,
+    services: &Services,
+) -> Result<(portforward::Target, Vec<u8>, portforward::Upgrade), Response> {
+    let pod = find_pod(&*services.view, namespace, pod_name)
+        .ok_or_else(|| Response::text(404, "pod does not exist\n"))?;
+    let pod_uid = pod.metadata.uid.clone().unwrap_or_default();
+    if uid.is_some_and(|uid| !uid.is_empty() && uid != pod_uid) {
+        return Err(Response::text(404, "pod not found\n"));
+    }
+    let (head, upgrade) = portforward::upgrade_response(request)?;
+    let no_sandbox = || {
+        Response::text(
+            500,
+            format!("failed to find sandboxID for pod {pod_name}_{namespace}({pod_uid})\n"),
+        )
+    };
+    let status = services
+        .runtime
+        .pod_status(&pod_uid)
+        .await
+        .map_err(|_| no_sandbox())?;
+    let sandbox = status
+        .sandboxes
+        .into_iter()
+        .filter(|s| s.state == ironlet_runtime::types::SandboxState::Ready)
+        .max_by_key(|s| s.created_at)
+        .ok_or_else(no_sandbox)?;
+    let target = portforward::Target {
+        sandbox_id: sandbox.id.to_string(),
+        netns: sandbox.netns_path,
+    };
+    Ok((target, head, upgrade))
 }
 
 fn find_pod(view: &dyn PodsView, namespace: &str, name: &str) -> Option<Pod> {
