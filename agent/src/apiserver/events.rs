@@ -50,6 +50,30 @@ impl EventRecorder for ApiRecorder {
             tracing::warn!(pod = %pod_full_name(pod), reason, "event queue full; event dropped");
         }
     }
+
+    fn node_event(&self, node: &str, kind: EventType, reason: &'static str, message: String) {
+        crate::kubelet::events::TracingRecorder.node_event(node, kind, reason, message.clone());
+        let event = node_event(node, kind, reason, message);
+        if self.tx.try_send(event).is_err() {
+            tracing::warn!(node, reason, "event queue full; event dropped");
+        }
+    }
+}
+
+/// A `v1.Event` about the Node `node`, as kubelet writes it (namespace `default`, the node's
+/// name as its UID, kubelet's `nodeRef`).
+pub fn node_event(node: &str, kind: EventType, reason: &str, message: String) -> Event {
+    let mut event = pod_event(&Pod::default(), kind, reason, message, node);
+    let now = k8s_openapi::jiff::Timestamp::now();
+    event.metadata.name = Some(format!("{node}.{:x}", now.as_nanosecond()));
+    event.metadata.namespace = Some("default".into());
+    event.involved_object = ObjectReference {
+        kind: Some("Node".into()),
+        name: Some(node.to_owned()),
+        uid: Some(node.to_owned()),
+        ..ObjectReference::default()
+    };
+    event
 }
 
 /// A `v1.Event` about `pod`, as kubelet writes it.

@@ -44,11 +44,21 @@ pub mod reason {
     pub const ERR_IMAGE_NEVER_PULL: &str = "ErrImageNeverPull";
     /// The eviction manager evicted the pod (kubelet's `eviction.Reason`).
     pub const EVICTED: &str = "Evicted";
+    /// A node event: an eviction threshold is met (kubelet's `EvictionThresholdMet`).
+    pub const EVICTION_THRESHOLD_MET: &str = "EvictionThresholdMet";
 }
 
 /// Where pod events go.
 pub trait EventRecorder: Send + Sync {
     fn event(&self, pod: &Pod, kind: EventType, reason: &'static str, message: String);
+
+    /// An event about the Node `node` itself (e.g. `EvictionThresholdMet`); logged by default.
+    fn node_event(&self, node: &str, kind: EventType, reason: &'static str, message: String) {
+        match kind {
+            EventType::Normal => tracing::info!(node, reason, %message, "node event"),
+            EventType::Warning => tracing::warn!(node, reason, %message, "node event"),
+        }
+    }
 }
 
 /// Logs events; the default without an API server.

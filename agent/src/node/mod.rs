@@ -59,5 +59,6 @@ pub use config::NodeConfig;
 pub use controller::NodeController;
 pub use error::{Error, Result};
 pub use machine::{MachineConfig, MachineStatus, Reserved};
+pub(crate) use object::memory_quantity;
 pub use object::{default_labels, go_arch};
 pub use provider::{NodeResources, NodeStatusProvider, Pressure, ProviderError, Readiness};
