@@ -84,6 +84,13 @@ spec:
     resources: {requests: {memory: 16Mi}}
 "#;
 
+/// The time of the first log line containing both `a` and `b`.
+fn line_time(log: &str, a: &str, b: &str) -> Option<chrono::DateTime<chrono::Utc>> {
+    log.lines()
+        .filter(|l| l.contains(a) && l.contains(b))
+        .find_map(|l| l.split_whitespace().next()?.parse().ok())
+}
+
 fn condition_changes(agent: &Agent, condition: &str, status: bool) -> usize {
     support::crash::strip_ansi(&agent.log())
         .lines()
@@ -155,6 +162,27 @@ fn memory_pressure_evicts_the_best_effort_hog_keeps_a_pod_within_requests_and_re
         "no Evicted pod event"
     );
 
+    // cgroup v1: the threshold notification on the pods' tree starts the eviction at once,
+    // not at the next 2 s period.
+    if std::path::Path::new("/sys/fs/cgroup/memory/cgroup.event_control").exists() {
+        let notified = line_time(
+            &log,
+            "memory threshold notification",
+            "allocatableMemory.available",
+        )
+        .expect("a memory threshold notification for allocatableMemory.available");
+        let evicting = line_time(&log, "evicting pod", "low on resource: memory")
+            .expect("the evicting pod line");
+        let delay = evicting - notified;
+        eprintln!(
+            "eviction started {} ms after the threshold notification",
+            delay.num_milliseconds()
+        );
+        assert!(
+            delay >= chrono::Duration::zero() && delay < chrono::Duration::seconds(1),
+            "eviction started {delay:?} after the notification"
+        );
+    }
     let rejected = agent.wait_pod(
         "late-best-effort",
         "rejected",

@@ -30,6 +30,7 @@
 //! [`manager`] and [`pressure`]; it runs in the same loop, after the emptyDir check.
 
 pub mod manager;
+pub mod notifier;
 pub mod pressure;
 pub mod signals;
 pub mod thresholds;
@@ -132,7 +133,17 @@ pub(super) async fn run(
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tick.tick().await;
+        tokio::select! {
+            _ = tick.tick() => {}
+            signal = node.notified() => {
+                // The node's level is crossed often (page cache comes and goes).
+                if signal == thresholds::Signal::MemoryAvailable {
+                    tracing::debug!(signal = signal.name(), "memory threshold notification; synchronizing now");
+                } else {
+                    tracing::info!(signal = signal.name(), "memory threshold notification; synchronizing now");
+                }
+            }
+        }
         empty_dir_step(&workers, &syncer, &pods_dir).await;
         node.step(&workers, &syncer).await;
     }

@@ -369,6 +369,7 @@ impl Kubelet {
                 published: self.pressure.clone(),
                 reclaim: self.reclaim_sender.clone(),
                 tracker: Default::default(),
+                notifiers: Default::default(),
             },
         )));
         loop {

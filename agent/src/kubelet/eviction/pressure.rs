@@ -15,8 +15,9 @@ use tokio::sync::{mpsc, oneshot, watch};
 use super::manager::{
     eviction_message, rank, ContainerUsage, Observations, PodUsage, PressureTracker,
 };
+use super::notifier::Notifiers;
 use super::signals::{observe, SignalSources};
-use super::thresholds::{EvictionSettings, PressureKind, Threshold};
+use super::thresholds::{EvictionSettings, PressureKind, Signal, Threshold};
 use super::{evict_pod, is_critical, IMMEDIATE_EVICTION_GRACE_SECONDS};
 use crate::config::pod_uid;
 use crate::kubelet::events::{reason, EventType};
@@ -43,6 +44,7 @@ pub struct NodePressure {
     pub published: watch::Sender<Pressure>,
     pub reclaim: mpsc::Sender<ReclaimRequest>,
     pub tracker: PressureTracker,
+    pub notifiers: Notifiers,
 }
 
 /// The pressure conditions as the node controller reports them.
@@ -108,9 +110,44 @@ impl NodePressure {
         });
     }
 
+    /// Waits for a memory threshold notification (cgroup v1; never elsewhere).
+    pub async fn notified(&mut self) -> Signal {
+        self.notifiers.fired().await
+    }
+
+    /// Re-arms the memory notifiers at the largest threshold of each memory signal.
+    fn arm_notifiers(&mut self, observations: &Observations) {
+        self.notifiers.start(self.stats.cgroups.as_ref());
+        for (signal, notifier) in [
+            (Signal::MemoryAvailable, &mut self.notifiers.node),
+            (Signal::AllocatableMemoryAvailable, &mut self.notifiers.pods),
+        ] {
+            let (Some(armed), Some(observation)) = (notifier.as_mut(), observations.get(&signal))
+            else {
+                continue;
+            };
+            let Some(threshold) = self
+                .settings
+                .thresholds
+                .iter()
+                .filter(|t| t.signal == signal)
+                .map(|t| t.value.amount(observation.capacity))
+                .max()
+            else {
+                *notifier = None;
+                continue;
+            };
+            if let Err(err) = armed.arm(observation.capacity, threshold) {
+                tracing::info!(%err, signal = signal.name(), "memory threshold notifications unavailable; the monitoring period applies");
+                *notifier = None;
+            }
+        }
+    }
+
     /// One monitoring period.
     pub async fn step(&mut self, workers: &PodWorkers, syncer: &NodeSyncer) {
         let observations = self.observe().await;
+        self.arm_notifiers(&observations);
         let decision = self
             .tracker
             .observe(&self.settings, &observations, Instant::now());
