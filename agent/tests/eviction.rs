@@ -304,3 +304,73 @@ fn pid_pressure_evicts_the_pod_with_the_most_processes() {
     let quiet = agent.pod("quiet").expect("quiet listed");
     assert_eq!(phase(&quiet), "Running", "the quiet pod was evicted");
 }
+
+const FILLER: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: filler}
+spec:
+  terminationGracePeriodSeconds: 30
+  containers:
+  - name: filler
+    image: busybox
+    command: [sh, -c, "dd if=/dev/zero of=/scratch/fill bs=1M count=180; exec sleep 3600"]
+    volumeMounts: [{name: scratch, mountPath: /scratch}]
+  volumes:
+  - name: scratch
+    emptyDir: {}
+"#;
+
+#[test]
+fn disk_pressure_reclaims_node_level_resources_then_evicts_the_pod_filling_the_node_filesystem() {
+    if !support::is_root() {
+        return;
+    }
+    // A 256 MiB node filesystem (tmpfs); the filler takes 180 MiB of it.
+    let agent = Agent::start_with(AgentOptions {
+        root_tmpfs_size: Some("256m".into()),
+        extra_args: vec![
+            "--eviction-hard=nodefs.available<100Mi".into(),
+            "--eviction-pressure-transition-period=5s".into(),
+        ],
+        ..AgentOptions::default()
+    });
+    agent.write_manifest("quiet.yaml", QUIET);
+    agent.wait_pod("quiet", "Running", Duration::from_secs(60), |p| {
+        phase(p) == "Running"
+    });
+    assert_eq!(condition_changes(&agent, "DiskPressure", true), 0);
+    agent.write_manifest("filler.yaml", FILLER);
+    let filler = agent.wait_pod("filler", "evicted", Duration::from_secs(90), |p| {
+        phase(p) == "Failed"
+    });
+    let status = filler.status.expect("status");
+    assert_eq!(status.reason.as_deref(), Some("Evicted"));
+    let message = status.message.unwrap_or_default();
+    assert!(
+        message.starts_with(
+            "The node was low on resource: ephemeral-storage. Threshold quantity: 100Mi, available: "
+        ),
+        "{message}"
+    );
+    let log = support::crash::strip_ansi(&agent.log());
+    assert_eq!(condition_changes(&agent, "DiskPressure", true), 1);
+    let reclaim = log
+        .find("Attempting to reclaim ephemeral-storage")
+        .expect("an EvictionThresholdMet node event for ephemeral-storage");
+    let image_gc = log
+        .find("image store reclaimed for disk pressure")
+        .expect("node-level reclaim ran the image GC hook");
+    let evicting = log.find("evicting pod").expect("the evicting pod line");
+    assert!(
+        reclaim < image_gc && image_gc < evicting,
+        "reclaim runs before eviction"
+    );
+    let quiet = agent.pod("quiet").expect("quiet listed");
+    assert_eq!(phase(&quiet), "Running", "the quiet pod was evicted");
+    // The evicted pod's emptyDir goes with the pod; then the condition clears.
+    agent.remove_manifest("filler.yaml");
+    agent.wait_until("DiskPressure clears", Duration::from_secs(60), |a| {
+        condition_changes(a, "DiskPressure", false) == 1
+    });
+}
