@@ -84,6 +84,39 @@ spec:
     resources: {requests: {memory: 16Mi}}
 "#;
 
+/// Starts an agent with `extra_args` (and `options`) and a pod `name` (manifest `yaml`)
+/// running before the pressure starts.
+fn agent_with_running_pod(
+    mut options: AgentOptions,
+    extra_args: &[&str],
+    name: &str,
+    yaml: &str,
+) -> Agent {
+    options.extra_args = extra_args.iter().map(|a| (*a).to_owned()).collect();
+    let agent = Agent::start_with(options);
+    agent.write_manifest(&format!("{name}.yaml"), yaml);
+    agent.wait_pod(name, "Running", Duration::from_secs(60), |p| {
+        phase(p) == "Running"
+    });
+    agent
+}
+
+/// Starts pod `name` and waits until it is evicted; returns its status message.
+fn evicted(agent: &Agent, name: &str, yaml: &str) -> String {
+    agent.write_manifest(&format!("{name}.yaml"), yaml);
+    let pod = agent.wait_pod(name, "evicted", Duration::from_secs(90), |p| {
+        phase(p) == "Failed"
+    });
+    let status = pod.status.expect("status");
+    assert_eq!(
+        status.reason.as_deref(),
+        Some("Evicted"),
+        "{:?}",
+        status.message
+    );
+    status.message.unwrap_or_default()
+}
+
 /// The time of the first log line containing both `a` and `b`.
 fn line_time(log: &str, a: &str, b: &str) -> Option<chrono::DateTime<chrono::Utc>> {
     log.lines()
@@ -109,34 +142,28 @@ fn memory_pressure_evicts_the_best_effort_hog_keeps_a_pod_within_requests_and_re
         return;
     }
     let reserved_kib = mem_total_kib().saturating_sub(800 * 1024);
-    let agent = Agent::start_with(AgentOptions {
-        system_reserved: Some(format!("memory={reserved_kib}Ki")),
-        extra_args: vec![
-            "--eviction-hard=memory.available<400Mi".into(),
-            "--eviction-pressure-transition-period=10s".into(),
+    let agent = agent_with_running_pod(
+        AgentOptions {
+            system_reserved: Some(format!("memory={reserved_kib}Ki")),
+            ..AgentOptions::default()
+        },
+        &[
+            "--eviction-hard=memory.available<400Mi",
+            "--eviction-pressure-transition-period=10s",
         ],
-        ..AgentOptions::default()
-    });
-    agent.write_manifest("within-requests.yaml", WITHIN_REQUESTS);
-    agent.wait_pod("within-requests", "Running", Duration::from_secs(60), |p| {
-        phase(p) == "Running"
-    });
+        "within-requests",
+        WITHIN_REQUESTS,
+    );
     assert_eq!(condition_changes(&agent, "MemoryPressure", true), 0);
 
-    agent.write_manifest("hog.yaml", HOG);
     let started = Instant::now();
-    let hog = agent.wait_pod("hog", "evicted", Duration::from_secs(90), |p| {
-        phase(p) == "Failed"
-    });
+    let message = evicted(&agent, "hog", HOG);
     let evicted_after = started.elapsed();
     // Under pressure: a BestEffort pod is rejected, a Burstable one admitted.
     agent.write_manifest("late-best-effort.yaml", LATE_BEST_EFFORT);
     agent.write_manifest("late-burstable.yaml", LATE_BURSTABLE);
     let evicted_at = Instant::now();
 
-    let status = hog.status.clone().expect("status");
-    assert_eq!(status.reason.as_deref(), Some("Evicted"));
-    let message = status.message.unwrap_or_default();
     assert!(
         message.starts_with(
             "The node was low on resource: memory. Threshold quantity: 400Mi, available: "
@@ -268,24 +295,16 @@ fn pid_pressure_evicts_the_pod_with_the_most_processes() {
         return;
     }
     let threshold = pids_available() - 400;
-    let agent = Agent::start_with(AgentOptions {
-        extra_args: vec![
-            format!("--eviction-hard=pid.available<{threshold}"),
-            "--eviction-pressure-transition-period=5s".into(),
+    let agent = agent_with_running_pod(
+        AgentOptions::default(),
+        &[
+            &format!("--eviction-hard=pid.available<{threshold}"),
+            "--eviction-pressure-transition-period=5s",
         ],
-        ..AgentOptions::default()
-    });
-    agent.write_manifest("quiet.yaml", QUIET);
-    agent.wait_pod("quiet", "Running", Duration::from_secs(60), |p| {
-        phase(p) == "Running"
-    });
-    agent.write_manifest("forker.yaml", FORKER);
-    let forker = agent.wait_pod("forker", "evicted", Duration::from_secs(90), |p| {
-        phase(p) == "Failed"
-    });
-    let status = forker.status.expect("status");
-    assert_eq!(status.reason.as_deref(), Some("Evicted"));
-    let message = status.message.unwrap_or_default();
+        "quiet",
+        QUIET,
+    );
+    let message = evicted(&agent, "forker", FORKER);
     assert!(
         message.starts_with(&format!(
             "The node was low on resource: pids. Threshold quantity: {threshold}, available: "
@@ -327,26 +346,20 @@ fn disk_pressure_reclaims_node_level_resources_then_evicts_the_pod_filling_the_n
         return;
     }
     // A 256 MiB node filesystem (tmpfs); the filler takes 180 MiB of it.
-    let agent = Agent::start_with(AgentOptions {
-        root_tmpfs_size: Some("256m".into()),
-        extra_args: vec![
-            "--eviction-hard=nodefs.available<100Mi".into(),
-            "--eviction-pressure-transition-period=5s".into(),
+    let agent = agent_with_running_pod(
+        AgentOptions {
+            root_tmpfs_size: Some("256m".into()),
+            ..AgentOptions::default()
+        },
+        &[
+            "--eviction-hard=nodefs.available<100Mi",
+            "--eviction-pressure-transition-period=5s",
         ],
-        ..AgentOptions::default()
-    });
-    agent.write_manifest("quiet.yaml", QUIET);
-    agent.wait_pod("quiet", "Running", Duration::from_secs(60), |p| {
-        phase(p) == "Running"
-    });
+        "quiet",
+        QUIET,
+    );
     assert_eq!(condition_changes(&agent, "DiskPressure", true), 0);
-    agent.write_manifest("filler.yaml", FILLER);
-    let filler = agent.wait_pod("filler", "evicted", Duration::from_secs(90), |p| {
-        phase(p) == "Failed"
-    });
-    let status = filler.status.expect("status");
-    assert_eq!(status.reason.as_deref(), Some("Evicted"));
-    let message = status.message.unwrap_or_default();
+    let message = evicted(&agent, "filler", FILLER);
     assert!(
         message.starts_with(
             "The node was low on resource: ephemeral-storage. Threshold quantity: 100Mi, available: "
