@@ -101,7 +101,8 @@ fn agent_with_running_pod(
     agent
 }
 
-/// Starts pod `name` and waits until it is evicted; returns its status message.
+/// Starts pod `name` and waits until it is evicted (reason `Evicted`, `DisruptionTarget`);
+/// returns its status message.
 fn evicted(agent: &Agent, name: &str, yaml: &str) -> String {
     agent.write_manifest(&format!("{name}.yaml"), yaml);
     let pod = agent.wait_pod(name, "evicted", Duration::from_secs(90), |p| {

@@ -182,12 +182,15 @@ async fn empty_dir_step(workers: &PodWorkers, syncer: &NodeSyncer, pods_dir: &Pa
         }
     };
     for (pod, message) in evict {
+        // kubelet's local-storage evictions set no DisruptionTarget condition.
+        let disruption_target = false;
         evict_pod(
             workers,
             syncer,
             pod,
             message,
             IMMEDIATE_EVICTION_GRACE_SECONDS,
+            disruption_target,
         );
     }
 }
@@ -199,9 +202,15 @@ fn evict_pod(
     pod: Arc<Pod>,
     message: String,
     grace_seconds: i64,
+    disruption_target: bool,
 ) {
     tracing::info!(pod = %pod_full_name(&pod), pod_uid = %pod_uid(&pod), %message, grace_seconds, "evicting pod");
-    syncer.record_eviction(pod_uid(&pod), reason::EVICTED, message.clone());
+    syncer.record_eviction(
+        pod_uid(&pod),
+        reason::EVICTED,
+        message.clone(),
+        disruption_target,
+    );
     syncer.event(&pod, EventType::Warning, reason::EVICTED, message);
     workers.update_pod(UpdatePodOptions {
         update_type: UpdateType::Kill,

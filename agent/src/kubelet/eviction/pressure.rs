@@ -246,7 +246,7 @@ impl NodePressure {
                 .unwrap_or(30);
             self.settings.max_pod_grace_period_seconds.min(own).max(0)
         };
-        evict_pod(workers, syncer, victim.pod.clone(), message, grace);
+        evict_pod(workers, syncer, victim.pod.clone(), message, grace, true);
         // kubelet's waitForPodsCleanup: the next decision sees the freed resources.
         let deadline = Instant::now() + POD_CLEANUP_TIMEOUT;
         while Instant::now() < deadline && !workers.is_pod_terminated(&uid) {
