@@ -177,6 +177,11 @@ fn memory_pressure_evicts_the_best_effort_hog_keeps_a_pod_within_requests_and_re
         "{message}"
     );
     assert_eq!(condition_changes(&agent, "MemoryPressure", true), 1);
+    let metrics = agent.try_get("/metrics").unwrap_or_default();
+    assert!(
+        metrics.contains("kubelet_evictions{eviction_signal=\"allocatableMemory.available\"} 1\n"),
+        "{metrics}"
+    );
     let log = support::crash::strip_ansi(&agent.log());
     assert!(
         log.lines()

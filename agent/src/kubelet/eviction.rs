@@ -184,6 +184,7 @@ async fn empty_dir_step(workers: &PodWorkers, syncer: &NodeSyncer, pods_dir: &Pa
     for (pod, message) in evict {
         // kubelet's local-storage evictions set no DisruptionTarget condition.
         let disruption_target = false;
+        syncer.metrics.evictions.with(["emptydirfs.limit"]).inc();
         evict_pod(
             workers,
             syncer,

@@ -247,6 +247,11 @@ impl NodePressure {
             self.settings.max_pod_grace_period_seconds.min(own).max(0)
         };
         evict_pod(workers, syncer, victim.pod.clone(), message, grace, true);
+        syncer
+            .metrics
+            .evictions
+            .with([threshold.signal.name()])
+            .inc();
         // kubelet's waitForPodsCleanup: the next decision sees the freed resources.
         let deadline = Instant::now() + POD_CLEANUP_TIMEOUT;
         while Instant::now() < deadline && !workers.is_pod_terminated(&uid) {
