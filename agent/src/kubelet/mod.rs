@@ -370,6 +370,7 @@ impl Kubelet {
                 reclaim: self.reclaim_sender.clone(),
                 tracker: Default::default(),
                 notifiers: Default::default(),
+                last_announced: None,
             },
         )));
         loop {

@@ -45,7 +45,13 @@ pub struct NodePressure {
     pub reclaim: mpsc::Sender<ReclaimRequest>,
     pub tracker: PressureTracker,
     pub notifiers: Notifiers,
+    /// When `EvictionThresholdMet` was last recorded, and for which signal.
+    pub last_announced: Option<(Signal, Instant)>,
 }
+
+/// How often `EvictionThresholdMet` is recorded while the same threshold stays met
+/// (kubelet records it at each 10 s synchronization).
+const ANNOUNCE_PERIOD: Duration = Duration::from_secs(10);
 
 /// The pressure conditions as the node controller reports them.
 pub fn to_pressure(conditions: &BTreeSet<PressureKind>) -> Pressure {
@@ -156,12 +162,19 @@ impl NodePressure {
             return;
         };
         let resource = threshold.signal.resource();
-        syncer.events.node_event(
-            &syncer.config.node_name,
-            EventType::Warning,
-            reason::EVICTION_THRESHOLD_MET,
-            format!("Attempting to reclaim {resource}"),
-        );
+        let now = Instant::now();
+        let announce = self.last_announced.is_none_or(|(signal, at)| {
+            signal != threshold.signal || now.saturating_duration_since(at) >= ANNOUNCE_PERIOD
+        });
+        if announce {
+            self.last_announced = Some((threshold.signal, now));
+            syncer.events.node_event(
+                &syncer.config.node_name,
+                EventType::Warning,
+                reason::EVICTION_THRESHOLD_MET,
+                format!("Attempting to reclaim {resource}"),
+            );
+        }
         let mut observations = observations;
         if threshold.signal.pressure() == PressureKind::Disk {
             let (done, reclaimed) = oneshot::channel();
@@ -183,7 +196,7 @@ impl NodePressure {
                 return;
             }
         }
-        self.evict_one(workers, syncer, &threshold, &observations)
+        self.evict_one(workers, syncer, &threshold, &observations, announce)
             .await;
     }
 
@@ -193,6 +206,7 @@ impl NodePressure {
         syncer: &NodeSyncer,
         threshold: &Threshold,
         observations: &Observations,
+        announce: bool,
     ) {
         let candidates: Vec<Arc<Pod>> = workers
             .known_uids()
@@ -206,6 +220,9 @@ impl NodePressure {
             .map(|(pod, _)| pod)
             .collect();
         if candidates.is_empty() {
+            if !announce {
+                return;
+            }
             tracing::warn!(
                 resource = threshold.signal.resource(),
                 "eviction threshold met, but no pod to evict"
