@@ -128,9 +128,15 @@ pub enum PodLifecycle {
     /// Admission rejected the pod (kubelet's `rejectPod`): phase Failed with admission's reason
     /// (`OutOfmemory`…) and message; no container status, no condition.
     Rejected { reason: String, message: String },
-    /// An internal module failed the pod (kubelet's `ShouldEvict`, e.g. `DeadlineExceeded`):
-    /// phase Failed with this reason and message, container statuses as usual.
-    Evicted { reason: String, message: String },
+    /// An internal module failed the pod (kubelet's `ShouldEvict`, e.g. `DeadlineExceeded`,
+    /// or the eviction manager): phase Failed with this reason and message, container
+    /// statuses as usual; node-pressure evictions also get kubelet's `DisruptionTarget`
+    /// condition (`disruption_target`).
+    Evicted {
+        reason: String,
+        message: String,
+        disruption_target: bool,
+    },
 }
 
 /// Everything [`generate_pod_status`] reads.
@@ -216,6 +222,7 @@ pub fn generate_pod_status(inputs: &StatusInputs<'_>) -> PodStatus {
     if let PodLifecycle::Evicted {
         reason: r,
         message: m,
+        ..
     } = inputs.lifecycle
     {
         (phase, reason, message) = (Phase::Failed, Some(r.clone()), Some(m.clone()));
@@ -237,7 +244,16 @@ pub fn generate_pod_status(inputs: &StatusInputs<'_>) -> PodStatus {
         statuses: &statuses,
         phase,
     };
-    let conditions = conditions::with_transition_times(generated.all(api, old), old, &now);
+    let mut all = generated.all(api, old);
+    if let PodLifecycle::Evicted {
+        message,
+        disruption_target: true,
+        ..
+    } = inputs.lifecycle
+    {
+        all = conditions::with_disruption_target(all, message);
+    }
+    let conditions = conditions::with_transition_times(all, old, &now);
 
     let (host_ip, host_ips) = host_ips(inputs.host_ips);
     let mut pod_ips = ctx.sandbox_ips();
@@ -379,13 +395,45 @@ mod tests {
     }
 
     #[test]
+    fn a_pressure_eviction_adds_kubelets_disruption_target_condition() {
+        let mut s = Scenario::new(ONE, vec![running("a", 0, 100)]);
+        s.lifecycle = PodLifecycle::Evicted {
+            reason: "Evicted".into(),
+            message: "The node was low on resource: memory. ".into(),
+            disruption_target: true,
+        };
+        let status = s.generate();
+        let disruption = condition(&status, "DisruptionTarget");
+        assert_eq!(disruption.status, "True");
+        assert_eq!(disruption.reason.as_deref(), Some("TerminationByKubelet"));
+        assert_eq!(
+            disruption.message.as_deref(),
+            Some("The node was low on resource: memory. ")
+        );
+        assert!(disruption.last_transition_time.is_some());
+        let types: Vec<&str> = status
+            .conditions
+            .iter()
+            .flatten()
+            .map(|c| c.type_.as_str())
+            .collect();
+        assert_eq!(types[0], "DisruptionTarget", "{types:?}");
+    }
+
+    #[test]
     fn an_evicted_pod_is_failed_with_its_reason_and_keeps_its_container_statuses() {
         let mut s = Scenario::new(ONE, vec![running("a", 0, 100)]);
         s.lifecycle = PodLifecycle::Evicted {
             reason: "DeadlineExceeded".into(),
             message: "Pod was active on the node longer than the specified deadline".into(),
+            disruption_target: false,
         };
         let status = s.generate();
+        assert!(status
+            .conditions
+            .iter()
+            .flatten()
+            .all(|c| c.type_ != "DisruptionTarget"));
         assert_eq!(
             (phase(&status), status.reason.as_deref()),
             ("Failed", Some("DeadlineExceeded"))

@@ -154,6 +154,14 @@ impl ClusterAgent {
             .arg("--cni-conf-dir")
             .arg(&cni)
             .args(extra)
+            .args(
+                // kubelet's disk thresholds (nodefs 10 %, imagefs 15 %) hold on a shared CI
+                // disk that others fill: DiskPressure would reject and evict the tests' pods.
+                (!extra
+                    .iter()
+                    .any(|a| a.to_string_lossy().starts_with("--eviction-hard")))
+                .then_some("--eviction-hard=memory.available<100Mi"),
+            )
             .args(kubelet_api)
             .env("IRONLET_LOG", "info,libcontainer=off,libcgroups=off")
             .stdin(Stdio::null())

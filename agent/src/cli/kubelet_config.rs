@@ -18,6 +18,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::run::{parse_duration, parse_reserved, Reserved, RunArgs};
+use ironlet::kubelet::eviction::thresholds::{SignalMap, ThresholdMap};
 
 pub const API_VERSION: &str = "kubelet.config.k8s.io/v1beta1";
 pub const KIND: &str = "KubeletConfiguration";
@@ -72,6 +73,12 @@ struct KubeletConfiguration {
     node_status_max_images: Option<i32>,
     serialize_image_pulls: Option<bool>,
     max_parallel_image_pulls: Option<i32>,
+    eviction_hard: Option<BTreeMap<String, String>>,
+    eviction_soft: Option<BTreeMap<String, String>>,
+    eviction_soft_grace_period: Option<BTreeMap<String, String>>,
+    eviction_max_pod_grace_period: Option<i64>,
+    eviction_minimum_reclaim: Option<BTreeMap<String, String>>,
+    eviction_pressure_transition_period: Option<String>,
     #[serde(flatten)]
     extra: BTreeMap<String, Value>,
 }
@@ -324,6 +331,44 @@ impl KubeletConfiguration {
             max_parallel_image_pulls,
             self.max_parallel_image_pulls.map(Some)
         );
+        let thresholds = |name: &str, map: Option<BTreeMap<String, String>>| {
+            map.map(|m| ThresholdMap::from_config(&m).map_err(|e| anyhow::anyhow!("{name}: {e}")))
+                .transpose()
+        };
+        let signals = |name: &str, map: Option<BTreeMap<String, String>>| {
+            map.map(|m| {
+                let text: Vec<String> = m.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                SignalMap::parse_flag(&text.join(",")).map_err(|e| anyhow::anyhow!("{name}: {e}"))
+            })
+            .transpose()
+        };
+        set!(
+            eviction_hard,
+            thresholds("evictionHard", self.eviction_hard)?
+        );
+        set!(
+            eviction_soft,
+            thresholds("evictionSoft", self.eviction_soft)?
+        );
+        set!(
+            eviction_soft_grace_period,
+            signals("evictionSoftGracePeriod", self.eviction_soft_grace_period)?
+        );
+        set!(
+            eviction_minimum_reclaim,
+            signals("evictionMinimumReclaim", self.eviction_minimum_reclaim)?
+        );
+        set!(
+            eviction_max_pod_grace_period,
+            self.eviction_max_pod_grace_period
+        );
+        set!(
+            eviction_pressure_transition_period,
+            duration(
+                "evictionPressureTransitionPeriod",
+                self.eviction_pressure_transition_period
+            )?
+        );
         Ok(())
     }
 }
@@ -418,6 +463,12 @@ pub fn effective(args: &RunArgs, config: &ironlet::kubelet::KubeletConfig) -> Va
         "nodeStatusMaxImages": args.node_status_max_images,
         "serializeImagePulls": args.serialize_image_pulls,
         "maxParallelImagePulls": args.max_parallel_image_pulls,
+        "evictionHard": args.eviction_hard.to_config(),
+        "evictionSoft": args.eviction_soft.to_config(),
+        "evictionSoftGracePeriod": args.eviction_soft_grace_period.0,
+        "evictionMaxPodGracePeriod": args.eviction_max_pod_grace_period,
+        "evictionMinimumReclaim": args.eviction_minimum_reclaim.0,
+        "evictionPressureTransitionPeriod": go_duration(args.eviction_pressure_transition_period),
     });
     drop_nulls(&mut config);
     config
@@ -624,9 +675,54 @@ mod tests {
     }
 
     #[test]
+    fn eviction_fields_come_from_the_file_and_flags_win() -> anyhow::Result<()> {
+        let text = format!(
+            "{HEAD}evictionHard: {{memory.available: 200Mi, pid.available: 10%}}\n\
+             evictionSoft: {{nodefs.available: 20%}}\n\
+             evictionSoftGracePeriod: {{nodefs.available: 1m30s}}\n\
+             evictionMaxPodGracePeriod: 60\nevictionPressureTransitionPeriod: 30s\n\
+             evictionMinimumReclaim: {{memory.available: 50Mi}}\n"
+        );
+        assert!(KubeletConfiguration::parse(&text)?.unsupported().is_empty());
+        let args = run_with(&text, &["--eviction-max-pod-grace-period=5"])?;
+        assert_eq!(args.eviction_hard.to_config()["memory.available"], "200Mi");
+        assert_eq!(args.eviction_hard.to_config()["pid.available"], "10%");
+        assert_eq!(args.eviction_soft.to_config()["nodefs.available"], "20%");
+        assert_eq!(
+            args.eviction_soft_grace_period.0["nodefs.available"],
+            "1m30s"
+        );
+        assert_eq!(args.eviction_minimum_reclaim.0["memory.available"], "50Mi");
+        assert_eq!(args.eviction_max_pod_grace_period, 5, "the flag wins");
+        assert_eq!(
+            args.eviction_pressure_transition_period,
+            Duration::from_secs(30)
+        );
+        let configz = effective(&args, &ironlet::kubelet::KubeletConfig::new("n", "/tmp/r"));
+        assert_eq!(configz["evictionHard"]["memory.available"], "200Mi");
+        assert_eq!(configz["evictionPressureTransitionPeriod"], "30s");
+        let defaults = run_with(HEAD, &[])?;
+        assert_eq!(
+            defaults.eviction_hard.to_config()["nodefs.inodesFree"],
+            "5%",
+            "kubelet's default --eviction-hard"
+        );
+        let bad = format!("{HEAD}evictionHard: {{memory.available: -1Mi}}\n");
+        let err = run_with(&bad, &[])
+            .err()
+            .map(|e| format!("{e:#}"))
+            .unwrap_or_default();
+        assert!(
+            err.contains("evictionHard: eviction threshold memory.available"),
+            "{err}"
+        );
+        Ok(())
+    }
+
+    #[test]
     fn unsupported_fields_are_named() -> anyhow::Result<()> {
         let text = format!(
-            "{HEAD}maxPods: 20\nfailSwapOn: false\nevictionHard: {{memory.available: 100Mi}}\n\
+            "{HEAD}maxPods: 20\nfailSwapOn: false\nimageGCHighThresholdPercent: 85\n\
              authentication: {{webhook: {{enabled: true, cacheTTL: 2m}}}}\n\
              authorization: {{mode: AlwaysAllow}}\ncgroupDriver: systemd\n"
         );
@@ -634,8 +730,8 @@ mod tests {
         assert_eq!(
             config.unsupported(),
             vec![
-                "evictionHard",
                 "failSwapOn",
+                "imageGCHighThresholdPercent",
                 "authentication.webhook.cacheTTL",
                 "authorization.mode=AlwaysAllow",
                 "cgroupDriver=systemd",
@@ -648,7 +744,7 @@ mod tests {
             .map(|e| format!("{e:#}"))
             .unwrap_or_default();
         assert!(err.contains("failSwapOn"), "{err}");
-        assert!(err.contains("evictionHard"), "{err}");
+        assert!(err.contains("imageGCHighThresholdPercent"), "{err}");
         assert!(err.contains("config.yaml"), "names the file: {err}");
         Ok(())
     }

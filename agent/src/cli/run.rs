@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Args;
+use ironlet::kubelet::eviction::thresholds::{EvictionSettings, Signal, SignalMap, ThresholdMap};
 use ironlet::kubelet::{Kubelet, KubeletConfig};
 use ironlet_runtime::image::LocalImageService;
 use ironlet_runtime::network::{CniConfig, DefaultNetwork};
@@ -103,6 +104,33 @@ pub struct RunArgs {
     /// Minimum age (since creation) of a dead container before it may be garbage collected.
     #[arg(long = "minimum-container-ttl-duration", value_parser = parse_duration, default_value = "0s")]
     pub minimum_container_ttl_duration: Duration,
+    /// Hard eviction thresholds, e.g. `memory.available<100Mi,nodefs.available<10%`
+    /// (signals: memory.available, nodefs.available, nodefs.inodesFree, imagefs.available,
+    /// imagefs.inodesFree, pid.available); a met threshold evicts at once.
+    #[arg(long = "eviction-hard", value_parser = ThresholdMap::parse_flag,
+          default_value = ironlet::kubelet::eviction::thresholds::DEFAULT_EVICTION_HARD)]
+    pub eviction_hard: ThresholdMap,
+    /// Soft eviction thresholds (same form); each needs --eviction-soft-grace-period.
+    #[arg(long = "eviction-soft", value_parser = ThresholdMap::parse_flag, default_value = "")]
+    pub eviction_soft: ThresholdMap,
+    /// How long each soft threshold must be met before pods are evicted, e.g.
+    /// `memory.available=1m30s`.
+    #[arg(long = "eviction-soft-grace-period", value_parser = SignalMap::parse_flag, default_value = "")]
+    pub eviction_soft_grace_period: SignalMap,
+    /// Longest grace period (seconds) given to pods evicted for a soft threshold.
+    #[arg(
+        long = "eviction-max-pod-grace-period",
+        default_value_t = 0,
+        allow_negative_numbers = true
+    )]
+    pub eviction_max_pod_grace_period: i64,
+    /// How far beyond a threshold a signal must recover once it was met, e.g.
+    /// `memory.available=0Mi,nodefs.available=500Mi`.
+    #[arg(long = "eviction-minimum-reclaim", value_parser = SignalMap::parse_flag, default_value = "")]
+    pub eviction_minimum_reclaim: SignalMap,
+    /// How long a pressure condition stays True after its thresholds stopped being met.
+    #[arg(long = "eviction-pressure-transition-period", value_parser = parse_duration, default_value = "5m")]
+    pub eviction_pressure_transition_period: Duration,
     /// CNI network configurations; the first by name is used. When none exists, a bridge
     /// network on --pod-cidr is written here.
     #[arg(long = "cni-conf-dir", default_value = "/etc/cni/net.d")]
@@ -318,37 +346,7 @@ pub(super) fn parse_reserved(text: &str) -> Result<Reserved, String> {
     Ok(out)
 }
 
-/// Go-style durations as kubelet flags take them: `90s`, `1m`, `1m30s`, `500ms`, `2h`.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let mut total = Duration::ZERO;
-    let mut rest = text.trim();
-    if rest.is_empty() {
-        return Err("empty duration".into());
-    }
-    while !rest.is_empty() {
-        let digits = rest
-            .find(|c: char| !c.is_ascii_digit() && c != '.')
-            .ok_or_else(|| format!("{text:?}: missing unit (ms, s, m, h)"))?;
-        let (number, tail) = rest.split_at(digits);
-        let value: f64 = number
-            .parse()
-            .map_err(|_| format!("{text:?}: bad number {number:?}"))?;
-        let unit_len = tail
-            .find(|c: char| c.is_ascii_digit())
-            .unwrap_or(tail.len());
-        let (unit, next) = tail.split_at(unit_len);
-        let seconds = match unit {
-            "ms" => value / 1000.0,
-            "s" => value,
-            "m" => value * 60.0,
-            "h" => value * 3600.0,
-            other => return Err(format!("{text:?}: unknown unit {other:?} (ms, s, m, h)")),
-        };
-        total += Duration::from_secs_f64(seconds);
-        rest = next;
-    }
-    Ok(total)
-}
+pub use ironlet::kubelet::config::parse_duration;
 
 pub fn run(
     root_flag: Option<PathBuf>,
@@ -438,6 +436,15 @@ fn run_agent(
     config.image_gc_policy = images.gc_policy;
     config.image_gc_period = args.image_gc_period;
     config.max_parallel_image_pulls = images.max_parallel_pulls;
+    config.eviction = EvictionSettings::build(
+        &args.eviction_hard,
+        &args.eviction_soft,
+        &args.eviction_soft_grace_period,
+        &args.eviction_minimum_reclaim,
+        args.eviction_max_pod_grace_period,
+        args.eviction_pressure_transition_period,
+    )
+    .context("eviction thresholds")?;
     if args.read_only_port != 0 {
         bail!("--read-only-port is not served by ironlet (unauthenticated); leave it at 0");
     }
@@ -507,11 +514,19 @@ fn run_agent(
                 memory_bytes: config.reserved_memory_bytes,
                 ..Default::default()
             },
+            eviction_hard_memory_bytes: config.eviction.hard_amount(
+                Signal::MemoryAvailable,
+                ironlet_cgroups::MachineUsage::read().map_or(0, |m| m.memory_total_bytes),
+            ),
+            eviction_hard_nodefs_percent: config
+                .eviction
+                .hard_percent(Signal::NodeFsAvailable)
+                .map_or(0, |p| (p * 100.0).round() as u64),
             ..Default::default()
         };
         let node_name = config.node_name.clone();
         let runtime: Arc<dyn ironlet_runtime::Runtime> = Arc::new(runtime);
-        let kubelet = Kubelet::start_with_api(config, runtime.clone(), images, client.clone())
+        let mut kubelet = Kubelet::start_with_api(config, runtime.clone(), images, client.clone())
             .await
             .context("starting the node agent")?;
         let (stop_node, node_stopped) = tokio::sync::oneshot::channel::<()>();
@@ -521,7 +536,8 @@ fn run_agent(
                 let max_images = args.node_status_max_images;
                 let provider = ironlet::node::MachineStatus::new(machine)
                     .context("reading the machine's capacity")?
-                    .with_images(Arc::new(move || image_gc.node_images(max_images)));
+                    .with_images(Arc::new(move || image_gc.node_images(max_images)))
+                    .with_pressure(kubelet.pressure());
                 let health = health_watch(kubelet.view());
                 let controller = ironlet::node::NodeController::new(
                     client,

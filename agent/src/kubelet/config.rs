@@ -51,9 +51,11 @@ pub struct KubeletConfig {
     pub max_container_restart_period: Duration,
     /// How often housekeeping runs (kubelet: every 2 s).
     pub housekeeping_period: Duration,
-    /// How often emptyDir usage is checked against `sizeLimit` (kubelet's
+    /// How often emptyDir usage and the node-pressure signals are checked (kubelet's
     /// `evictionMonitoringPeriod` is 10 s; ironlet checks faster).
     pub eviction_monitoring_period: Duration,
+    /// Node-pressure eviction: `--eviction-hard`, `--eviction-soft`, … (kubelet defaults).
+    pub eviction: super::eviction::thresholds::EvictionSettings,
     /// Node labels admission matches nodeSelector against (besides the well-known ones).
     pub node_labels: std::collections::BTreeMap<String, String>,
     /// `--cluster-dns`: the cluster DNS server IPs for `ClusterFirst` pods (none: pods
@@ -101,6 +103,7 @@ impl KubeletConfig {
             max_container_restart_period: Duration::from_secs(300),
             housekeeping_period: Duration::from_secs(2),
             eviction_monitoring_period: Duration::from_secs(2),
+            eviction: Default::default(),
             node_labels: Default::default(),
             cluster_dns: Vec::new(),
             cluster_domain: String::new(),
@@ -131,4 +134,36 @@ impl KubeletConfig {
     pub fn pod_log_directory(&self, namespace: &str, name: &str, uid: &str) -> PathBuf {
         self.pod_log_dir.join(format!("{namespace}_{name}_{uid}"))
     }
+}
+
+/// Go-style durations as kubelet flags take them: `90s`, `1m`, `1m30s`, `500ms`, `2h`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let mut total = Duration::ZERO;
+    let mut rest = text.trim();
+    if rest.is_empty() {
+        return Err("empty duration".into());
+    }
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit() && c != '.')
+            .ok_or_else(|| format!("{text:?}: missing unit (ms, s, m, h)"))?;
+        let (number, tail) = rest.split_at(digits);
+        let value: f64 = number
+            .parse()
+            .map_err(|_| format!("{text:?}: bad number {number:?}"))?;
+        let unit_len = tail
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(tail.len());
+        let (unit, next) = tail.split_at(unit_len);
+        let seconds = match unit {
+            "ms" => value / 1000.0,
+            "s" => value,
+            "m" => value * 60.0,
+            "h" => value * 3600.0,
+            other => return Err(format!("{text:?}: unknown unit {other:?} (ms, s, m, h)")),
+        };
+        total += Duration::from_secs_f64(seconds);
+        rest = next;
+    }
+    Ok(total)
 }

@@ -50,6 +50,8 @@ pub mod reason {
     pub const IMAGE_GC_FAILED: &str = "ImageGCFailed";
     /// The image file system reports no capacity (a Node event).
     pub const INVALID_DISK_CAPACITY: &str = "InvalidDiskCapacity";
+    /// A node event: an eviction threshold is met (kubelet's `EvictionThresholdMet`).
+    pub const EVICTION_THRESHOLD_MET: &str = "EvictionThresholdMet";
 }
 
 /// Where pod events go.

@@ -25,6 +25,15 @@
 //! * memory-backed emptyDirs are bounded by their tmpfs `size=` instead (kubelet does the
 //!   same with `InPlacePodVerticalScalingMemoryBackedVolumes`); pod and container
 //!   `ephemeral-storage` limits are not enforced.
+//!
+//! Node-pressure eviction (signals, thresholds, conditions, ranking) is in [`thresholds`],
+//! [`manager`] and [`pressure`]; it runs in the same loop, after the emptyDir check.
+
+pub mod manager;
+pub mod notifier;
+pub mod pressure;
+pub mod signals;
+pub mod thresholds;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -104,71 +113,111 @@ pub fn over_limit(volumes: &[LimitedVolume], usage: impl Fn(&Path) -> u64) -> Op
         .map(|v| empty_dir_message(&v.name, &v.limit_text))
 }
 
-fn is_critical(pod: &Pod) -> bool {
+/// Whether eviction leaves `pod` alone (see the module docs on static pods).
+pub fn is_critical(pod: &Pod) -> bool {
     pod.spec
         .as_ref()
         .and_then(|s| s.priority)
         .is_some_and(|p| p >= SYSTEM_CRITICAL_PRIORITY)
 }
 
-/// Checks every pod being synced every `period` until the task is aborted.
+/// Checks every pod being synced every `period` until the task is aborted: emptyDir limits,
+/// then node pressure.
 pub(super) async fn run(
     workers: PodWorkers,
     syncer: Arc<NodeSyncer>,
     pods_dir: PathBuf,
     period: Duration,
+    mut node: pressure::NodePressure,
 ) {
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tick.tick().await;
-        let candidates: Vec<(Arc<Pod>, Vec<LimitedVolume>)> = workers
-            .known_uids()
-            .iter()
-            .filter_map(|uid| workers.pod(uid))
-            .filter(|(pod, state)| *state == PodLifecycle::Syncing && !is_critical(pod))
-            .map(|(pod, _)| {
-                let volumes = limited_volumes(&pod, &pods_dir);
-                (pod, volumes)
-            })
-            .filter(|(_, volumes)| !volumes.is_empty())
-            .collect();
-        if candidates.is_empty() {
-            continue;
-        }
-        let measured = tokio::task::spawn_blocking(move || {
-            candidates
-                .into_iter()
-                .filter_map(|(pod, volumes)| {
-                    over_limit(&volumes, ironlet_runtime::fsutil::disk_usage)
-                        .map(|message| (pod, message))
-                })
-                .collect::<Vec<_>>()
-        })
-        .await;
-        let evict = match measured {
-            Ok(evict) => evict,
-            Err(err) => {
-                tracing::warn!(%err, "measuring emptyDir usage failed");
-                continue;
+        tokio::select! {
+            _ = tick.tick() => {}
+            signal = node.notified() => {
+                // The node's level is crossed often (page cache comes and goes).
+                if signal == thresholds::Signal::MemoryAvailable {
+                    tracing::debug!(signal = signal.name(), "memory threshold notification; synchronizing now");
+                } else {
+                    tracing::info!(signal = signal.name(), "memory threshold notification; synchronizing now");
+                }
             }
-        };
-        for (pod, message) in evict {
-            evict_pod(&workers, &syncer, pod, message);
         }
+        empty_dir_step(&workers, &syncer, &pods_dir).await;
+        node.step(&workers, &syncer).await;
+    }
+}
+
+async fn empty_dir_step(workers: &PodWorkers, syncer: &NodeSyncer, pods_dir: &Path) {
+    let candidates: Vec<(Arc<Pod>, Vec<LimitedVolume>)> = workers
+        .known_uids()
+        .iter()
+        .filter_map(|uid| workers.pod(uid))
+        .filter(|(pod, state)| *state == PodLifecycle::Syncing && !is_critical(pod))
+        .map(|(pod, _)| {
+            let volumes = limited_volumes(&pod, pods_dir);
+            (pod, volumes)
+        })
+        .filter(|(_, volumes)| !volumes.is_empty())
+        .collect();
+    if candidates.is_empty() {
+        return;
+    }
+    let measured = tokio::task::spawn_blocking(move || {
+        candidates
+            .into_iter()
+            .filter_map(|(pod, volumes)| {
+                over_limit(&volumes, ironlet_runtime::fsutil::disk_usage)
+                    .map(|message| (pod, message))
+            })
+            .collect::<Vec<_>>()
+    })
+    .await;
+    let evict = match measured {
+        Ok(evict) => evict,
+        Err(err) => {
+            tracing::warn!(%err, "measuring emptyDir usage failed");
+            return;
+        }
+    };
+    for (pod, message) in evict {
+        // kubelet's local-storage evictions set no DisruptionTarget condition.
+        let disruption_target = false;
+        syncer.metrics.evictions.with(["emptydirfs.limit"]).inc();
+        evict_pod(
+            workers,
+            syncer,
+            pod,
+            message,
+            IMMEDIATE_EVICTION_GRACE_SECONDS,
+            disruption_target,
+        );
     }
 }
 
 /// kubelet's `evictPod`: event, the status to report, the kill.
-fn evict_pod(workers: &PodWorkers, syncer: &NodeSyncer, pod: Arc<Pod>, message: String) {
-    tracing::info!(pod = %pod_full_name(&pod), pod_uid = %pod_uid(&pod), %message, "evicting pod");
-    syncer.record_eviction(pod_uid(&pod), reason::EVICTED, message.clone());
+fn evict_pod(
+    workers: &PodWorkers,
+    syncer: &NodeSyncer,
+    pod: Arc<Pod>,
+    message: String,
+    grace_seconds: i64,
+    disruption_target: bool,
+) {
+    tracing::info!(pod = %pod_full_name(&pod), pod_uid = %pod_uid(&pod), %message, grace_seconds, "evicting pod");
+    syncer.record_eviction(
+        pod_uid(&pod),
+        reason::EVICTED,
+        message.clone(),
+        disruption_target,
+    );
     syncer.event(&pod, EventType::Warning, reason::EVICTED, message);
     workers.update_pod(UpdatePodOptions {
         update_type: UpdateType::Kill,
         pod,
         kill: Some(KillPodOptions {
-            grace_period_override: Some(IMMEDIATE_EVICTION_GRACE_SECONDS),
+            grace_period_override: Some(grace_seconds),
             completed: None,
         }),
     });

@@ -101,8 +101,14 @@ pub struct Kubelet {
     rejected: HashMap<String, Arc<Pod>>,
     /// Requests to the API status manager; `None` without an API server.
     api_commands: Option<mpsc::UnboundedSender<crate::apiserver::ApiCommand>>,
-    /// Image garbage collection and the node's image list.
+    /// Image garbage collection and the node's image list; node-level disk reclaim of the
+    /// eviction manager removes unused images through it.
     image_gc: Arc<image_gc::ImageGc>,
+    /// The node's pressure conditions, as the eviction manager decides them.
+    pressure: tokio::sync::watch::Sender<crate::node::Pressure>,
+    /// Node-level disk reclaim asked by the eviction manager.
+    reclaim_requests: mpsc::Receiver<eviction::pressure::ReclaimRequest>,
+    reclaim_sender: mpsc::Sender<eviction::pressure::ReclaimRequest>,
 }
 
 impl Kubelet {
@@ -247,6 +253,7 @@ impl Kubelet {
             pod_config.spawn(source)?;
         }
         let pod_manager = Arc::new(Mutex::new(PodManager::new()));
+        let (reclaim_sender, reclaim_requests) = mpsc::channel(1);
         let api_commands = match api {
             Some(client) => {
                 let sender = pod_config.channel(crate::config::ConfigSource::Api)?;
@@ -287,6 +294,9 @@ impl Kubelet {
             rejected: HashMap::new(),
             api_commands,
             image_gc,
+            pressure: tokio::sync::watch::channel(crate::node::Pressure::default()).0,
+            reclaim_requests,
+            reclaim_sender,
         })
     }
 
@@ -313,14 +323,34 @@ impl Kubelet {
 
     /// The Summary behind the kubelet API's `/stats/summary` and `/metrics/resource`.
     pub fn stats(&self) -> Arc<dyn crate::server::kubelet_api::stats::StatsProvider> {
-        Arc::new(stats::KubeletStats {
+        Arc::new(self.stats_reader())
+    }
+
+    /// The node's pressure conditions (for the node controller's `MemoryPressure`,
+    /// `DiskPressure` and `PIDPressure`).
+    pub fn pressure(&self) -> tokio::sync::watch::Receiver<crate::node::Pressure> {
+        self.pressure.subscribe()
+    }
+
+    /// Node-level disk reclaim before evicting pods (kubelet's `reclaimNodeLevelResources`
+    /// for nodefs/imagefs): dead containers, then unused images (`DeleteUnusedImages`).
+    async fn reclaim_node_disk(&self) {
+        self.garbage_collect().await;
+        match self.image_gc.delete_unused_images().await {
+            Ok(freed) => tracing::info!(freed, "unused images removed for disk pressure"),
+            Err(err) => tracing::warn!(%err, "removing unused images for disk pressure failed"),
+        }
+    }
+
+    fn stats_reader(&self) -> stats::KubeletStats {
+        stats::KubeletStats {
             node_name: self.config.node_name.clone(),
             root_dir: self.config.root_dir.clone(),
             pod_log_dir: self.config.pod_log_dir.clone(),
             cgroups: self.syncer.cgroups.clone(),
             statuses: self.statuses.clone(),
             previous_cpu: Mutex::default(),
-        })
+        }
     }
 
     /// The probe workers' counters behind the kubelet API's `/metrics/probes`.
@@ -345,6 +375,18 @@ impl Kubelet {
             self.syncer.clone(),
             self.config.pods_dir(),
             self.config.eviction_monitoring_period,
+            eviction::pressure::NodePressure {
+                settings: self.config.eviction.clone(),
+                root_dir: self.config.root_dir.clone(),
+                image_dir: self.config.root_dir.join("images"),
+                allocatable_memory_bytes: self.syncer.node.memory_bytes,
+                stats: Arc::new(self.stats_reader()),
+                published: self.pressure.clone(),
+                reclaim: self.reclaim_sender.clone(),
+                tracker: Default::default(),
+                notifiers: Default::default(),
+                last_announced: None,
+            },
         )));
         let _image_gc = AbortOnDrop(tokio::spawn(self.image_gc.clone().run(
             self.config.image_gc_period,
@@ -377,6 +419,10 @@ impl Kubelet {
                     }
                 }
                 _ = gc.tick() => self.garbage_collect().await,
+                Some(done) = self.reclaim_requests.recv() => {
+                    self.reclaim_node_disk().await;
+                    let _ = done.send(());
+                }
             }
         }
     }
@@ -458,8 +504,11 @@ impl Kubelet {
             .collect();
         self.lock_manager().add_pod((*pod).clone());
         let verdict = crate::admission::admit(&self.node, &pod, &admitted);
-        if let Some(reason) = verdict.reason() {
-            let message = verdict.message();
+        let rejection = match verdict.reason() {
+            Some(reason) => Some((reason, verdict.message())),
+            None => self.pressure_admission(&pod),
+        };
+        if let Some((reason, message)) = rejection {
             tracing::warn!(pod = %pod_full_name(&pod), reason, %message, "pod rejected");
             let status = crate::status::generate_pod_status(&crate::status::StatusInputs {
                 pod: &pod,
@@ -487,6 +536,14 @@ impl Kubelet {
         }
         self.workers
             .update_pod(UpdatePodOptions::new(UpdateType::Create, pod));
+    }
+
+    /// The eviction manager's admission (kubelet's `managerImpl.Admit`): under node
+    /// pressure, reason `Evicted` and `The node had condition: [MemoryPressure]. `.
+    fn pressure_admission(&self, pod: &Pod) -> Option<(&'static str, String)> {
+        let conditions = eviction::pressure::from_pressure(*self.pressure.borrow());
+        eviction::manager::admission_message(pod, &conditions, eviction::is_critical(pod))
+            .map(|message| (events::reason::EVICTED, message))
     }
 
     fn handle_pleg_event(&self, event: PodLifecycleEvent) {

@@ -163,13 +163,21 @@ impl NodeSyncer {
     }
 
     /// From now on pod `uid` reports phase Failed with `reason` and `message` (kubelet's
-    /// eviction `PodStatusFunc`); the caller kills it.
-    pub(crate) fn record_eviction(&self, uid: &str, reason: &str, message: String) {
+    /// eviction `PodStatusFunc`), with a `DisruptionTarget` condition when
+    /// `disruption_target` (node-pressure evictions); the caller kills it.
+    pub(crate) fn record_eviction(
+        &self,
+        uid: &str,
+        reason: &str,
+        message: String,
+        disruption_target: bool,
+    ) {
         self.lock_evictions().insert(
             uid.to_owned(),
             StatusLifecycle::Evicted {
                 reason: reason.to_owned(),
                 message,
+                disruption_target,
             },
         );
     }

@@ -10,15 +10,14 @@
 //! |                                 | the default route (no packet is sent)                    |
 //! | `Hostname`                      | the node name                                            |
 //! | nodeInfo                        | uname, `/etc/os-release`, machine-id, boot_id, DMI uuid  |
-//! | MemoryPressure / DiskPressure   | MemAvailable / free space below the eviction thresholds  |
+//! | MemoryPressure / DiskPressure / PIDPressure | the eviction manager's conditions ([`MachineStatus::with_pressure`]; none without it) |
 //! | images                          | [`MachineStatus::with_images`]: the agent's image list   |
 //!
 //! Allocatable follows kubelet's node allocatable: `memory` − reserved − `memory.available`
 //! threshold (100Mi), `ephemeral-storage` − reserved − `nodefs.available` threshold (10 %),
 //! `cpu` − reserved.
 //!
-//! Current behaviour: no hugepages resources, no PID pressure (kubelet has no default
-//! `pid.available` threshold either).
+//! Current behaviour: no hugepages resources.
 
 use std::net::{IpAddr, Ipv4Addr, UdpSocket};
 use std::path::{Path, PathBuf};
@@ -30,8 +29,6 @@ use tracing::warn;
 use super::config::hostname;
 use super::object::{cpu_quantity, go_arch, integer_quantity, memory_quantity};
 use super::provider::{NodeResources, NodeStatusProvider, Pressure, ProviderError};
-
-const MEMINFO: &str = "/proc/meminfo";
 
 /// Resources kept away from pods (kubelet's `kubeReserved` + `systemReserved`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -101,6 +98,7 @@ pub struct MachineStatus {
     hierarchy: Hierarchy,
     system_info: NodeSystemInfo,
     images: Option<ImageList>,
+    pressure: Option<tokio::sync::watch::Receiver<Pressure>>,
 }
 
 impl std::fmt::Debug for MachineStatus {
@@ -122,12 +120,21 @@ impl MachineStatus {
             hierarchy,
             system_info,
             images: None,
+            pressure: None,
         })
     }
 
     /// Reports `status.images` from `images` (kubelet's image cache, largest first).
     pub fn with_images(mut self, images: ImageList) -> Self {
         self.images = Some(images);
+        self
+    }
+
+    /// Reports the pressure conditions the eviction manager decides
+    /// (`ironlet::kubelet::Kubelet::pressure`).
+    #[must_use]
+    pub fn with_pressure(mut self, pressure: tokio::sync::watch::Receiver<Pressure>) -> Self {
+        self.pressure = Some(pressure);
         self
     }
 
@@ -199,41 +206,17 @@ impl NodeStatusProvider for MachineStatus {
     }
 
     fn pressure(&self) -> Pressure {
-        let memory = match mem_available_bytes() {
-            Ok(available) => available < self.config.eviction_hard_memory_bytes,
-            Err(err) => {
-                warn!(
-                    ?err,
-                    "cannot read available memory; reporting no memory pressure"
-                );
-                false
-            }
-        };
-        let disk = match self.filesystem() {
-            Ok(fs) => {
-                fs.available_bytes < fs.total_bytes / 100 * self.config.eviction_hard_nodefs_percent
-            }
-            Err(err) => {
-                warn!(
-                    ?err,
-                    "cannot statvfs the data root; reporting no disk pressure"
-                );
-                false
-            }
-        };
-        Pressure {
-            memory,
-            disk,
-            pid: false,
-        }
+        self.pressure
+            .as_ref()
+            .map(|p| *p.borrow())
+            .unwrap_or_default()
     }
 }
 
-/// Size and free space of the filesystem holding a directory.
+/// Size of the filesystem holding a directory.
 #[derive(Debug, Clone, Copy)]
 struct Filesystem {
     total_bytes: u64,
-    available_bytes: u64,
 }
 
 impl Filesystem {
@@ -251,7 +234,6 @@ impl Filesystem {
         let fragment = stat.fragment_size() as u64;
         Ok(Self {
             total_bytes: (stat.blocks() as u64).saturating_mul(fragment),
-            available_bytes: (stat.blocks_available() as u64).saturating_mul(fragment),
         })
     }
 }
@@ -264,28 +246,6 @@ fn default_route_ip() -> Option<IpAddr> {
     socket.connect((Ipv4Addr::new(192, 0, 2, 1), 9)).ok()?;
     let ip = socket.local_addr().ok()?.ip();
     (!ip.is_loopback() && !ip.is_unspecified()).then_some(ip)
-}
-
-fn mem_available_bytes() -> Result<u64, ProviderError> {
-    let path = Path::new(MEMINFO);
-    let text = std::fs::read_to_string(path).map_err(|source| ProviderError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    meminfo_kib(&text, "MemAvailable:")
-        .map(|kib| kib.saturating_mul(1024))
-        .ok_or_else(|| ProviderError::Parse {
-            path: path.to_path_buf(),
-            reason: "no MemAvailable line in kB".to_owned(),
-        })
-}
-
-/// The value in kB of a `/proc/meminfo` line such as `MemAvailable:  123 kB`.
-fn meminfo_kib(text: &str, key: &str) -> Option<u64> {
-    let rest = text.lines().find_map(|line| line.strip_prefix(key))?;
-    let mut fields = rest.split_whitespace();
-    let value = fields.next()?.parse().ok()?;
-    (fields.next() == Some("kB")).then_some(value)
 }
 
 fn system_info(config: &MachineConfig) -> NodeSystemInfo {
@@ -351,18 +311,9 @@ mod tests {
     }
 
     #[test]
-    fn meminfo_values_are_read_in_kib() {
-        let text = "MemTotal:       24683520 kB\nMemAvailable:   1000 kB\n";
-        assert_eq!(meminfo_kib(text, "MemAvailable:"), Some(1000));
-        assert_eq!(meminfo_kib(text, "SwapTotal:"), None);
-        assert_eq!(meminfo_kib("MemAvailable: 12\n", "MemAvailable:"), None);
-    }
-
-    #[test]
     fn filesystem_of_a_missing_directory_is_its_existing_ancestor() {
         let fs = Filesystem::of(Path::new("/tmp/does/not/exist/yet")).unwrap();
         assert!(fs.total_bytes > 0);
-        assert!(fs.available_bytes <= fs.total_bytes);
     }
 
     #[test]

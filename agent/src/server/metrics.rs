@@ -55,6 +55,9 @@ pub struct Metrics {
     pub started_containers_errors_total: Family<Counter, 2>,
     /// `kubelet_restarted_pods_total{static}`: deleted and recreated with the same UID.
     pub restarted_pods_total: Family<Counter, 1>,
+    /// `kubelet_evictions{eviction_signal}`: pods evicted, by signal (`memory.available`,
+    /// …, `emptydirfs.limit`).
+    pub evictions: Family<Counter, 1>,
 }
 
 impl Default for Metrics {
@@ -142,12 +145,18 @@ impl Metrics {
                 ["static"],
                 (),
             ),
+            evictions: Family::new(
+                "kubelet_evictions",
+                "[ALPHA] Cumulative number of pod evictions by eviction signal",
+                ["eviction_signal"],
+                (),
+            ),
         }
     }
 
     /// The Prometheus text exposition of every metric, process metrics last.
     pub fn render(&self) -> String {
-        let collectors: [&dyn Collect; 14] = [
+        let collectors: [&dyn Collect; 15] = [
             &self.running_pods,
             &self.running_containers,
             &self.desired_pods,
@@ -162,6 +171,7 @@ impl Metrics {
             &self.started_containers_total,
             &self.started_containers_errors_total,
             &self.restarted_pods_total,
+            &self.evictions,
         ];
         let mut out = String::with_capacity(8 * 1024);
         for c in collectors {

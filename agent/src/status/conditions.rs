@@ -271,6 +271,34 @@ fn find<'s>(status: &'s PodStatus, type_: &str) -> Option<&'s PodCondition> {
         .find(|c| c.type_ == type_)
 }
 
+/// Adds kubelet's `DisruptionTarget=True` (reason `TerminationByKubelet`, the eviction
+/// message) before the kubelet-owned conditions, unless one is there already: what a
+/// node-pressure eviction sets.
+pub(super) fn with_disruption_target(
+    mut conditions: Vec<PodCondition>,
+    message: &str,
+) -> Vec<PodCondition> {
+    if conditions.iter().any(|c| c.type_ == DISRUPTION_TARGET) {
+        return conditions;
+    }
+    let at = conditions
+        .iter()
+        .position(|c| {
+            KUBELET_OWNED.contains(&c.type_.as_str()) || c.type_ == POD_READY_TO_START_CONTAINERS
+        })
+        .unwrap_or(conditions.len());
+    conditions.insert(
+        at,
+        condition(
+            DISRUPTION_TARGET,
+            true,
+            Some("TerminationByKubelet"),
+            Some(message.to_owned()),
+        ),
+    );
+    conditions
+}
+
 /// Sets `lastTransitionTime` of the kubelet's conditions: the previous one while the status is
 /// unchanged, else `now`.
 pub(super) fn with_transition_times(

@@ -72,6 +72,10 @@ fn write_test_network(root: &Path) -> String {
     bridge
 }
 
+/// The `--eviction-hard` of test agents (unless a test sets its own): kubelet's memory
+/// threshold only.
+pub const TEST_EVICTION_HARD: &str = "memory.available<100Mi";
+
 /// Options of [`Agent::start_with`].
 #[derive(Default, Clone)]
 pub struct AgentOptions {
@@ -84,6 +88,9 @@ pub struct AgentOptions {
     /// `staticPodPath` is the manifest directory (no `--pod-manifest-path` flag), followed
     /// by these YAML lines.
     pub config: Option<String>,
+    /// Mount a tmpfs of this size (e.g. "256m") as the data root: a small node filesystem
+    /// for disk pressure (unmounted when the agent is dropped).
+    pub root_tmpfs_size: Option<String>,
 }
 
 /// What the agent's `/version` says.
@@ -109,6 +116,16 @@ impl Agent {
             .prefix("ironlet-e2e")
             .tempdir()
             .expect("temp dir");
+        if let Some(size) = &options.root_tmpfs_size {
+            nix::mount::mount(
+                Some("tmpfs"),
+                root.path(),
+                Some("tmpfs"),
+                nix::mount::MsFlags::empty(),
+                Some(format!("size={size},mode=0700").as_str()),
+            )
+            .expect("mounting a tmpfs as the data root");
+        }
         let manifests = root.path().join("manifests");
         let logs = root.path().join("logs");
         std::fs::create_dir_all(&manifests).expect("manifest dir");
@@ -194,6 +211,19 @@ impl Agent {
             .arg(self.root.path().join("cni"));
         if let Some(r) = &options.system_reserved {
             cmd.arg("--system-reserved").arg(r);
+        }
+        let sets_eviction = options
+            .extra_args
+            .iter()
+            .any(|a| a.starts_with("--eviction-hard"))
+            || options
+                .config
+                .as_deref()
+                .is_some_and(|c| c.contains("evictionHard"));
+        if !sets_eviction {
+            // kubelet's disk thresholds (nodefs 10 %, imagefs 15 %) hold on a shared CI disk
+            // that others fill: DiskPressure would reject and evict the tests' pods.
+            cmd.arg(format!("--eviction-hard={TEST_EVICTION_HARD}"));
         }
         cmd.args(&options.extra_args)
             .env("IRONLET_LOG", "info,libcontainer=off,libcgroups=off")
