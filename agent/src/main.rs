@@ -1,6 +1,9 @@
 //! The `ironlet` binary: argument parsing, logging, and the process start-up order that the
 //! runtime depends on: the zygote is forked *before* tokio starts any thread.
 
+// `/configz` writes the whole KubeletConfiguration in one `json!` literal.
+#![recursion_limit = "256"]
+
 mod cli;
 
 use std::process::ExitCode;

@@ -526,7 +526,7 @@ fn run_agent(
         };
         let node_name = config.node_name.clone();
         let runtime: Arc<dyn ironlet_runtime::Runtime> = Arc::new(runtime);
-        let mut kubelet = Kubelet::start_with_api(config, runtime.clone(), images, client.clone())
+        let kubelet = Kubelet::start_with_api(config, runtime.clone(), images, client.clone())
             .await
             .context("starting the node agent")?;
         let (stop_node, node_stopped) = tokio::sync::oneshot::channel::<()>();

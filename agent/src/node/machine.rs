@@ -24,7 +24,6 @@ use std::path::{Path, PathBuf};
 
 use ironlet_cgroups::{Hierarchy, NodeCapacity};
 use k8s_openapi::api::core::v1::{ContainerImage, NodeAddress, NodeSystemInfo};
-use tracing::warn;
 
 use super::config::hostname;
 use super::object::{cpu_quantity, go_arch, integer_quantity, memory_quantity};
