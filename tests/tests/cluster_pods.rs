@@ -5,7 +5,9 @@
 //! ends Failed with its exit code; static pods get mirror pods (recreated when deleted,
 //! deleted with the manifest); a pod waiting for a missing ConfigMap gets an event and starts
 //! once it exists; pods keep running through a 60 s apiserver outage (SIGSTOP) and status
-//! converges within 10 s after it; a pod filling its emptyDir beyond `sizeLimit` is evicted.
+//! converges within 10 s after it; a pod filling its emptyDir beyond `sizeLimit` is evicted;
+//! a non-root container writes its termination message and `no_new_privs` follows
+//! `allowPrivilegeEscalation` as on kubelet.
 //!
 //! One control plane and one agent (node `e2e-cluster-<pid>`) serve every test of this
 //! binary; the tests use distinct pod names. Needs root (containers, cgroups, CNI).
@@ -72,6 +74,10 @@ const TESTS: &[(&str, TestFn)] = &[
     (
         "a_failing_readiness_probe_gets_a_warning_unhealthy_event_with_its_output",
         readiness_unhealthy_event,
+    ),
+    (
+        "a_non_root_container_writes_its_termination_message_and_only_allow_privilege_escalation_false_sets_no_new_privs",
+        non_root_termination_message_and_no_new_privs,
     ),
 ];
 
@@ -365,6 +371,72 @@ fn long_named_pod(env: &Env) -> Result<()> {
         anyhow::ensure!(exit == Some(0), "exit code {exit:?} (7: wrong hostname)");
         pods.delete(&name, &DeleteParams::default()).await?;
         wait_gone(&pods, &name, Duration::from_secs(30)).await
+    })
+}
+
+/// kubelet's container security details the conformance suite checks: the termination
+/// message file is writable by a non-root user at a non-default path (kubelet makes it 0666),
+/// and `no_new_privs` is set only by `allowPrivilegeEscalation: false` (unset, a setuid binary
+/// may elevate).
+fn non_root_termination_message_and_no_new_privs(env: &Env) -> Result<()> {
+    let name = "nonroot-termination";
+    let check = |want: u8| {
+        format!(
+            "grep -q '^NoNewPrivs:[[:space:]]*{want}$' /proc/self/status || exit 3; \
+             echo -n DONE-{want} > /dev/termination-custom-log"
+        )
+    };
+    let container = |cname: &str, allow: Option<bool>, want: u8| {
+        json!({
+            "name": cname,
+            "image": "busybox",
+            "imagePullPolicy": "Never",
+            "command": ["sh", "-c", check(want)],
+            "terminationMessagePath": "/dev/termination-custom-log",
+            "securityContext": { "runAsUser": 10000, "allowPrivilegeEscalation": allow },
+        })
+    };
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": { "name": name, "namespace": "default" },
+        "spec": {
+            "nodeName": env.agent.node_name,
+            "restartPolicy": "Never",
+            "containers": [container("unset", None, 0), container("disallowed", Some(false), 1)],
+        },
+    }))?;
+    block_on(async {
+        let pods: Api<Pod> = Api::namespaced(admin(env).await?, "default");
+        create(&pods, &pod).await?;
+        let done = eventually(&format!("pod {name} ends"), RUNNING_TIMEOUT, || async {
+            let pod = pods.get(name).await?;
+            Ok(matches!(phase(&pod), "Succeeded" | "Failed").then_some(pod))
+        })
+        .await?;
+        let mut messages: Vec<(String, Option<i32>, String)> = done
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|c| {
+                let t = c.state.and_then(|s| s.terminated);
+                let exit = t.as_ref().map(|t| t.exit_code);
+                (c.name, exit, t.and_then(|t| t.message).unwrap_or_default())
+            })
+            .collect();
+        messages.sort();
+        anyhow::ensure!(
+            messages
+                == [
+                    ("disallowed".to_owned(), Some(0), "DONE-1".to_owned()),
+                    ("unset".to_owned(), Some(0), "DONE-0".to_owned()),
+                ],
+            "(name, exit code, message) {messages:?} (exit 3: wrong NoNewPrivs; 1: message not writable)"
+        );
+        pods.delete(name, &DeleteParams::default()).await?;
+        wait_gone(&pods, name, Duration::from_secs(30)).await
     })
 }
 
