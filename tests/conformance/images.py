@@ -4,11 +4,13 @@
 Usage: tests/conformance/images.py OUT_DIR BIN_DIR
 
 BIN_DIR holds the static `agnhost` and `nnp` binaries built from the k8s.io/kubernetes
-module (test/images/agnhost, test/images/nonewprivs). Each image is an equivalent of the
+module (test/images/agnhost, test/images/nonewprivs) and agnhost's `localhost.crt` and
+`localhost.key` (test/images/agnhost/porter). Each image is an equivalent of the
 upstream one under the name test/utils/image/manifest.go gives it, built with images/build's
 layer writer on its busybox layer (Debian's busybox-static):
 
-  e2e-test-images/agnhost:2.66.1, :2.55  busybox + /agnhost (+ /agnhost-2, /uploads),
+  e2e-test-images/agnhost:2.66.1, :2.55  busybox + /agnhost (+ /agnhost-2, /uploads,
+                                         /localhost.crt and .key), a curl on busybox wget,
                                          user-defined-in-image (1000) / group 50000;
                                          ENTRYPOINT /agnhost, CMD pause (as upstream)
   pause:3.10.2                           the agnhost layers, ENTRYPOINT /agnhost pause
@@ -26,6 +28,39 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BUILD = os.path.join(os.path.dirname(os.path.dirname(HERE)), "images", "build")
+
+
+# upstream's agnhost image has curl (alpine's); the suite runs `curl -g -q -s [-i] [-o FILE]
+# [-w %{http_code}] [--max-time N] [--connect-timeout N] URL` in it. This is that subset on
+# busybox wget.
+CURL = rb"""#!/bin/sh
+# curl, the subset of its options the e2e suite uses, on busybox wget (tests/conformance/images.py)
+out=- fmt= timeout= headers= url=
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -o) out=$2; shift ;;
+    -w) fmt=$2; shift ;;
+    -m|--max-time) timeout=$2; shift ;;
+    --connect-timeout) shift ;;
+    -i) headers=1 ;;
+    -*) ;;
+    *) url=$1 ;;
+  esac
+  shift
+done
+err=$(mktemp)
+if [ -n "$headers" ] && [ "$out" = - ]; then
+  body=$(wget -S -q -O - ${timeout:+-T "$timeout"} "$url" 2>"$err"); rc=$?
+  sed -n 's/^  //p' "$err"; echo; printf '%s' "$body"
+else
+  wget -S -q -O "$out" ${timeout:+-T "$timeout"} "$url" 2>"$err"; rc=$?
+fi
+code=$(sed -n 's/.*HTTP\/[0-9.]* \([0-9][0-9][0-9]\).*/\1/p' "$err" | tail -n 1)
+rm -f "$err"
+[ -n "$fmt" ] && printf '%s' "$(printf '%s' "$fmt" | sed "s/%{http_code}/${code:-000}/")"
+[ -n "$code" ] && exit 0
+exit 7
+"""
 
 
 def load_build():
@@ -54,6 +89,12 @@ def main():
     agnhost.file("agnhost", open(os.path.join(bins, "agnhost"), "rb").read(), 0o755)
     agnhost.symlink("agnhost-2", "agnhost")
     agnhost.dir("uploads")
+    for d in ["usr", "usr/local", "usr/local/bin"]:
+        agnhost.dir(d)
+    agnhost.file("usr/local/bin/curl", CURL, 0o755)
+    # the TLS pair of agnhost's porter, which HTTPS probes and hooks serve with
+    for name in ["localhost.crt", "localhost.key"]:
+        agnhost.file(name, open(os.path.join(bins, name), "rb").read())
     nnp = b.Layer()
     for d in ["usr", "usr/local", "usr/local/bin"]:
         nnp.dir(d)
