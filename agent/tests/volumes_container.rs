@@ -2,7 +2,8 @@
 //! ConfigMap and a Secret beside the pod, the env built by `container_env`, the volumes set up
 //! by `VolumeManager` and mounted through `container_mounts` into a busybox container run by
 //! the in-process runtime; then, as a non-root user with an `fsGroup`, ConfigMap, Secret and
-//! projected files with a `defaultMode` read through the group kubelet gives them. Needs
+//! projected files with a `defaultMode` read through the group kubelet gives them, and
+//! emptyDirs (disk and memory) owned by that group with the setgid bit. Needs
 //! root; skips otherwise. A custom harness (`harness = false`)
 //! forks the zygote before any thread exists, as the binary does.
 
@@ -91,12 +92,21 @@ spec:
       echo "groups=$(id -G)"
       echo "cfg=$(cat /etc/cfg/greeting) $(stat -L -c '%a %g' /etc/cfg/greeting)"
       echo "secret=$(cat /creds/password) $(stat -L -c '%a %g' /creds/password)"
+      touch /scratch/f /mem/f
+      echo "scratch=$(stat -c '%A %g' /scratch) $(stat -c '%g' /scratch/f)"
+      echo "mem=$(stat -c '%A %g' /mem) $(stat -c '%g' /mem/f)"
       echo "projected=$(cat /all/password) $(stat -L -c '%a %g' /all/password)"
     volumeMounts:
     - {name: cfg, mountPath: /etc/cfg}
     - {name: creds, mountPath: /creds}
     - {name: all, mountPath: /all}
+    - {name: scratch, mountPath: /scratch}
+    - {name: mem, mountPath: /mem}
   volumes:
+  - name: scratch
+    emptyDir: {}
+  - name: mem
+    emptyDir: {medium: Memory}
   - name: cfg
     configMap: {name: app-config, defaultMode: 0400}
   - name: creds
@@ -307,6 +317,10 @@ async fn run_fs_group(runtime: &LocalRuntime, root: &Path) -> Result<()> {
                 &[
                     "cfg=hello 440 1001",
                     "secret=hunter2 440 1001",
+                    // emptyDirs: group-owned, setgid (what is created in them inherits the
+                    // group); the tmpfs root keeps its sticky bit
+                    "scratch=drwxrwsrwx 1001 1001",
+                    "mem=drwxrwsrwt 1001 1001",
                     "projected=hunter2 440 1001",
                 ],
             )

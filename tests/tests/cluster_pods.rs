@@ -5,7 +5,8 @@
 //! ends Failed with its exit code; static pods get mirror pods (recreated when deleted,
 //! deleted with the manifest); a pod waiting for a missing ConfigMap gets an event and starts
 //! once it exists; pods keep running through a 60 s apiserver outage (SIGSTOP) and status
-//! converges within 10 s after it; a pod filling its emptyDir beyond `sizeLimit` is evicted.
+//! converges within 10 s after it; a pod filling its emptyDir beyond `sizeLimit` is evicted;
+//! a non-root container writes its termination message at a custom path.
 //!
 //! One control plane and one agent (node `e2e-cluster-<pid>`) serve every test of this
 //! binary; the tests use distinct pod names. Needs root (containers, cgroups, CNI).
@@ -72,6 +73,10 @@ const TESTS: &[(&str, TestFn)] = &[
     (
         "a_failing_readiness_probe_gets_a_warning_unhealthy_event_with_its_output",
         readiness_unhealthy_event,
+    ),
+    (
+        "a_non_root_container_writes_its_termination_message_at_a_custom_path",
+        non_root_termination_message,
     ),
 ];
 
@@ -365,6 +370,55 @@ fn long_named_pod(env: &Env) -> Result<()> {
         anyhow::ensure!(exit == Some(0), "exit code {exit:?} (7: wrong hostname)");
         pods.delete(&name, &DeleteParams::default()).await?;
         wait_gone(&pods, &name, Duration::from_secs(30)).await
+    })
+}
+
+/// The termination message file is writable by a non-root user at a non-default path
+/// (kubelet makes it 0666), as the conformance suite checks.
+fn non_root_termination_message(env: &Env) -> Result<()> {
+    let name = "nonroot-termination";
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": { "name": name, "namespace": "default" },
+        "spec": {
+            "nodeName": env.agent.node_name,
+            "restartPolicy": "Never",
+            "containers": [{
+                "name": "main",
+                "image": "busybox",
+                "imagePullPolicy": "Never",
+                "command": ["sh", "-c", "echo -n DONE > /dev/termination-custom-log"],
+                "terminationMessagePath": "/dev/termination-custom-log",
+                "securityContext": { "runAsUser": 10000 },
+            }],
+        },
+    }))?;
+    block_on(async {
+        let pods: Api<Pod> = Api::namespaced(admin(env).await?, "default");
+        create(&pods, &pod).await?;
+        let done = eventually(&format!("pod {name} ends"), RUNNING_TIMEOUT, || async {
+            let pod = pods.get(name).await?;
+            Ok(matches!(phase(&pod), "Succeeded" | "Failed").then_some(pod))
+        })
+        .await?;
+        let terminated = done
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|c| c.first())
+            .and_then(|c| c.state.as_ref())
+            .and_then(|s| s.terminated.clone());
+        let (exit, message) = (
+            terminated.as_ref().map(|t| t.exit_code),
+            terminated.and_then(|t| t.message).unwrap_or_default(),
+        );
+        anyhow::ensure!(
+            exit == Some(0) && message == "DONE",
+            "exit code {exit:?}, message {message:?} (1: the file was not writable)"
+        );
+        pods.delete(name, &DeleteParams::default()).await?;
+        wait_gone(&pods, name, Duration::from_secs(30)).await
     })
 }
 

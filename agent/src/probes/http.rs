@@ -37,6 +37,8 @@ use super::{ProbeOutcome, ProbeTarget};
 const USER_AGENT: &str = "kube-probe/1.37";
 /// The most of a response head read before giving up on finding its end.
 const MAX_HEAD: usize = 16 * 1024;
+/// kubelet's `maxRespBodyLength`: the most of a body a probe reads (10 KiB).
+const MAX_BODY: usize = 10 * 1024;
 /// Go's default client (and kubelet's redirect checker): at most 10 redirects.
 const MAX_REDIRECTS: usize = 10;
 
@@ -135,6 +137,10 @@ fn split_authority(authority: &str, default_port: u16) -> Option<(String, u16)> 
 struct Response {
     status: u16,
     location: Option<String>,
+    /// `Content-Length`, if given.
+    content_length: Option<usize>,
+    /// The start of the body (what came with the head, later read up to [`MAX_BODY`]).
+    body: Vec<u8>,
 }
 
 /// httpGet: see the module docs for what counts as success.
@@ -170,23 +176,25 @@ pub(crate) async fn http_get(
             }
         }
         Ok(Ok(_)) if usage == HttpUse::Hook => ProbeOutcome::Success,
-        Ok(Ok(status)) if (200..300).contains(&status) => ProbeOutcome::Success,
-        Ok(Ok(status)) if (300..400).contains(&status) => {
-            ProbeOutcome::Warning("Probe terminated redirects, Response body: ".into())
-        }
-        Ok(Ok(status)) => {
+        Ok(Ok((status, _))) if (200..300).contains(&status) => ProbeOutcome::Success,
+        Ok(Ok((status, body))) if (300..400).contains(&status) => ProbeOutcome::Warning(format!(
+            "Probe terminated redirects, Response body: {}",
+            String::from_utf8_lossy(&body)
+        )),
+        Ok(Ok((status, _))) => {
             ProbeOutcome::Failure(format!("HTTP probe failed with statuscode: {status}"))
         }
     }
 }
 
-/// Runs the request and its same-host redirects; the final status, or the failed hop.
+/// Runs the request and its same-host redirects; the final status and the start of its body
+/// (read for a redirect that ends the chain only), or the failed hop.
 async fn chain(
     route: &Route,
     get: &HttpGet,
     first: Hop,
     timeout: Duration,
-) -> Result<u16, (Hop, NetError)> {
+) -> Result<(u16, Vec<u8>), (Hop, NetError)> {
     let mut hop = first.clone();
     let mut redirects = 0;
     loop {
@@ -198,7 +206,7 @@ async fn chain(
             _ => None,
         };
         let Some(next) = next.filter(|n| n.host == first.host) else {
-            return Ok(response.status);
+            return Ok((response.status, response.body));
         };
         if redirects == MAX_REDIRECTS {
             return Err((next, NetError::TooManyRedirects));
@@ -255,10 +263,25 @@ async fn exchange(
     if head.is_empty() {
         return Err(NetError::EmptyReply);
     }
-    parse_head(&head).ok_or_else(|| NetError::MalformedResponse {
-        addr,
+    let mut response = parse_head(&head).ok_or_else(|| NetError::MalformedResponse {
+        addr: addr.clone(),
         head: String::from_utf8_lossy(&head[..head.len().min(200)]).into_owned(),
-    })
+    })?;
+    // A redirect's body goes into the warning (kubelet's "Response body: …"): read it up to
+    // its Content-Length (never past it: the server may keep the connection open).
+    if (300..400).contains(&response.status) {
+        let want = response.content_length.unwrap_or(0).min(MAX_BODY);
+        let mut buf = [0u8; 2048];
+        while response.body.len() < want {
+            let n = match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            response.body.extend_from_slice(&buf[..n]);
+        }
+        response.body.truncate(MAX_BODY);
+    }
+    Ok(response)
 }
 
 /// The request text: defaults first, replaced by same-named action headers.
@@ -315,13 +338,31 @@ fn parse_head(head: &[u8]) -> Option<Response> {
         return None;
     }
     let status = code.parse().ok().filter(|c| (100..600).contains(c))?;
-    let location = lines
+    let headers: Vec<(&str, &str)> = lines
         .take_while(|l| !l.is_empty())
         .filter_map(|l| l.split_once(':'))
-        .find(|(name, _)| name.trim().eq_ignore_ascii_case("location"))
-        .map(|(_, value)| value.trim().to_owned())
+        .collect();
+    let header = |wanted: &str| {
+        headers
+            .iter()
+            .find(|(name, _)| name.trim().eq_ignore_ascii_case(wanted))
+            .map(|(_, value)| value.trim())
+    };
+    let location = header("location")
+        .map(str::to_owned)
         .filter(|v| !v.is_empty());
-    Some(Response { status, location })
+    let content_length = header("content-length").and_then(|v| v.parse().ok());
+    let body = head
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|end| head[end + 4..].to_vec())
+        .unwrap_or_default();
+    Some(Response {
+        status,
+        location,
+        content_length,
+        body,
+    })
 }
 
 /// kubelet's probe and hook TLS: certificates are not verified, handshake signatures are.

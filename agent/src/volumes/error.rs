@@ -218,6 +218,15 @@ pub enum SetUpError {
         #[source]
         source: io::Error,
     },
+    /// Giving the volume to the pod's `fsGroup` (group owner, mode) failed.
+    #[error("setting the fsGroup ownership of {}: {source}", path.display())]
+    Ownership {
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
     /// Writing the volume's files failed.
     #[error("writing {}: {source}", path.display())]
     Write {

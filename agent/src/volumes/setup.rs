@@ -3,7 +3,7 @@
 
 use std::fs;
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use ironlet_cgroups::CgroupOptions;
@@ -29,6 +29,8 @@ enum Plan {
         medium: Medium,
         size_limit_bytes: Option<u64>,
         mode: u32,
+        /// The pod's `fsGroup`: owns the directory, which gets the setgid bit.
+        group: Option<u32>,
     },
     /// A host path to check (and maybe create).
     HostPath { path: String, type_: Option<String> },
@@ -106,6 +108,7 @@ async fn plan(ctx: &PayloadContext<'_>, volume: &Volume) -> Result<Plan, SetUpEr
             medium,
             size_limit_bytes,
             mode: mode_or(empty_dir.mode, EMPTY_DIR_MODE),
+            group: fs_group(ctx.pod),
         });
     }
     if let Some(host) = &volume.host_path {
@@ -256,9 +259,13 @@ fn apply(volumes_dir: &Path, name: &str, plan: Plan) -> Result<VolumeInfo, SetUp
             medium,
             size_limit_bytes,
             mode,
+            group,
         } => {
             let path = dir_of(VolumePlugin::EmptyDir);
             ensure_dir(&path, mode, medium)?;
+            if let Some(gid) = group {
+                set_fs_group(&path, gid)?;
+            }
             Ok(VolumeInfo {
                 plugin: VolumePlugin::EmptyDir,
                 path,
@@ -294,6 +301,24 @@ fn apply(volumes_dir: &Path, name: &str, plan: Plan) -> Result<VolumeInfo, SetUp
             })
         }
     }
+}
+
+/// kubelet's `SetVolumeOwnership` on a writable volume's (new, empty) directory: group owner
+/// `gid`, and `rw` plus `x` for the owner and the group and the setgid bit added to its mode,
+/// so that what the containers create in it belongs to the group too.
+fn set_fs_group(path: &Path, gid: u32) -> Result<(), SetUpError> {
+    const DIR_MASK: u32 = 0o2770;
+    let ownership_err = |source: io::Error| SetUpError::Ownership {
+        path: path.to_path_buf(),
+        source,
+    };
+    std::os::unix::fs::lchown(path, None, Some(gid)).map_err(ownership_err)?;
+    let mode = fs::symlink_metadata(path).map_err(ownership_err)?.mode() & 0o7777;
+    if mode & DIR_MASK != DIR_MASK {
+        fs::set_permissions(path, fs::Permissions::from_mode(mode | DIR_MASK))
+            .map_err(ownership_err)?;
+    }
+    Ok(())
 }
 
 /// Creates `path` with `mode` if missing, and mounts its tmpfs if it is memory-backed and

@@ -153,8 +153,13 @@ impl NodeSyncer {
             .join("containers")
             .join(&container.name);
         let file = dir.join(ContainerId::random().short());
+        // 0666 whatever the umask, as kubelet makes it: a non-root container writes it too.
         std::fs::create_dir_all(&dir)
             .and_then(|()| std::fs::write(&file, b""))
+            .and_then(|()| {
+                use std::os::unix::fs::PermissionsExt as _;
+                std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o666))
+            })
             .map_err(|e| {
                 SyncError::new(
                     "CreateContainerConfigError",

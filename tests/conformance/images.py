@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""The test images of the e2e suite, as OCI layouts, for scripts/conformance.
+
+Usage: tests/conformance/images.py OUT_DIR BIN_DIR
+
+BIN_DIR holds the static `agnhost` and `nnp` binaries built from the k8s.io/kubernetes
+module (test/images/agnhost, test/images/nonewprivs) and agnhost's `localhost.crt` and
+`localhost.key` (test/images/agnhost/porter). Each image is an equivalent of the
+upstream one under the name test/utils/image/manifest.go gives it, built with images/build's
+layer writer on its busybox layer (Debian's busybox-static):
+
+  e2e-test-images/agnhost:2.66.1, :2.55  busybox + /agnhost (+ /agnhost-2, /uploads,
+                                         /localhost.crt and .key), a curl on busybox wget,
+                                         user-defined-in-image (1000) / group 50000;
+                                         ENTRYPOINT /agnhost, CMD pause (as upstream)
+  pause:3.10.2                           the agnhost layers, ENTRYPOINT /agnhost pause
+  e2e-test-images/busybox:1.37.0-2       busybox, CMD sh
+  e2e-test-images/nginx:1.27.0-2, 1.28.0-2  busybox; busybox httpd on port 80 in the foreground
+  e2e-test-images/nonroot:1.5            busybox, USER 1234
+  e2e-test-images/nonewprivs:1.4         busybox + setuid-root /usr/local/bin/nnp, CMD nnp
+
+Prints one line per image: LAYOUT_DIR REPOSITORY:TAG (the part after the registry).
+"""
+import importlib.machinery
+import importlib.util
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BUILD = os.path.join(os.path.dirname(os.path.dirname(HERE)), "images", "build")
+
+
+# upstream's agnhost image has curl (alpine's); the suite runs `curl -g -q -s [-i] [-o FILE]
+# [-w %{http_code}] [--max-time N] [--connect-timeout N] URL` in it. This is that subset on
+# busybox wget.
+CURL = rb"""#!/bin/sh
+# curl, the subset of its options the e2e suite uses, on busybox wget (tests/conformance/images.py)
+out=- fmt= timeout= headers= url=
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -o) out=$2; shift ;;
+    -w) fmt=$2; shift ;;
+    -m|--max-time) timeout=$2; shift ;;
+    --connect-timeout) shift ;;
+    -i) headers=1 ;;
+    -*) ;;
+    *) url=$1 ;;
+  esac
+  shift
+done
+err=$(mktemp)
+if [ -n "$headers" ] && [ "$out" = - ]; then
+  body=$(wget -S -q -O - ${timeout:+-T "$timeout"} "$url" 2>"$err"); rc=$?
+  sed -n 's/^  //p' "$err"; echo; printf '%s' "$body"
+else
+  wget -S -q -O "$out" ${timeout:+-T "$timeout"} "$url" 2>"$err"; rc=$?
+fi
+code=$(sed -n 's/.*HTTP\/[0-9.]* \([0-9][0-9][0-9]\).*/\1/p' "$err" | tail -n 1)
+rm -f "$err"
+[ -n "$fmt" ] && printf '%s' "$(printf '%s' "$fmt" | sed "s/%{http_code}/${code:-000}/")"
+[ -n "$code" ] && exit 0
+exit 7
+"""
+
+
+def load_build():
+    loader = importlib.machinery.SourceFileLoader("images_build", BUILD)
+    spec = importlib.util.spec_from_loader("images_build", loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def main():
+    if len(sys.argv) != 3:
+        sys.exit("usage: images.py OUT_DIR BIN_DIR")
+    out, bins = (os.path.abspath(a) for a in sys.argv[1:])
+    b = load_build()
+    os.makedirs(out, exist_ok=True)
+
+    base = b.busybox_layer()
+    # upstream's agnhost image adds this user and group (alpine's adduser/addgroup)
+    passwd = base.entries["etc/passwd"][2] + b"user-defined-in-image:x:1000:1000::/home/app:/bin/sh\n"
+    group = base.entries["etc/group"][2] + b"group-defined-in-image:x:50000:user-defined-in-image\n"
+    agnhost = b.Layer()
+    agnhost.dir("etc")
+    agnhost.file("etc/passwd", passwd)
+    agnhost.file("etc/group", group)
+    agnhost.file("agnhost", open(os.path.join(bins, "agnhost"), "rb").read(), 0o755)
+    agnhost.symlink("agnhost-2", "agnhost")
+    agnhost.dir("uploads")
+    for d in ["usr", "usr/local", "usr/local/bin"]:
+        agnhost.dir(d)
+    agnhost.file("usr/local/bin/curl", CURL, 0o755)
+    # the TLS pair of agnhost's porter, which HTTPS probes and hooks serve with
+    for name in ["localhost.crt", "localhost.key"]:
+        agnhost.file(name, open(os.path.join(bins, name), "rb").read())
+    nnp = b.Layer()
+    for d in ["usr", "usr/local", "usr/local/bin"]:
+        nnp.dir(d)
+    nnp.file("usr/local/bin/nnp", open(os.path.join(bins, "nnp"), "rb").read(), 0o4755)
+
+    def config(**kw):
+        c = {"Env": b.ENV, "WorkingDir": "/"}
+        c.update(kw)
+        return c
+
+    images = [
+        ("agnhost", [base, agnhost], config(Entrypoint=["/agnhost"], Cmd=["pause"]),
+         ["e2e-test-images/agnhost:2.66.1", "e2e-test-images/agnhost:2.55"]),
+        ("pause", [base, agnhost], config(Entrypoint=["/agnhost", "pause"]), ["pause:3.10.2"]),
+        ("busybox", [base], config(Cmd=["sh"]), ["e2e-test-images/busybox:1.37.0-2"]),
+        ("nginx", [base], config(Cmd=["httpd", "-f", "-p", "80", "-h", "/var/www"]),
+         ["e2e-test-images/nginx:1.27.0-2", "e2e-test-images/nginx:1.28.0-2"]),
+        ("nonroot", [base], config(Cmd=["sh"], User="1234"), ["e2e-test-images/nonroot:1.5"]),
+        ("nonewprivs", [base, nnp], config(Cmd=["nnp"]), ["e2e-test-images/nonewprivs:1.4"]),
+    ]
+    for name, layers, cfg, refs in images:
+        layout = os.path.join(out, name)
+        b.build_image(out, name, layers, config=cfg, archives=False)
+        for ref in refs:
+            print(layout, ref)
+
+
+if __name__ == "__main__":
+    main()
