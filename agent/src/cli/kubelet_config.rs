@@ -731,7 +731,6 @@ mod tests {
             config.unsupported(),
             vec![
                 "failSwapOn",
-                "imageGCHighThresholdPercent",
                 "authentication.webhook.cacheTTL",
                 "authorization.mode=AlwaysAllow",
                 "cgroupDriver=systemd",
@@ -744,7 +743,7 @@ mod tests {
             .map(|e| format!("{e:#}"))
             .unwrap_or_default();
         assert!(err.contains("failSwapOn"), "{err}");
-        assert!(err.contains("imageGCHighThresholdPercent"), "{err}");
+        assert!(err.contains("cgroupDriver=systemd"), "{err}");
         assert!(err.contains("config.yaml"), "names the file: {err}");
         Ok(())
     }

@@ -108,7 +108,9 @@ async fn plan(ctx: &PayloadContext<'_>, volume: &Volume) -> Result<Plan, SetUpEr
             medium,
             size_limit_bytes,
             mode: mode_or(empty_dir.mode, EMPTY_DIR_MODE),
-            group: fs_group(ctx.pod),
+            // Rootless, the agent cannot give a directory to another group (the fsGroup is
+            // a subordinate id); the emptyDir stays world-writable (EMPTY_DIR_MODE) instead.
+            group: fs_group(ctx.pod).filter(|_| !rootless),
         });
     }
     if let Some(host) = &volume.host_path {
