@@ -5,7 +5,10 @@
 //! `--previous` after a restart; a follower that goes away leaves no reader behind;
 //! `kubectl exec` (streams, exit code, stdin, `kubectl cp` both ways, a container that exits
 //! under it, a client killed mid-exec leaves no process) through the WebSocket the API
-//! server proxies to the node (`ExtendWebSocketsToKubelet`); and the node itself refuses requests without credentials (401), with a token whose user has no
+//! server proxies to the node (`ExtendWebSocketsToKubelet`); a raw WebSocket exec through
+//! `kubectl proxy` with the older `channel.k8s.io` and `base64.channel.k8s.io` (the
+//! conformance spec's protocols): `cat /etc/resolv.conf` on channel 1, a failure's message
+//! as text on channel 3, then the Close; and the node itself refuses requests without credentials (401), with a token whose user has no
 //! RBAC for `nodes/proxy` (403, then allowed once it has), and with a client certificate
 //! from another CA (handshake refused). The resource endpoints through the API server's node
 //! proxy: `/stats/summary` shows a pod holding 40 MiB with at least that working set and a
@@ -96,6 +99,10 @@ const TESTS: &[SuiteTest<Env>] = &[
     (
         "exec_on_the_node_is_refused_without_credentials_401_and_without_rbac_403",
         exec_refused,
+    ),
+    (
+        "exec_over_channel_k8s_io_and_base64_sends_stdout_on_channel_1_then_closes",
+        exec_websocket_v1,
     ),
     (
         "the_node_refuses_no_credentials_401_a_token_without_rbac_403_and_allows_it_with_rbac",
@@ -911,6 +918,153 @@ fn exec_refused(env: &Env) -> Result<()> {
     let name = "kapi-exec-refused";
     let path = format!("/exec/default/{name}/main?command=true&stdout=1");
     refused_401_403(env, name, &path, "v5.channel.k8s.io", "kapi-exec-nobody")
+}
+
+/// `kubectl proxy` on a free loopback port, exec and attach allowed (its default refuses
+/// them); killed on drop.
+struct KubectlProxy {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl KubectlProxy {
+    fn start(env: &Env) -> Result<Self> {
+        let child = env
+            .plane
+            .kubectl_command()
+            .args(["proxy", "--port=0", "--reject-paths=^$"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting kubectl proxy")?;
+        let mut proxy = Self { child, port: 0 };
+        let stdout = proxy
+            .child
+            .stdout
+            .take()
+            .context("kubectl proxy's stdout")?;
+        // "Starting to serve on 127.0.0.1:PORT"
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line)?;
+        proxy.port = line
+            .trim()
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .with_context(|| format!("kubectl proxy said {line:?}"))?;
+        Ok(proxy)
+    }
+}
+
+impl Drop for KubectlProxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The messages of an exec of `command` in `pod`'s container `main` over a WebSocket
+/// offering only `protocol`, through `kubectl proxy` and the API server, as (channel,
+/// data) with the base64 codec decoded; and whether the server ended with a Close frame.
+async fn websocket_exec(
+    port: u16,
+    pod: &str,
+    protocol: &str,
+    command: &[&str],
+) -> Result<(Vec<(u8, Vec<u8>)>, bool)> {
+    use base64::Engine;
+    use futures_util::StreamExt;
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    use tokio_tungstenite::tungstenite::http::HeaderValue;
+    use tokio_tungstenite::tungstenite::Message;
+
+    let mut query = String::from("container=main&stdout=1&stderr=1");
+    for word in command {
+        query.push_str("&command=");
+        for byte in word.bytes() {
+            if byte.is_ascii_alphanumeric() || b"-._~/".contains(&byte) {
+                query.push(char::from(byte));
+            } else {
+                query.push_str(&format!("%{byte:02X}"));
+            }
+        }
+    }
+    let url = format!("ws://127.0.0.1:{port}/api/v1/namespaces/default/pods/{pod}/exec?{query}");
+    let mut request = url.into_client_request()?;
+    request
+        .headers_mut()
+        .insert("Sec-WebSocket-Protocol", HeaderValue::from_str(protocol)?);
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    let (mut ws, response) = tokio_tungstenite::client_async(request, tcp)
+        .await
+        .with_context(|| format!("WebSocket exec with {protocol}"))?;
+    let chosen = response.headers().get("Sec-WebSocket-Protocol");
+    assert_eq!(chosen.and_then(|v| v.to_str().ok()), Some(protocol));
+    let base64 = protocol.contains("base64");
+    let mut messages = Vec::new();
+    let mut closed = false;
+    let read = async {
+        while let Some(message) = ws.next().await {
+            let data: Vec<u8> = match message? {
+                Message::Binary(data) if !base64 => data.into(),
+                Message::Text(text) if base64 => {
+                    let (digit, encoded) = text.split_at(1);
+                    let mut data = vec![digit.as_bytes()[0].wrapping_sub(b'0')];
+                    base64::engine::general_purpose::STANDARD.decode_vec(encoded, &mut data)?;
+                    data
+                }
+                Message::Close(_) => {
+                    closed = true;
+                    break;
+                }
+                other => bail!("unexpected message {other:?} with {protocol}"),
+            };
+            if let Some((&channel, rest)) = data.split_first() {
+                messages.push((channel, rest.to_vec()));
+            }
+        }
+        Ok(())
+    };
+    tokio::time::timeout(Duration::from_secs(30), read)
+        .await
+        .context("the exec did not end")??;
+    Ok((messages, closed))
+}
+
+/// The conformance spec "Pods should support remote command execution over websockets":
+/// `channel.k8s.io` forwarded by the API server to the node unchanged.
+fn exec_websocket_v1(env: &Env) -> Result<()> {
+    let name = "kapi-exec-v1";
+    let proxy = KubectlProxy::start(env)?;
+    with_pod(env, name, SLEEPER, "Never", |_pods| async move {
+        let want = kubectl_with_stdin(env, &["exec", name, "--", "cat", "/etc/resolv.conf"], b"")?;
+        assert!(want.status.success(), "{want:?}");
+        assert!(String::from_utf8_lossy(&want.stdout).contains("nameserver"));
+        for protocol in ["channel.k8s.io", "base64.channel.k8s.io"] {
+            let cat = ["cat", "/etc/resolv.conf"];
+            let (messages, closed) = websocket_exec(proxy.port, name, protocol, &cat).await?;
+            assert!(closed, "{protocol}: the server closes the connection");
+            let channels: Vec<u8> = messages.iter().map(|(c, _)| *c).collect();
+            assert!(channels.iter().all(|&c| c == 1), "{protocol}: {messages:?}");
+            let stdout: Vec<u8> = messages.iter().flat_map(|(_, d)| d.clone()).collect();
+            assert_eq!(stdout, want.stdout, "{protocol}: stdout");
+            // v1 has no status JSON: a failure is its message as text on channel 3.
+            let fail = ["sh", "-c", "echo bye >&2; exit 3"];
+            let (messages, closed) = websocket_exec(proxy.port, name, protocol, &fail).await?;
+            assert!(closed, "{protocol}: the server closes the connection");
+            let status = "command terminated with non-zero exit code: exit status 3";
+            assert!(
+                messages.contains(&(2, b"bye\n".to_vec())),
+                "{protocol}: {messages:?}"
+            );
+            assert_eq!(
+                messages.last(),
+                Some(&(3, status.as_bytes().to_vec())),
+                "{protocol}"
+            );
+        }
+        Ok(())
+    })
 }
 
 /// A WebSocket upgrade of `path` (offering `protocol`) straight to the node, for a pod

@@ -17,10 +17,18 @@
 //! `kubectl exec` takes its own exit code. A client that goes away (Close frame, error, EOF)
 //! ends the session, which kills the process ([`ExecSession`] does on drop).
 //!
+//! The older protocols kubelet still serves (`k8s.io/kubelet/pkg/cri/streaming/remotecommand/
+//! websocket.go`): `channel.k8s.io` (v1) frames the same way but has no status JSON: the
+//! error channel carries nothing on success, else the failure's message as plain text; the
+//! `base64.` variants (`base64.channel.k8s.io`, `v4.base64.channel.k8s.io`) send each
+//! message as text, the channel as an ASCII digit then the data in base64, both ways.
+//!
 //! No tty: a request with `tty=1` is refused (400) rather than served without one.
 
 use std::time::Duration;
 
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine;
 use futures_util::{SinkExt, StreamExt};
 use ironlet_runtime::types::{ExecReader, ExecSession};
 use serde_json::{json, Value};
@@ -55,22 +63,45 @@ const READ_CHUNK: usize = 32 * 1024;
 pub enum Protocol {
     V5,
     V4,
+    V4Base64,
+    V1,
+    V1Base64,
 }
 
 impl Protocol {
+    const SERVED: [Self; 5] = [Self::V5, Self::V4, Self::V4Base64, Self::V1, Self::V1Base64];
+
     pub fn name(self) -> &'static str {
         match self {
             Self::V5 => "v5.channel.k8s.io",
             Self::V4 => "v4.channel.k8s.io",
+            Self::V4Base64 => "v4.base64.channel.k8s.io",
+            Self::V1 => "channel.k8s.io",
+            Self::V1Base64 => "base64.channel.k8s.io",
         }
     }
 
     /// The best protocol of a `Sec-WebSocket-Protocol` list, if any is served.
     pub fn negotiate(offered: &str) -> Option<Self> {
         let offered: Vec<&str> = offered.split(',').map(str::trim).collect();
-        [Self::V5, Self::V4]
+        Self::SERVED
             .into_iter()
             .find(|p| offered.contains(&p.name()))
+    }
+
+    /// Text messages with the channel as a digit and base64 data (wsstream's base64 codec).
+    pub fn base64(self) -> bool {
+        matches!(self, Self::V4Base64 | Self::V1Base64)
+    }
+
+    /// v4 and later: the error channel carries a `metav1.Status`; v1 plain text.
+    pub fn status_json(self) -> bool {
+        matches!(self, Self::V5 | Self::V4 | Self::V4Base64)
+    }
+
+    /// The names served, for the refusal's message.
+    fn served_names() -> String {
+        Self::SERVED.map(Self::name).join(" ")
     }
 }
 
@@ -132,9 +163,8 @@ pub fn upgrade_response(request: &Request) -> Result<(Vec<u8>, Protocol), String
     let offered = request.header("sec-websocket-protocol").unwrap_or("");
     let protocol = Protocol::negotiate(offered).ok_or_else(|| {
         format!(
-            "requested protocol(s) are not supported: {offered:?}; supports [{} {}]",
-            Protocol::V5.name(),
-            Protocol::V4.name()
+            "requested protocol(s) are not supported: {offered:?}; supports [{}]",
+            Protocol::served_names()
         )
     })?;
     let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
@@ -152,6 +182,36 @@ pub fn frame(channel: u8, data: &[u8]) -> Vec<u8> {
     out.push(channel);
     out.extend_from_slice(data);
     out
+}
+
+/// One message to the client in `protocol`'s encoding.
+pub fn message(protocol: Protocol, channel: u8, data: &[u8]) -> Message {
+    if protocol.base64() {
+        let digit = char::from(b'0'.wrapping_add(channel));
+        Message::text(format!("{digit}{}", BASE64.encode(data)))
+    } else {
+        Message::binary(frame(channel, data))
+    }
+}
+
+/// A client's message as channel byte and data (the base64 codec decoded); `None` for one
+/// that carries none (ping, pong, frame), `Err` for base64 that does not decode (wsstream
+/// ends the connection).
+fn inbound_bytes(protocol: Protocol, message: Message) -> Result<Option<Vec<u8>>, ()> {
+    let data: Vec<u8> = match message {
+        Message::Binary(data) => data.into(),
+        Message::Text(text) if protocol.base64() => text.as_bytes().to_vec(),
+        _ => return Ok(None),
+    };
+    if !protocol.base64() {
+        return Ok(Some(data));
+    }
+    let Some((&digit, encoded)) = data.split_first() else {
+        return Ok(None);
+    };
+    let mut out = vec![digit.wrapping_sub(b'0')];
+    BASE64.decode_vec(encoded, &mut out).map_err(|_| ())?;
+    Ok(Some(out))
 }
 
 /// What one binary message from the client means.
@@ -240,10 +300,10 @@ where
     } else {
         ERROR
     };
-    let _ = tx.send(Message::binary(frame(ready, &[]))).await;
+    let _ = tx.send(message(protocol, ready, &[])).await;
     let code = match start.await {
-        Err(message) => {
-            send_status(&tx, &internal_error(&message)).await;
+        Err(error) => {
+            send_status(&tx, protocol, &internal_error(&error)).await;
             None
         }
         Ok(session) => run(session, protocol, opts, &tx, &mut source).await,
@@ -253,10 +313,17 @@ where
     code
 }
 
-async fn send_status(tx: &mpsc::Sender<Message>, status: &Value) {
-    let _ = tx
-        .send(Message::binary(frame(ERROR, status.to_string().as_bytes())))
-        .await;
+/// The status on the error channel: the `metav1.Status` (v4, v5); v1 sends nothing for
+/// success and the message as text for a failure (kubelet's `v1WriteStatusFunc`).
+async fn send_status(tx: &mpsc::Sender<Message>, protocol: Protocol, status: &Value) {
+    let payload = if protocol.status_json() {
+        status.to_string()
+    } else if status["status"] == "Success" {
+        return;
+    } else {
+        status["message"].as_str().unwrap_or_default().to_owned()
+    };
+    let _ = tx.send(message(protocol, ERROR, payload.as_bytes())).await;
 }
 
 type Source<S> = futures_util::stream::SplitStream<WebSocketStream<S>>;
@@ -282,8 +349,8 @@ where
     let client = read_client(source, protocol, stdin);
     let outputs = async {
         tokio::join!(
-            pump(stdout, STDOUT, opts.stdout.then_some(tx)),
-            pump(stderr, STDERR, opts.stderr.then_some(tx)),
+            pump(stdout, protocol, STDOUT, opts.stdout.then_some(tx)),
+            pump(stderr, protocol, STDERR, opts.stderr.then_some(tx)),
         )
     };
     let finished = async {
@@ -303,8 +370,11 @@ where
     tokio::select! {
         code = finished => {
             match code {
-                Some(code) => send_status(tx, &exit_status(code)).await,
-                None => send_status(tx, &internal_error("the exit status of the process was lost")).await,
+                Some(code) => send_status(tx, protocol, &exit_status(code)).await,
+                None => {
+                    let lost = internal_error("the exit status of the process was lost");
+                    send_status(tx, protocol, &lost).await
+                }
             }
             code
         }
@@ -326,9 +396,12 @@ async fn read_client<S>(
 {
     while let Some(message) = source.next().await {
         let data = match message {
-            Ok(Message::Binary(data)) => data,
             Ok(Message::Close(_)) | Err(_) => return,
-            Ok(_) => continue,
+            Ok(message) => match inbound_bytes(protocol, message) {
+                Ok(Some(data)) => data,
+                Ok(None) => continue,
+                Err(()) => return,
+            },
         };
         match parse_inbound(protocol, &data) {
             Inbound::Stdin(bytes) => {
@@ -352,7 +425,12 @@ async fn read_client<S>(
 
 /// Copies one output of the process to the client on `channel` (or discards it when the
 /// client did not ask for it), until end-of-file or the client is gone.
-async fn pump(mut from: ExecReader, channel: u8, to: Option<&mpsc::Sender<Message>>) {
+async fn pump(
+    mut from: ExecReader,
+    protocol: Protocol,
+    channel: u8,
+    to: Option<&mpsc::Sender<Message>>,
+) {
     let mut buf = vec![0u8; READ_CHUNK];
     loop {
         let n = match from.read(&mut buf).await {
@@ -361,7 +439,7 @@ async fn pump(mut from: ExecReader, channel: u8, to: Option<&mpsc::Sender<Messag
         };
         if let Some(tx) = to {
             if tx
-                .send(Message::binary(frame(channel, &buf[..n])))
+                .send(message(protocol, channel, &buf[..n]))
                 .await
                 .is_err()
             {
@@ -376,7 +454,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn negotiation_prefers_v5_then_v4_and_refuses_others() {
+    fn negotiation_prefers_v5_then_v4_then_v1_and_refuses_others() {
         assert_eq!(
             Protocol::negotiate("v4.channel.k8s.io, v5.channel.k8s.io"),
             Some(Protocol::V5)
@@ -385,7 +463,20 @@ mod tests {
             Protocol::negotiate("v4.channel.k8s.io,channel.k8s.io"),
             Some(Protocol::V4)
         );
-        assert_eq!(Protocol::negotiate("base64.channel.k8s.io"), None);
+        assert_eq!(
+            Protocol::negotiate("base64.channel.k8s.io, channel.k8s.io"),
+            Some(Protocol::V1)
+        );
+        assert_eq!(
+            Protocol::negotiate("base64.channel.k8s.io"),
+            Some(Protocol::V1Base64)
+        );
+        assert_eq!(
+            Protocol::negotiate("v4.base64.channel.k8s.io"),
+            Some(Protocol::V4Base64)
+        );
+        // v2 and v3 are SPDY-only versions; kubelet serves none of them over WebSocket.
+        assert_eq!(Protocol::negotiate("v3.channel.k8s.io"), None);
         assert_eq!(Protocol::negotiate(""), None);
     }
 
@@ -409,6 +500,61 @@ mod tests {
     fn frames_carry_the_channel_byte_first() {
         assert_eq!(frame(STDOUT, b"hi"), b"\x01hi");
         assert_eq!(frame(ERROR, b""), b"\x03");
+    }
+
+    #[test]
+    fn each_protocol_frames_binary_or_as_a_digit_and_base64_text() {
+        for protocol in [Protocol::V5, Protocol::V4, Protocol::V1] {
+            assert_eq!(
+                message(protocol, STDOUT, b"nameserver"),
+                Message::binary(b"\x01nameserver".to_vec()),
+                "{protocol:?}"
+            );
+        }
+        for protocol in [Protocol::V1Base64, Protocol::V4Base64] {
+            // "hi\n" is aGkK in base64; an empty message is the digit alone.
+            assert_eq!(message(protocol, STDERR, b"hi\n"), Message::text("2aGkK"));
+            assert_eq!(message(protocol, STDOUT, b""), Message::text("1"));
+        }
+    }
+
+    #[test]
+    fn inbound_messages_decode_per_protocol() {
+        let binary = Message::binary(b"\x00data".to_vec());
+        assert_eq!(
+            inbound_bytes(Protocol::V1, binary.clone()),
+            Ok(Some(b"\x00data".to_vec()))
+        );
+        // A binary protocol carries no text; a base64 one takes both.
+        assert_eq!(
+            inbound_bytes(Protocol::V1, Message::text("0ZGF0YQ==")),
+            Ok(None)
+        );
+        assert_eq!(
+            inbound_bytes(Protocol::V1Base64, Message::text("0ZGF0YQ==")),
+            Ok(Some(b"\x00data".to_vec()))
+        );
+        assert_eq!(
+            inbound_bytes(Protocol::V1Base64, Message::binary(b"4e30=".to_vec())),
+            Ok(Some(b"\x04{}".to_vec()))
+        );
+        assert_eq!(
+            inbound_bytes(Protocol::V1Base64, Message::text("")),
+            Ok(None)
+        );
+        assert_eq!(
+            inbound_bytes(Protocol::V1Base64, Message::text("0not base64!")),
+            Err(())
+        );
+        assert_eq!(
+            inbound_bytes(Protocol::V5, Message::Ping(vec![].into())),
+            Ok(None)
+        );
+        // v1 has no close signal either.
+        assert_eq!(
+            parse_inbound(Protocol::V1, &[CLOSE, STDIN]),
+            Inbound::Ignored
+        );
     }
 
     #[test]
@@ -490,7 +636,7 @@ mod tests {
             ("Connection", "keep-alive, Upgrade"),
             ("Upgrade", "websocket"),
             ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="),
-            ("Sec-WebSocket-Protocol", "base64.channel.k8s.io"),
+            ("Sec-WebSocket-Protocol", "v2.channel.k8s.io"),
         ]));
         assert!(unknown.is_err());
     }
@@ -541,8 +687,21 @@ mod session_tests {
     where
         F: std::future::Future<Output = Result<ExecSession, String>> + Send + 'static,
     {
+        connect_with(Protocol::V5, start).await
+    }
+
+    async fn connect_with<F>(
+        protocol: Protocol,
+        start: F,
+    ) -> (
+        WebSocketStream<tokio::io::DuplexStream>,
+        tokio::task::JoinHandle<Option<i32>>,
+    )
+    where
+        F: std::future::Future<Output = Result<ExecSession, String>> + Send + 'static,
+    {
         let (server, client) = duplex(64 * 1024);
-        let served = tokio::spawn(async move { serve(server, Protocol::V5, &opts(), start).await });
+        let served = tokio::spawn(async move { serve(server, protocol, &opts(), start).await });
         let ws = WebSocketStream::from_raw_socket(client, Role::Client, None).await;
         (ws, served)
     }
@@ -634,5 +793,131 @@ mod session_tests {
         let status: Value = serde_json::from_slice(&last[1..]).expect("status json");
         assert_eq!(status, internal_error("container is Exited"));
         assert_eq!(served.await.expect("serve task"), None);
+    }
+
+    /// Every text message until the server's Close, decoded: channel digit, base64 data.
+    async fn receive_all_base64(
+        ws: &mut WebSocketStream<tokio::io::DuplexStream>,
+    ) -> (Vec<Vec<u8>>, Option<CloseFrame>) {
+        let mut received = Vec::new();
+        while let Some(Ok(message)) = ws.next().await {
+            match message {
+                Message::Text(text) => {
+                    let (digit, data) = text.split_at(1);
+                    let mut decoded = vec![digit.as_bytes()[0] - b'0'];
+                    BASE64
+                        .decode_vec(data, &mut decoded)
+                        .expect("base64 from the server");
+                    received.push(decoded);
+                }
+                Message::Close(frame) => return (received, frame),
+                _ => {}
+            }
+        }
+        (received, None)
+    }
+
+    #[tokio::test]
+    async fn v1_carries_stdin_and_stdout_in_binary_frames() {
+        let killed = Arc::new(AtomicBool::new(false));
+        let session = cat_session(killed);
+        let (mut ws, served) = connect_with(Protocol::V1, async { Ok(session) }).await;
+        ws.send(Message::binary(frame(STDIN, b"nameserver 10.0.0.10\n")))
+            .await
+            .expect("send stdin");
+        // v1 has no close signal for stdin: the client leaves once it saw the echo.
+        let first = ws.next().await.expect("ready").expect("ready message");
+        assert_eq!(first, Message::binary(vec![STDOUT]), "ready signal first");
+        let echoed = ws.next().await.expect("stdout").expect("stdout message");
+        assert_eq!(
+            echoed,
+            Message::binary(frame(STDOUT, b"nameserver 10.0.0.10\n"))
+        );
+        drop(ws);
+        assert_eq!(served.await.expect("serve task"), None);
+    }
+
+    #[tokio::test]
+    async fn v1_status_is_nothing_on_success_and_plain_text_on_failure() {
+        for (code, want) in [
+            (0, None),
+            (
+                3,
+                Some("command terminated with non-zero exit code: exit status 3"),
+            ),
+        ] {
+            let (mut ws, served) =
+                connect_with(
+                    Protocol::V1,
+                    async move { Ok(exiting_session(b"out\n", code)) },
+                )
+                .await;
+            let (received, close) = receive_all(&mut ws).await;
+            assert_eq!(close.map(|f| f.code), Some(CloseCode::Normal));
+            assert_eq!(received.first(), Some(&vec![STDOUT]), "ready signal first");
+            assert!(received.contains(&frame(STDOUT, b"out\n")), "{received:?}");
+            let errors: Vec<&Vec<u8>> = received.iter().filter(|m| m[0] == ERROR).collect();
+            match want {
+                None => assert!(errors.is_empty(), "success sends no status: {errors:?}"),
+                Some(text) => assert_eq!(errors, [&frame(ERROR, text.as_bytes())]),
+            }
+            assert_eq!(served.await.expect("serve task"), Some(code));
+        }
+    }
+
+    #[tokio::test]
+    async fn base64_sends_text_messages_and_reads_base64_stdin() {
+        let killed = Arc::new(AtomicBool::new(false));
+        let session = cat_session(killed);
+        let (mut ws, served) = connect_with(Protocol::V1Base64, async { Ok(session) }).await;
+        // "0" + base64("hello"): stdin.
+        ws.send(Message::text("0aGVsbG8="))
+            .await
+            .expect("send stdin");
+        let first = ws.next().await.expect("ready").expect("ready message");
+        assert_eq!(first, Message::text("1"), "ready signal first");
+        let echoed = ws.next().await.expect("stdout").expect("stdout message");
+        assert_eq!(echoed, Message::text("1aGVsbG8="));
+        drop(ws);
+        assert_eq!(served.await.expect("serve task"), None);
+
+        let (mut ws, served) = connect_with(Protocol::V1Base64, async {
+            Ok(exiting_session(b"nameserver 1.1.1.1\n", 3))
+        })
+        .await;
+        let (received, close) = receive_all_base64(&mut ws).await;
+        assert_eq!(close.map(|f| f.code), Some(CloseCode::Normal));
+        assert_eq!(
+            received,
+            [
+                vec![STDOUT],
+                frame(STDOUT, b"nameserver 1.1.1.1\n"),
+                frame(
+                    ERROR,
+                    b"command terminated with non-zero exit code: exit status 3"
+                ),
+            ]
+        );
+        assert_eq!(served.await.expect("serve task"), Some(3));
+    }
+
+    /// A session whose process writes `out` on stdout and exits with `code`.
+    fn exiting_session(out: &'static [u8], code: i32) -> ExecSession {
+        let (_stdin_w, _stdin_r) = duplex(16);
+        let (mut stdout_w, stdout_r) = duplex(1024);
+        let (stderr_w, stderr_r) = duplex(16);
+        let (code_tx, code_rx) = oneshot::channel();
+        tokio::spawn(async move {
+            let _ = stdout_w.write_all(out).await;
+            drop(stdout_w);
+            drop(stderr_w);
+            let _ = code_tx.send(code);
+        });
+        ExecSession {
+            stdin: None,
+            stdout: Box::new(stdout_r),
+            stderr: Box::new(stderr_r),
+            exit: ExecExit::new(code_rx, || {}),
+        }
     }
 }
