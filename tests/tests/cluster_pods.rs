@@ -214,6 +214,36 @@ async fn event_about(
     .await
 }
 
+/// `pod` (phase Failed) has `reason` and `message` in its status, and an event of
+/// `event_type` with that reason and message was recorded about it.
+async fn ensure_failed_by_node(
+    pod: &Pod,
+    events: &Api<Event>,
+    reason: &str,
+    event_type: &str,
+    message: &str,
+) -> Result<()> {
+    let status = pod.status.clone().unwrap_or_default();
+    anyhow::ensure!(
+        status.reason.as_deref() == Some(reason) && status.message.as_deref() == Some(message),
+        "reason {:?}, message {:?}",
+        status.reason,
+        status.message
+    );
+    let name = pod.metadata.name.as_deref().unwrap_or_default();
+    let event = event_about(events, name, &format!("the {reason} event"), |e| {
+        e.reason.as_deref() == Some(reason)
+    })
+    .await?;
+    anyhow::ensure!(
+        event.type_.as_deref() == Some(event_type) && event.message.as_deref() == Some(message),
+        "event {:?}: {:?}",
+        event.type_,
+        event.message
+    );
+    Ok(())
+}
+
 /// Whether a process whose command line contains `needle` exists.
 fn process_running(needle: &str) -> bool {
     let Ok(entries) = std::fs::read_dir("/proc") else {
@@ -626,24 +656,7 @@ fn empty_dir_eviction(env: &Env) -> Result<()> {
         )?]);
         create(&pods, &pod).await?;
         let failed = wait_phase(&pods, "fills-disk", "Failed").await?;
-        let status = failed.status.clone().unwrap_or_default();
-        anyhow::ensure!(
-            status.reason.as_deref() == Some("Evicted")
-                && status.message.as_deref() == Some(MESSAGE),
-            "reason {:?}, message {:?}",
-            status.reason,
-            status.message
-        );
-        let event = event_about(&events, "fills-disk", "the Evicted event", |e| {
-            e.reason.as_deref() == Some("Evicted")
-        })
-        .await?;
-        anyhow::ensure!(
-            event.type_.as_deref() == Some("Warning") && event.message.as_deref() == Some(MESSAGE),
-            "event {:?}: {:?}",
-            event.type_,
-            event.message
-        );
+        ensure_failed_by_node(&failed, &events, "Evicted", "Warning", MESSAGE).await?;
         eventually("the container stopped", Duration::from_secs(30), || async {
             Ok((!process_running("sleep 3606")).then_some(()))
         })
@@ -693,24 +706,7 @@ fn active_deadline_shortened(env: &Env) -> Result<()> {
             Ok((phase(&pod) == "Failed").then_some(pod))
         })
         .await?;
-        let status = failed.status.clone().unwrap_or_default();
-        anyhow::ensure!(
-            status.reason.as_deref() == Some("DeadlineExceeded")
-                && status.message.as_deref() == Some(MESSAGE),
-            "reason {:?}, message {:?}",
-            status.reason,
-            status.message
-        );
-        let event = event_about(&events, "deadline", "the DeadlineExceeded event", |e| {
-            e.reason.as_deref() == Some("DeadlineExceeded")
-        })
-        .await?;
-        anyhow::ensure!(
-            event.type_.as_deref() == Some("Normal") && event.message.as_deref() == Some(MESSAGE),
-            "event {:?}: {:?}",
-            event.type_,
-            event.message
-        );
+        ensure_failed_by_node(&failed, &events, "DeadlineExceeded", "Normal", MESSAGE).await?;
         eventually("the container stopped", Duration::from_secs(15), || async {
             Ok((!process_running("sleep 3609")).then_some(()))
         })
