@@ -856,3 +856,69 @@ spec:
         "the host's value changed"
     );
 }
+
+const DEADLINE: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: deadline, namespace: default}
+spec:
+  activeDeadlineSeconds: 3
+  terminationGracePeriodSeconds: 2
+  containers:
+  - name: sleeper
+    image: busybox
+    command: [sleep, "3600"]
+"#;
+
+#[test]
+fn a_pod_past_its_active_deadline_ends_failed_with_deadline_exceeded_and_stops() {
+    if !support::is_root() {
+        return;
+    }
+    let agent = Agent::start();
+    agent.write_manifest("deadline.yaml", DEADLINE);
+    agent.wait_pod("deadline", "Running", Duration::from_secs(30), |p| {
+        phase(p) == "Running"
+    });
+    let running = Instant::now();
+    let pod = agent.wait_pod("deadline", "Failed", Duration::from_secs(15), |p| {
+        phase(p) == "Failed"
+    });
+    let status = pod.status.clone().expect("status");
+    assert_eq!(status.reason.as_deref(), Some("DeadlineExceeded"));
+    assert_eq!(
+        status.message.as_deref(),
+        Some("Pod was active on the node longer than the specified deadline")
+    );
+    // Started at most a second or two before it was seen running; ended at its deadline,
+    // not at the next periodic resync (a minute).
+    assert!(
+        running.elapsed() < Duration::from_secs(6),
+        "failed {:?} after running",
+        running.elapsed()
+    );
+    agent.wait_until(
+        "the pod's container is gone",
+        Duration::from_secs(10),
+        |a| a.processes_in_tree().is_empty(),
+    );
+    assert!(
+        agent
+            .log()
+            .lines()
+            .any(|l| l.contains("DeadlineExceeded")
+                && l.contains("longer than the specified deadline")),
+        "no DeadlineExceeded event in the log"
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let after = agent
+        .pod("deadline")
+        .expect("the failed pod is still listed");
+    assert_eq!(phase(&after), "Failed");
+    assert_eq!(restart_count(&after, "sleeper"), 0);
+    assert!(
+        agent.processes_in_tree().is_empty(),
+        "a pod past its deadline is not restarted"
+    );
+    agent.remove_manifest("deadline.yaml");
+}

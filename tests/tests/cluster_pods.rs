@@ -6,7 +6,8 @@
 //! deleted with the manifest); a pod waiting for a missing ConfigMap gets an event and starts
 //! once it exists; pods keep running through a 60 s apiserver outage (SIGSTOP) and status
 //! converges within 10 s after it; a pod filling its emptyDir beyond `sizeLimit` is evicted;
-//! a non-root container writes its termination message at a custom path.
+//! a non-root container writes its termination message at a custom path; a running pod whose
+//! `activeDeadlineSeconds` is shortened ends `DeadlineExceeded`.
 //!
 //! One control plane and one agent (node `e2e-cluster-<pid>`) serve every test of this
 //! binary; the tests use distinct pod names. Needs root (containers, cgroups, CNI).
@@ -17,7 +18,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use ironlet_e2e::{block_on, eventually, is_selected, ClusterAgent, ControlPlane};
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Node, Pod};
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::Client;
 use libtest_mimic::{Arguments, Failed, Trial};
 use serde_json::json;
@@ -77,6 +78,10 @@ const TESTS: &[(&str, TestFn)] = &[
     (
         "a_non_root_container_writes_its_termination_message_at_a_custom_path",
         non_root_termination_message,
+    ),
+    (
+        "a_running_pod_whose_active_deadline_is_shortened_ends_deadline_exceeded",
+        active_deadline_shortened,
     ),
 ];
 
@@ -207,6 +212,36 @@ async fn event_about(
         Ok(list.items.into_iter().find(|e| matches(e)))
     })
     .await
+}
+
+/// `pod` (phase Failed) has `reason` and `message` in its status, and an event of
+/// `event_type` with that reason and message was recorded about it.
+async fn ensure_failed_by_node(
+    pod: &Pod,
+    events: &Api<Event>,
+    reason: &str,
+    event_type: &str,
+    message: &str,
+) -> Result<()> {
+    let status = pod.status.clone().unwrap_or_default();
+    anyhow::ensure!(
+        status.reason.as_deref() == Some(reason) && status.message.as_deref() == Some(message),
+        "reason {:?}, message {:?}",
+        status.reason,
+        status.message
+    );
+    let name = pod.metadata.name.as_deref().unwrap_or_default();
+    let event = event_about(events, name, &format!("the {reason} event"), |e| {
+        e.reason.as_deref() == Some(reason)
+    })
+    .await?;
+    anyhow::ensure!(
+        event.type_.as_deref() == Some(event_type) && event.message.as_deref() == Some(message),
+        "event {:?}: {:?}",
+        event.type_,
+        event.message
+    );
+    Ok(())
 }
 
 /// Whether a process whose command line contains `needle` exists.
@@ -621,24 +656,7 @@ fn empty_dir_eviction(env: &Env) -> Result<()> {
         )?]);
         create(&pods, &pod).await?;
         let failed = wait_phase(&pods, "fills-disk", "Failed").await?;
-        let status = failed.status.clone().unwrap_or_default();
-        anyhow::ensure!(
-            status.reason.as_deref() == Some("Evicted")
-                && status.message.as_deref() == Some(MESSAGE),
-            "reason {:?}, message {:?}",
-            status.reason,
-            status.message
-        );
-        let event = event_about(&events, "fills-disk", "the Evicted event", |e| {
-            e.reason.as_deref() == Some("Evicted")
-        })
-        .await?;
-        anyhow::ensure!(
-            event.type_.as_deref() == Some("Warning") && event.message.as_deref() == Some(MESSAGE),
-            "event {:?}: {:?}",
-            event.type_,
-            event.message
-        );
+        ensure_failed_by_node(&failed, &events, "Evicted", "Warning", MESSAGE).await?;
         eventually("the container stopped", Duration::from_secs(30), || async {
             Ok((!process_running("sleep 3606")).then_some(()))
         })
@@ -658,6 +676,43 @@ fn empty_dir_eviction(env: &Env) -> Result<()> {
         );
         pods.delete("fills-disk", &DeleteParams::default()).await?;
         wait_gone(&pods, "fills-disk", Duration::from_secs(30)).await
+    })
+}
+
+/// The conformance spec "Pods should allow activeDeadlineSeconds to be updated": a running
+/// pod's deadline patched from 300 s to 2 s ends it with kubelet's `DeadlineExceeded`.
+fn active_deadline_shortened(env: &Env) -> Result<()> {
+    const MESSAGE: &str = "Pod was active on the node longer than the specified deadline";
+    block_on(async {
+        let client = admin(env).await?;
+        let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+        let events: Api<Event> = Api::namespaced(client, "default");
+        let mut pod = busybox_pod(
+            "deadline",
+            &env.agent.node_name,
+            &["sleep", "3609"],
+            "Always",
+        )?;
+        let spec = pod.spec.as_mut().context("pod spec")?;
+        spec.active_deadline_seconds = Some(300);
+        spec.termination_grace_period_seconds = Some(2);
+        create(&pods, &pod).await?;
+        wait_phase(&pods, "deadline", "Running").await?;
+        let patch = json!({ "spec": { "activeDeadlineSeconds": 2 } });
+        pods.patch("deadline", &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        let failed = eventually("pod deadline Failed", Duration::from_secs(20), || async {
+            let pod = pods.get("deadline").await?;
+            Ok((phase(&pod) == "Failed").then_some(pod))
+        })
+        .await?;
+        ensure_failed_by_node(&failed, &events, "DeadlineExceeded", "Normal", MESSAGE).await?;
+        eventually("the container stopped", Duration::from_secs(15), || async {
+            Ok((!process_running("sleep 3609")).then_some(()))
+        })
+        .await?;
+        pods.delete("deadline", &DeleteParams::default()).await?;
+        wait_gone(&pods, "deadline", Duration::from_secs(30)).await
     })
 }
 

@@ -44,6 +44,8 @@ pub mod reason {
     pub const ERR_IMAGE_NEVER_PULL: &str = "ErrImageNeverPull";
     /// The eviction manager evicted the pod (kubelet's `eviction.Reason`).
     pub const EVICTED: &str = "Evicted";
+    /// The pod ran past its `activeDeadlineSeconds` (kubelet's active deadline handler).
+    pub const DEADLINE_EXCEEDED: &str = crate::kubelet::active_deadline::REASON;
     /// Image GC could not free enough (a Node event).
     pub const FREE_DISK_SPACE_FAILED: &str = "FreeDiskSpaceFailed";
     /// Image GC failed twice in a row (a Node event).

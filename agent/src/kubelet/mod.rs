@@ -12,6 +12,7 @@
 //! runtime ([`Kubelet::start_with_api`] also joins a cluster: see [`crate::apiserver`]);
 //! [`Kubelet::run`] is the loop and returns when the shutdown future completes.
 
+pub mod active_deadline;
 pub mod config;
 pub mod container_config;
 pub mod container_gc;

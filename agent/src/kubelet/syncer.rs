@@ -15,6 +15,7 @@ use ironlet_runtime::types::{ContainerId, ContainerState, PodSandboxConfig, PodS
 use ironlet_runtime::{ImageService, Runtime};
 use k8s_openapi::api::core::v1::Pod;
 
+use super::active_deadline::{self, Deadline};
 use super::config::KubeletConfig;
 use super::events::{reason, EventRecorder, EventType};
 use super::status_store::StatusStore;
@@ -187,6 +188,26 @@ impl NodeSyncer {
         self.lock_evictions().get(uid).cloned()
     }
 
+    /// kubelet's active deadline handler: the event, the status from now on (phase Failed,
+    /// `DeadlineExceeded`); the worker then kills the pod with its grace period.
+    fn deadline_exceeded(&self, pod: &Arc<Pod>, runtime: &PodStatus) {
+        tracing::info!(pod = %pod_full_name(pod), pod_uid = %pod_uid(pod), "pod exceeded its active deadline");
+        self.record_eviction(
+            pod_uid(pod),
+            active_deadline::REASON,
+            active_deadline::MESSAGE.into(),
+            false,
+        );
+        self.event(
+            pod,
+            EventType::Normal,
+            reason::DEADLINE_EXCEEDED,
+            active_deadline::MESSAGE.into(),
+        );
+        self.probes.remove_pod(pod_uid(pod));
+        self.record_status(pod, runtime, &StatusLifecycle::Active);
+    }
+
     /// Forgets the eviction of a pod that is gone.
     pub(crate) fn forget_eviction(&self, uid: &str) {
         self.lock_evictions().remove(uid);
@@ -212,7 +233,15 @@ impl PodSyncer for NodeSyncer {
             self.probes.remove_pod(pod_uid(pod));
             return Ok(SyncOutcome::Terminal);
         }
-        let result = self.sync_running_pod(pod, &cached.status).await;
+        let deadline = active_deadline::check(pod, api.start_time.as_ref(), SystemTime::now());
+        if deadline == Deadline::Exceeded {
+            self.deadline_exceeded(pod, &cached.status);
+            return Ok(SyncOutcome::Terminal);
+        }
+        let result = self
+            .sync_running_pod(pod, &cached.status)
+            .await
+            .map(|outcome| resync_at_deadline(outcome, deadline));
         let fresh = self.runtime_status(pod, Instant::now()).await?;
         self.update_probes(pod, &fresh.status);
         self.record_status(pod, &fresh.status, &StatusLifecycle::Active);
@@ -394,6 +423,16 @@ impl NodeSyncer {
         }
         self.lock_waiting().insert(uid.to_owned(), waiting);
         Ok(SyncOutcome::Running { resync_after })
+    }
+}
+
+/// Syncs a running pod again no later than its active deadline (kubelet enqueues it then).
+fn resync_at_deadline(outcome: SyncOutcome, deadline: Deadline) -> SyncOutcome {
+    match (outcome, deadline) {
+        (SyncOutcome::Running { resync_after }, Deadline::In(left)) => SyncOutcome::Running {
+            resync_after: Some(resync_after.map_or(left, |r| r.min(left))),
+        },
+        (outcome, _) => outcome,
     }
 }
 
