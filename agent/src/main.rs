@@ -19,7 +19,9 @@ fn main() -> ExitCode {
         // A reader that stops early (`| head -1`) is normal: see cli::output.
         Err(err) if cli::output::is_stdout_closed(&err) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("ironlet: {}", error_chain(&err));
+            // Not `eprintln!`: with stderr's reader gone it would panic (status 101).
+            use std::io::Write as _;
+            let _ = writeln!(std::io::stderr(), "ironlet: {}", error_chain(&err));
             ExitCode::from(1)
         }
     }
@@ -60,5 +62,9 @@ fn init_logging(verbose: u8) {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // A failed log write (stderr's reader gone: `ironlet -v ctr run … 2>&1 | head`) is
+        // dropped; reporting it would `eprintln!` into the same closed pipe and panic, which
+        // killed `ctr run` before its `--rm` clean-up.
+        .log_internal_errors(false)
         .init();
 }

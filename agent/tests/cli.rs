@@ -557,6 +557,47 @@ fn ctr_run_rm_leaves_nothing(
 }
 
 #[test]
+fn ctr_run_rm_cleans_up_and_does_not_panic_when_the_reader_of_its_log_output_goes_away() {
+    if !is_root() {
+        return;
+    }
+    let node = Node::new();
+    let name = format!("epipe-{}", std::process::id());
+    let mut cmd = node.cmd(&[
+        "ctr", "run", "--rm", "--name", &name, "busybox", "--", "true",
+    ]);
+    // Debug logs into a pipe whose reader is gone before the first line.
+    let (reader, writer) = std::io::pipe().expect("pipe");
+    drop(reader);
+    let out = cmd
+        .env("IRONLET_LOG", "debug")
+        .stderr(writer)
+        .output()
+        .expect("run ironlet");
+    // The zygote's workers still die by SIGPIPE when they log into the closed pipe, so the
+    // run itself may fail (status 1); it must not panic (101) nor leave anything behind.
+    assert!(
+        matches!(out.status.code(), Some(0 | 1)),
+        "exit {:?}",
+        out.status
+    );
+    for dir in ["containers", "sandboxes", "libcontainer"] {
+        let left: Vec<_> = std::fs::read_dir(node.root.path().join(dir))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert!(left.is_empty(), "{dir} left: {left:?}");
+    }
+    assert_eq!(
+        ctr_log_dirs(std::path::Path::new("/var/log/pods"), &name),
+        Vec::<String>::new(),
+        "the log directory was left"
+    );
+}
+
+#[test]
 fn ctr_run_rm_removes_everything_the_container_had_as_root() {
     if !is_root() {
         return;
