@@ -12,7 +12,6 @@
 //! mount namespace with that directory covered — the same layout for all three.
 
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
@@ -20,8 +19,8 @@ use ironlet_runtime::zygote::{Event, ZygoteClient};
 use tokio::sync::mpsc;
 
 use ironlet_bench::peer_bundle::{
-    cgroup_parents, external, make_bundle, private_cgroup_layout, remove_new_cgroup_parents,
-    work_dir,
+    cgroup_parents, external, installed_peers, make_bundle, private_cgroup_layout,
+    remove_new_cgroup_parents, work_dir,
 };
 use ironlet_bench::stats::ms;
 
@@ -60,19 +59,13 @@ async fn run(zygote: ironlet_runtime::zygote::ZygoteHandle, iterations: usize) -
     let state_root = work.path().join("state");
     std::fs::create_dir_all(&state_root)?;
 
+    let installed = installed_peers();
     let mut peers: Vec<(&str, Option<&str>)> = vec![("ironlet (in-process)", None)];
-    let wanted = std::env::var("BENCH_PEERS").unwrap_or_else(|_| "crun,runc".into());
-    for bin in wanted.split(',').filter(|b| !b.is_empty()) {
-        if Command::new(bin)
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success())
-        {
-            peers.push((bin, Some(bin)));
-        } else {
-            eprintln!("{bin} not installed: skipped");
-        }
-    }
+    peers.extend(
+        installed
+            .iter()
+            .map(|bin| (bin.as_str(), Some(bin.as_str()))),
+    );
     let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); peers.len()];
     // Warm-up, then interleave so drift hits every runtime alike.
     for round in 0..iterations + 3 {

@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use anyhow::{ensure, Context, Result};
 
 use ironlet_bench::peer_bundle::{
-    cgroup_parents, external, make_bundle, private_cgroup_layout, remove_new_cgroup_parents,
-    repo_root, work_dir,
+    cgroup_parents, external, installed_peers, make_bundle, private_cgroup_layout,
+    remove_new_cgroup_parents, repo_root, work_dir,
 };
 use ironlet_bench::stats::{ms, percentile};
 
@@ -62,17 +62,8 @@ fn measure(ironlet: &Path, iterations: usize) -> Result<()> {
     rt.block_on(make_bundle(work.path()))?;
 
     let mut runners: Vec<(String, Option<String>)> = vec![("ironlet ctr run --rm".into(), None)];
-    let wanted = std::env::var("BENCH_PEERS").unwrap_or_else(|_| "crun,runc".into());
-    for bin in wanted.split(',').filter(|b| !b.is_empty()) {
-        if Command::new(bin)
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success())
-        {
-            runners.push((format!("{bin} run"), Some(bin.to_owned())));
-        } else {
-            eprintln!("{bin} not installed: skipped");
-        }
+    for bin in installed_peers() {
+        runners.push((format!("{bin} run"), Some(bin)));
     }
     let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); runners.len()];
     for round in 0..iterations + WARM_UP {

@@ -100,6 +100,27 @@ pub async fn make_bundle(dir: &Path) -> Result<PathBuf> {
     Ok(bundle)
 }
 
+/// The peer runtimes `BENCH_PEERS` names (default `crun,runc`; empty: none) that are
+/// installed; the missing ones are reported and skipped.
+pub fn installed_peers() -> Vec<String> {
+    let wanted = std::env::var("BENCH_PEERS").unwrap_or_else(|_| "crun,runc".into());
+    wanted
+        .split(',')
+        .filter(|b| !b.is_empty())
+        .filter(|bin| {
+            let found = Command::new(bin)
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success());
+            if !found {
+                eprintln!("{bin} not installed: skipped");
+            }
+            found
+        })
+        .map(str::to_owned)
+        .collect()
+}
+
 /// `<bin> --root <work>/<bin>-root run --bundle <bundle> <id>`, timed; fails unless it exits 0.
 pub fn external(bin: &str, id: &str, bundle: &Path, work: &Path) -> Result<Duration> {
     let root = work.join(format!("{bin}-root"));
