@@ -114,11 +114,13 @@ impl ImageStore {
         // the bytes came and do not match the digest, that is the error to report (a
         // dropped connection, with bytes missing, keeps its own error).
         let mut t = tee.into_inner();
+        // The rest of the stream goes into the blob's hash before it is taken (taken
+        // first, the hash would cover only what the unpacker had read when it failed).
+        // oci-client ends a mismatching stream with an error of its own: ignore it here.
+        let _ = drain(&mut t);
         let Some(blob) = t.blob.take() else {
             return Err(err);
         };
-        // oci-client ends a mismatching stream with an error of its own: ignore it here.
-        let _ = drain(&mut t);
         let (actual, size) = blob.discard();
         let exp = expected();
         if &actual != exp.digest && exp.size == Some(size) {
