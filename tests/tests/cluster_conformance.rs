@@ -19,7 +19,10 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use ironlet_e2e::{block_on, eventually, run_suite, ClusterAgent, ControlPlane, SuiteTest};
+use ironlet_e2e::{
+    block_on, create_pod as create, eventually, pod_condition as condition, run_suite,
+    ClusterAgent, ControlPlane, SuiteTest,
+};
 use k8s_openapi::api::core::v1::{ContainerStatus, Event, Pod, Service};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::Client;
@@ -66,23 +69,6 @@ fn start() -> Result<Env> {
 
 async fn admin(env: &Env) -> Result<Client> {
     env.plane.admin_client().await
-}
-
-/// Creates `pod`, retrying while the namespace's default ServiceAccount does not exist yet.
-async fn create(pods: &Api<Pod>, pod: &Pod) -> Result<()> {
-    eventually("the pod is created", Duration::from_secs(30), || async {
-        pods.create(&PostParams::default(), pod).await?;
-        Ok(Some(()))
-    })
-    .await
-}
-
-fn condition(pod: &Pod, type_: &str) -> Option<String> {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|c| c.iter().find(|c| c.type_ == type_))
-        .map(|c| c.status.clone())
 }
 
 /// Waits until `check` holds for the pod, returning it.
@@ -408,48 +394,42 @@ async fn not_ready_while_terminating(
 }
 
 fn terminating_readiness(env: &Env) -> Result<()> {
-    const NAME: &str = "svcenv-term";
-    block_on(async {
-        let client = admin(env).await?;
-        let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
-        let events: Api<Event> = Api::namespaced(client, "default");
-        let pod: Pod = serde_json::from_value(json!({
-            "metadata": { "name": NAME, "namespace": "default" },
-            "spec": {
-                "nodeName": env.agent.node_name,
-                "terminationGracePeriodSeconds": 30,
-                "containers": [container("slow", SLOW_TERM, probes())],
-            },
-        }))?;
-        create(&pods, &pod).await?;
-        not_ready_while_terminating(&pods, &events, NAME).await
-    })
+    let containers = json!({ "containers": [container("slow", SLOW_TERM, probes())] });
+    terminating_pod(env, "svcenv-term", containers)
 }
 
 fn terminating_sidecar_readiness(env: &Env) -> Result<()> {
-    const NAME: &str = "svcenv-term-sidecar";
+    let mut sidecar = probes();
+    if let Some(fields) = sidecar.as_object_mut() {
+        fields.insert("restartPolicy".into(), json!("Always"));
+    }
+    let main = "trap 'exit 0' TERM; while true; do sleep 1; done";
+    let containers = json!({
+        "initContainers": [container("slow", SLOW_TERM, sidecar)],
+        "containers": [container("main", main, json!({}))],
+    });
+    terminating_pod(env, "svcenv-term-sidecar", containers)
+}
+
+/// Runs pod `name` with these containers (one of them `slow`) and a 30 s grace period,
+/// then [`not_ready_while_terminating`].
+fn terminating_pod(env: &Env, name: &str, containers: serde_json::Value) -> Result<()> {
     block_on(async {
         let client = admin(env).await?;
         let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
         let events: Api<Event> = Api::namespaced(client, "default");
-        let mut sidecar = probes();
-        if let Some(fields) = sidecar.as_object_mut() {
-            fields.insert("restartPolicy".into(), json!("Always"));
+        let mut spec = json!({
+            "nodeName": env.agent.node_name,
+            "terminationGracePeriodSeconds": 30,
+        });
+        if let (Some(spec), Some(containers)) = (spec.as_object_mut(), containers.as_object()) {
+            spec.extend(containers.clone());
         }
         let pod: Pod = serde_json::from_value(json!({
-            "metadata": { "name": NAME, "namespace": "default" },
-            "spec": {
-                "nodeName": env.agent.node_name,
-                "terminationGracePeriodSeconds": 30,
-                "initContainers": [container("slow", SLOW_TERM, sidecar)],
-                "containers": [container(
-                    "main",
-                    "trap 'exit 0' TERM; while true; do sleep 1; done",
-                    json!({}),
-                )],
-            },
+            "metadata": { "name": name, "namespace": "default" },
+            "spec": spec,
         }))?;
         create(&pods, &pod).await?;
-        not_ready_while_terminating(&pods, &events, NAME).await
+        not_ready_while_terminating(&pods, &events, name).await
     })
 }
