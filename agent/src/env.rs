@@ -10,6 +10,9 @@
 //!    `valueFrom` — `fieldRef` ([`fieldpath`]), `resourceFieldRef` ([`resource`]),
 //!    `configMapKeyRef`, `secretKeyRef`.
 //!
+//! Service link variables ([`services`]) come last, for names not defined above; `$(VAR)` in
+//! `env` values also resolves to them (kubelet's mapping: env first, then services).
+//!
 //! A missing ConfigMap/Secret or key fails the container (the pod worker reports
 //! `CreateContainerConfigError` with [`EnvError::message`], kubelet's text) unless the
 //! reference is `optional`, in which case it contributes nothing. A lookup that fails for
@@ -18,8 +21,9 @@
 //! Guarantees: every name appears once in the result, at the position of its first
 //! definition, with its last value (kubelet returns map order; the values are the same).
 //!
-//! Current behaviour: service link variables (`<SVC>_SERVICE_HOST`…) are not added (no
-//! service source yet); Secret values that are not UTF-8 are converted lossily; `fileKeyRef`
+//! An API pod waits up to [`SERVICES_SYNC_WAIT`] for the Service cache's first list and fails
+//! with kubelet's "services have not yet been read at least once" if it does not come (a
+//! static pod takes what is there). Current behaviour: Secret values that are not UTF-8 are converted lossily; `fileKeyRef`
 //! is refused. For hostNetwork pods the caller passes the host IP as `pod_ip`.
 
 use std::collections::HashMap;
@@ -31,10 +35,15 @@ use crate::objects::{ObjectError, ObjectSource};
 pub mod expand;
 pub mod fieldpath;
 pub mod resource;
+pub mod services;
 
 pub use expand::{expand, expand_command_and_args, expand_strict, expand_with, MissingVariables};
 pub use fieldpath::{FieldPathError, PodRuntimeFields};
 pub use resource::{Allocatable, ResourceFieldError};
+pub use services::{service_env, ServiceLister};
+
+/// How long an API pod's container start waits for the Service cache's first list.
+pub const SERVICES_SYNC_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// What [`container_env`] needs besides the pod: where objects come from and the facts about
 /// the node and the pod's network that are not in the pod object.
@@ -42,6 +51,8 @@ pub use resource::{Allocatable, ResourceFieldError};
 pub struct EnvContext<'a> {
     /// ConfigMaps and Secrets.
     pub objects: &'a dyn ObjectSource,
+    /// Services, for the service link variables; `None`: no API server, no variables.
+    pub services: Option<&'a dyn ServiceLister>,
     /// This node's name (`spec.nodeName` when the pod has none).
     pub node_name: &'a str,
     /// The pod's IP (`status.podIP`); the host IP for hostNetwork pods.
@@ -138,6 +149,9 @@ pub enum EnvErrorKind {
     /// A `resourceFieldRef` has no value.
     #[error(transparent)]
     ResourceField(#[from] ResourceFieldError),
+    /// The Service cache has not completed its first list (an API pod's start waits for it).
+    #[error("services have not yet been read at least once, cannot construct envvars")]
+    ServicesNotSynced,
     /// `valueFrom.fileKeyRef` (alpha EnvFiles) is not implemented.
     #[error("fileKeyRef is not supported")]
     FileKeyRef,
@@ -236,6 +250,11 @@ pub async fn container_env(
         variable: variable.map(str::to_owned),
         kind,
     };
+    let service_vars: HashMap<String, String> = pod_service_env(pod, namespace, ctx)
+        .await
+        .map_err(|kind| fail(None, kind))?
+        .into_iter()
+        .collect();
 
     for source in container.env_from.iter().flatten() {
         let prefix = source.prefix.as_deref().unwrap_or_default();
@@ -293,7 +312,10 @@ pub async fn container_env(
     for var in container.env.iter().flatten() {
         let value = var.value.as_deref().unwrap_or_default();
         let resolved = if !value.is_empty() {
-            Some(expand_with(value, |name| env.get(name)))
+            Some(expand_with(value, |name| {
+                env.get(name)
+                    .or_else(|| service_vars.get(name).map(String::as_str))
+            }))
         } else if let Some(from) = &var.value_from {
             value_from(from, pod, container, ctx, &mut objects)
                 .await
@@ -306,7 +328,40 @@ pub async fn container_env(
             env.set(var.name.clone(), resolved);
         }
     }
+    // Sorted, so that a container's environment does not change with map order.
+    let mut service_vars: Vec<(String, String)> = service_vars.into_iter().collect();
+    service_vars.sort();
+    for (name, value) in service_vars {
+        if env.get(&name).is_none() {
+            env.set(name, value);
+        }
+    }
     Ok(env.vars)
+}
+
+/// The pod's service link variables (kubelet's `getServiceEnvVarMap`).
+async fn pod_service_env(
+    pod: &Pod,
+    namespace: &str,
+    ctx: &EnvContext<'_>,
+) -> Result<Vec<(String, String)>, EnvErrorKind> {
+    let Some(services) = ctx.services else {
+        return Ok(Vec::new());
+    };
+    let wait = if crate::config::is_static_pod(pod) {
+        std::time::Duration::ZERO
+    } else {
+        SERVICES_SYNC_WAIT
+    };
+    if !services.wait_synced(wait).await && !crate::config::is_static_pod(pod) {
+        return Err(EnvErrorKind::ServicesNotSynced);
+    }
+    let links = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.enable_service_links)
+        .unwrap_or(true);
+    Ok(service_env(&services.list(), namespace, links))
 }
 
 /// Resolves one `valueFrom`; `Ok(None)` when an optional reference is absent.

@@ -31,6 +31,7 @@
 
 mod columns;
 mod conditions;
+pub use conditions::{needs_readiness_reconcile, written_by_kubelet};
 mod containers;
 mod phase;
 #[cfg(test)]

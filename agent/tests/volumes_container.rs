@@ -219,6 +219,7 @@ async fn run(runtime: &LocalRuntime, root: &Path) -> Result<()> {
     let pod_volumes = volumes.setup_pod_volumes(pod, &allocatable).await?;
     let ctx = EnvContext {
         objects: objects.as_ref(),
+        services: None,
         node_name: NODE,
         pod_ip: None,
         host_ip: None,

@@ -6,12 +6,15 @@
 //! * [`ClusterAgent`]: a real `ironlet run --kubeconfig` joined to it.
 //! * [`eventually`]: poll until a condition holds, failing with what was awaited.
 //! * [`run_suite`]: the `main` of a test binary sharing one environment.
+//! * [`create_pod`], [`pod_condition`]: pod helpers.
 
 mod agent;
 mod controlplane;
+mod pods;
 mod suite;
 
 pub use agent::{images_out, ironlet_binary, routable_host_ip, ClusterAgent};
 
 pub use controlplane::{client_from_kubeconfig, describe, eventually, script_down, ControlPlane};
+pub use pods::{create_pod, pod_condition};
 pub use suite::{block_on, is_selected, run_suite, SuiteTest};

@@ -16,7 +16,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use ironlet_e2e::{block_on, eventually, is_selected, ClusterAgent, ControlPlane};
+use ironlet_e2e::{
+    block_on, create_pod as create, eventually, is_selected, ClusterAgent, ControlPlane,
+};
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::Client;
@@ -161,16 +163,6 @@ fn busybox_pod(name: &str, node: &str, command: &[&str], restart: &str) -> Resul
             }],
         },
     }))?)
-}
-
-/// Creates `pod`, retrying while the namespace's default ServiceAccount does not exist yet
-/// (the ServiceAccount admission plugin rejects pods until the controller manager made it).
-async fn create(pods: &Api<Pod>, pod: &Pod) -> Result<()> {
-    eventually("the pod is created", Duration::from_secs(30), || async {
-        pods.create(&PostParams::default(), pod).await?;
-        Ok(Some(()))
-    })
-    .await
 }
 
 fn phase(pod: &Pod) -> &str {

@@ -1,6 +1,6 @@
 //! The agent's link to the API server (issue 4): the pod watch feeding the pod config
-//! merger, the status manager (statuses, mirror pods, deletion finalization), pod events and
-//! ConfigMaps/Secrets for API pods.
+//! merger, the status manager (statuses, mirror pods, deletion finalization), pod events,
+//! ConfigMaps/Secrets for API pods and the Service cache behind service link variables.
 //!
 //! ```text
 //!  watch pods spec.nodeName=<node> ──► PodConfig (ConfigSource::Api) ──► sync loop
@@ -15,9 +15,11 @@
 mod events;
 mod objects;
 mod pod_source;
+mod services;
 mod status_manager;
 
 pub use events::{pod_event, ApiRecorder};
 pub use objects::{ApiObjectSource, LayeredObjects, CACHE_TTL};
 pub use pod_source::run_pod_source;
+pub use services::ApiServices;
 pub use status_manager::{mirror_pod, ApiCommand, StatusManager, MIRROR_DEBOUNCE, RETRY_PERIOD};

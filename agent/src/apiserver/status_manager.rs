@@ -2,10 +2,13 @@
 //! and deletion finalization: one task that writes what the agent knows back to the API.
 //!
 //! Guarantees:
-//! * Statuses from the [`StatusStore`] are patched (`pods/<name>/status`, a merge patch
-//!   carrying `metadata.uid` as precondition) only when they differ from the last status
+//! * Statuses from the [`StatusStore`] are patched (`pods/<name>/status`, a strategic merge
+//!   patch carrying `metadata.uid` as precondition) only when they differ from the last status
 //!   this manager wrote for that pod object; a failed patch is retried every
 //!   [`RETRY_PERIOD`]. Changes that arrive together go out together (one pass per wake-up).
+//! * Only the conditions the kubelet writes are in a patch, merged by type: a condition a
+//!   client set (a readiness gate's) is never overwritten or removed, even when the agent's
+//!   copy of the pod is older than the client's write ([`status_patch`]).
 //! * A static pod's status goes to its mirror pod; until the mirror exists it waits.
 //! * [`ApiCommand::Finalize`]: the pod's final status is flushed, then the pod is deleted
 //!   with grace 0 and a UID precondition (a re-created pod of the same name is untouched).
@@ -158,12 +161,13 @@ impl StatusManager {
             return;
         }
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &target.namespace);
-        let patch = serde_json::json!({
-            "metadata": { "uid": target.uid },
-            "status": status,
-        });
+        let patch = status_patch(&target.uid, &status);
         match api
-            .patch_status(&target.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .patch_status(
+                &target.name,
+                &PatchParams::default(),
+                &Patch::Strategic(&patch),
+            )
             .await
         {
             Ok(_) => {
@@ -295,6 +299,36 @@ impl StatusManager {
     }
 }
 
+/// The strategic merge patch writing `status` to the pod with UID `uid`: `conditions` (merged
+/// by `type`) holds only the conditions the kubelet writes, each with `reason`, `message` and
+/// `lastProbeTime` it lacks set to null (so that a stale one is removed); the other
+/// conditions are left as the API has them.
+fn status_patch(uid: &str, status: &PodStatus) -> serde_json::Value {
+    let mut status = status.clone();
+    let conditions = status.conditions.take().unwrap_or_default();
+    let mut value = serde_json::to_value(&status).unwrap_or_default();
+    let conditions: Vec<serde_json::Value> = conditions
+        .into_iter()
+        .filter(|c| crate::status::written_by_kubelet(&c.type_))
+        .map(|c| {
+            let mut c = serde_json::to_value(c).unwrap_or_default();
+            if let Some(fields) = c.as_object_mut() {
+                for field in ["reason", "message", "lastProbeTime"] {
+                    fields.entry(field).or_insert(serde_json::Value::Null);
+                }
+            }
+            c
+        })
+        .collect();
+    if let Some(fields) = value.as_object_mut() {
+        fields.insert("conditions".into(), conditions.into());
+    }
+    serde_json::json!({
+        "metadata": { "uid": uid },
+        "status": value,
+    })
+}
+
 /// kubelet's mirror pod of `static_pod`: same name, namespace, labels, annotations and spec;
 /// `config.mirror` = the static pod's hash; owned by the Node.
 pub fn mirror_pod(static_pod: &Pod, hash: &str, node_name: &str, node_uid: &str) -> Pod {
@@ -330,6 +364,41 @@ pub fn mirror_pod(static_pod: &Pod, hash: &str, node_name: &str, node_uid: &str)
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::core::v1::PodCondition;
+
+    #[test]
+    fn a_status_patch_carries_only_kubelet_conditions_and_clears_their_stale_fields() {
+        let status = PodStatus {
+            phase: Some("Running".into()),
+            conditions: Some(vec![
+                PodCondition {
+                    type_: "example.com/gate".into(),
+                    status: "False".into(),
+                    ..PodCondition::default()
+                },
+                PodCondition {
+                    type_: "Ready".into(),
+                    status: "True".into(),
+                    ..PodCondition::default()
+                },
+            ]),
+            ..PodStatus::default()
+        };
+        let patch = status_patch("u1", &status);
+        assert_eq!(patch["metadata"]["uid"], "u1");
+        assert_eq!(patch["status"]["phase"], "Running");
+        let conditions = patch["status"]["conditions"].as_array().cloned();
+        assert_eq!(
+            conditions,
+            Some(vec![serde_json::json!({
+                "type": "Ready",
+                "status": "True",
+                "reason": null,
+                "message": null,
+                "lastProbeTime": null,
+            })])
+        );
+    }
 
     #[test]
     fn a_mirror_pod_carries_the_hash_and_is_owned_by_the_node() {

@@ -112,6 +112,7 @@ async fn env_of(container: Container, objects: &Fake) -> Result<Vec<(String, Str
     let p = pod(vec![container.clone()]);
     let ctx = EnvContext {
         objects,
+        services: None,
         node_name: "node-a",
         pod_ip: Some("10.1.0.7"),
         host_ip: Some("192.168.0.2"),
@@ -339,4 +340,113 @@ fn env_var_names_follow_the_relaxed_rule() {
     assert!(!is_env_var_name("a=b"));
     assert!(!is_env_var_name("tab\t"));
     assert!(!is_env_var_name("é"));
+}
+
+/// A Service cache with fixed contents.
+struct FakeServices {
+    services: Vec<std::sync::Arc<k8s_openapi::api::core::v1::Service>>,
+    synced: bool,
+}
+
+#[async_trait]
+impl ServiceLister for FakeServices {
+    fn list(&self) -> Vec<std::sync::Arc<k8s_openapi::api::core::v1::Service>> {
+        self.services.clone()
+    }
+
+    async fn wait_synced(&self, _: std::time::Duration) -> bool {
+        self.synced
+    }
+}
+
+async fn env_with_services(
+    container: Container,
+    services: &FakeServices,
+) -> Result<Vec<(String, String)>, EnvError> {
+    let p = pod(vec![container.clone()]);
+    let objects = Fake::default();
+    let ctx = EnvContext {
+        objects: &objects,
+        services: Some(services),
+        node_name: "node-a",
+        pod_ip: None,
+        host_ip: None,
+        allocatable: Allocatable {
+            cpu_milli: 2000,
+            memory_bytes: 1 << 30,
+            ephemeral_storage_bytes: 0,
+        },
+    };
+    container_env(&p, &container, &ctx).await
+}
+
+fn fooservice() -> FakeServices {
+    let service: k8s_openapi::api::core::v1::Service = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "fooservice", "namespace": "ns"},
+        "spec": {"clusterIP": "10.0.0.11", "ports": [{"port": 8765, "protocol": "TCP"}]},
+    }))
+    .expect("service");
+    FakeServices {
+        services: vec![std::sync::Arc::new(service)],
+        synced: true,
+    }
+}
+
+#[tokio::test]
+async fn service_links_come_after_env_which_overrides_them_and_can_reference_them() {
+    let container = Container {
+        name: "c".into(),
+        env: Some(vec![
+            EnvVar {
+                name: "FOOSERVICE_SERVICE_PORT".into(),
+                value: Some("1".into()),
+                value_from: None,
+            },
+            EnvVar {
+                name: "URL".into(),
+                value: Some("http://$(FOOSERVICE_SERVICE_HOST)/".into()),
+                value_from: None,
+            },
+        ]),
+        ..Container::default()
+    };
+    let env = env_with_services(container, &fooservice())
+        .await
+        .expect("env");
+    let get = |name: &str| env.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
+    assert_eq!(
+        get("FOOSERVICE_SERVICE_PORT"),
+        Some("1"),
+        "explicit env wins"
+    );
+    assert_eq!(get("URL"), Some("http://10.0.0.11/"));
+    assert_eq!(get("FOOSERVICE_SERVICE_HOST"), Some("10.0.0.11"));
+    assert_eq!(get("FOOSERVICE_PORT_8765_TCP_ADDR"), Some("10.0.0.11"));
+    assert_eq!(
+        env[0].0, "FOOSERVICE_SERVICE_PORT",
+        "declared variables first"
+    );
+    assert_eq!(
+        env.iter()
+            .filter(|(k, _)| k == "FOOSERVICE_SERVICE_PORT")
+            .count(),
+        1
+    );
+}
+
+#[tokio::test]
+async fn an_api_pod_fails_while_services_were_never_listed() {
+    let mut services = fooservice();
+    services.synced = false;
+    let container = Container {
+        name: "c".into(),
+        ..Container::default()
+    };
+    let err = env_with_services(container, &services)
+        .await
+        .expect_err("not synced");
+    assert_eq!(
+        err.message(),
+        "services have not yet been read at least once, cannot construct envvars"
+    );
 }

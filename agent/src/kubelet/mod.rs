@@ -207,6 +207,10 @@ impl Kubelet {
             cgroups,
             cgroup_watches: pleg.watches,
             objects,
+            services: api.as_ref().map(|client| {
+                Arc::new(crate::apiserver::ApiServices::start(client.clone()))
+                    as Arc<dyn crate::env::ServiceLister>
+            }),
             probes,
             backoff: Mutex::new(crate::sync::backoff::Backoff::new(
                 INITIAL_RESTART_BACKOFF.min(config.max_container_restart_period),
@@ -229,6 +233,7 @@ impl Kubelet {
                 .max_parallel_image_pulls
                 .map(|n| Arc::new(tokio::sync::Semaphore::new(n.max(1)))),
             images_changed: Arc::new(tokio::sync::Notify::new()),
+            terminating: Mutex::new(HashMap::new()),
         });
         let workers = PodWorkers::new(
             syncer.clone(),
@@ -484,7 +489,20 @@ impl Kubelet {
             }
             PodOp::Reconcile => {
                 for pod in update.pods {
-                    self.lock_manager().update_pod(pod);
+                    self.lock_manager().update_pod(pod.clone());
+                    // kubelet's HandlePodReconcile: a client changed a readiness gate's
+                    // condition; the worker recomputes Ready from this very status (an
+                    // `Update` hands it the new object, a `Sync` keeps the old one).
+                    let uid = pod_uid(&pod);
+                    if is_mirror_pod(&pod)
+                        || self.rejected.contains_key(uid)
+                        || !crate::status::needs_readiness_reconcile(&pod)
+                    {
+                        continue;
+                    }
+                    tracing::debug!(pod = %pod_full_name(&pod), "readiness gates changed; syncing");
+                    self.workers
+                        .update_pod(UpdatePodOptions::new(UpdateType::Update, Arc::new(pod)));
                 }
             }
         }
@@ -571,6 +589,7 @@ impl Kubelet {
     }
 
     fn sync_uid(&self, uid: &str) {
+        self.syncer.pod_changed(uid);
         let pod = self.lock_manager().pod_by_uid(uid);
         if let Some(pod) = pod {
             self.workers

@@ -57,6 +57,8 @@ pub struct NodeSyncer {
     pub(crate) cgroup_watches: crate::pleg::CgroupWatches,
     pub(crate) volumes: VolumeManager,
     pub(crate) objects: Arc<dyn ObjectSource>,
+    /// The Service cache for service link variables; `None` without an API server.
+    pub(crate) services: Option<Arc<dyn crate::env::ServiceLister>>,
     pub(crate) probes: ProbeManager,
     pub(crate) backoff: Mutex<Backoff>,
     pub(crate) statuses: Arc<StatusStore>,
@@ -78,6 +80,9 @@ pub struct NodeSyncer {
     pub(crate) pull_slots: Option<Arc<tokio::sync::Semaphore>>,
     /// Notified after a pull, so the node status lists the new image soon.
     pub(crate) images_changed: Arc<tokio::sync::Notify>,
+    /// Pods being killed, by UID: notified when a probe result or a container changed, so
+    /// that their status follows during the grace period.
+    pub(crate) terminating: Mutex<HashMap<String, Arc<tokio::sync::Notify>>>,
 }
 
 impl NodeSyncer {
@@ -249,15 +254,38 @@ impl PodSyncer for NodeSyncer {
         result
     }
 
+    /// kubelet's `SyncTerminatingPod`: the status first, liveness and startup probes off
+    /// (readiness goes on), then the kill; while it lasts, the status follows readiness and
+    /// container changes ([`NodeSyncer::pod_changed`]), so a pod whose containers stop being
+    /// ready during the grace period turns not Ready at once.
     async fn sync_terminating_pod(
         &self,
         pod: &Arc<Pod>,
         grace: Duration,
         status_newer_than: Instant,
     ) -> Result<(), SyncError> {
-        self.probes.remove_pod(pod_uid(pod));
+        let uid = pod_uid(pod);
         let cached = self.runtime_status(pod, status_newer_than).await?;
-        self.kill_pod(pod, &cached.status, grace).await?;
+        self.record_status(pod, &cached.status, &StatusLifecycle::Active);
+        self.probes.stop_liveness_and_startup(uid);
+        let changed = TerminatingWatch::register(self, uid);
+        let kill = self.kill_pod(pod, &cached.status, grace);
+        tokio::pin!(kill);
+        loop {
+            tokio::select! {
+                killed = &mut kill => {
+                    killed?;
+                    break;
+                }
+                () = changed.notify.notified() => {
+                    if let Ok(now) = self.runtime_status(pod, Instant::now()).await {
+                        self.record_status(pod, &now.status, &StatusLifecycle::Active);
+                    }
+                }
+            }
+        }
+        drop(changed);
+        self.probes.remove_pod(uid);
         let fresh = self.runtime_status(pod, Instant::now()).await?;
         self.record_status(pod, &fresh.status, &StatusLifecycle::Terminal);
         Ok(())
@@ -290,7 +318,48 @@ impl PodSyncer for NodeSyncer {
     }
 }
 
+/// A terminating pod's entry in [`NodeSyncer::terminating`], removed when dropped.
+struct TerminatingWatch<'a> {
+    syncer: &'a NodeSyncer,
+    uid: &'a str,
+    notify: Arc<tokio::sync::Notify>,
+}
+
+impl<'a> TerminatingWatch<'a> {
+    fn register(syncer: &'a NodeSyncer, uid: &'a str) -> Self {
+        let notify = Arc::new(tokio::sync::Notify::new());
+        syncer
+            .lock_terminating()
+            .insert(uid.to_owned(), notify.clone());
+        Self {
+            syncer,
+            uid,
+            notify,
+        }
+    }
+}
+
+impl Drop for TerminatingWatch<'_> {
+    fn drop(&mut self) {
+        self.syncer.lock_terminating().remove(self.uid);
+    }
+}
+
 impl NodeSyncer {
+    fn lock_terminating(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<String, Arc<tokio::sync::Notify>>> {
+        self.terminating.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A probe result or a container of pod `uid` changed: if the pod is being killed, its
+    /// status is recomputed now (the pod worker is busy until the kill ends).
+    pub(crate) fn pod_changed(&self, uid: &str) {
+        if let Some(notify) = self.lock_terminating().get(uid) {
+            notify.notify_one();
+        }
+    }
+
     /// Sandbox, init containers, containers: one step of kubelet's `SyncPod`.
     async fn sync_running_pod(
         &self,

@@ -6,7 +6,9 @@
 //! - Call [`ProbeManager::update_pod`] with a pod's running containers whenever they change
 //!   (after a sync); it is idempotent. A container's workers start when it first appears
 //!   with a given id and stop (their results forgotten) when it disappears or its id
-//!   changes. Call [`ProbeManager::remove_pod`] when the pod is terminated.
+//!   changes. Call [`ProbeManager::stop_liveness_and_startup`] when the pod starts
+//!   terminating (readiness keeps being probed through the grace period, kubelet's
+//!   `StopLivenessAndStartup`) and [`ProbeManager::remove_pod`] when it is terminated.
 //! - Every published result change arrives on the update channel as a [`ProbeUpdate`];
 //!   the sync loop syncs the pod. A liveness or startup Failure
 //!   ([`ProbeManager::restart_reason`]) means the pod worker must kill and restart the
@@ -77,7 +79,7 @@ struct ContainerProbes {
     id: ContainerId,
     /// The kinds this container has a probe of (valid or not).
     kinds: Vec<ProbeKind>,
-    workers: Vec<JoinHandle<()>>,
+    workers: Vec<(ProbeKind, JoinHandle<()>)>,
     results: Arc<ResultStore>,
 }
 
@@ -116,7 +118,7 @@ impl ContainerProbes {
 
 impl Drop for ContainerProbes {
     fn drop(&mut self) {
-        for worker in &self.workers {
+        for (_, worker) in &self.workers {
             worker.abort();
         }
         for kind in &self.kinds {
@@ -198,6 +200,32 @@ impl ProbeManager {
         }
         if containers.is_empty() {
             pods.remove(uid);
+        }
+    }
+
+    /// The pod is terminating: its liveness and startup workers stop and their results
+    /// become Success (kubelet's quiet shutdown: no restart, no `Unhealthy` event during the
+    /// grace period); readiness workers go on.
+    pub fn stop_liveness_and_startup(&self, uid: &str) {
+        let mut pods = self.lock();
+        let Some(containers) = pods.get_mut(uid) else {
+            return;
+        };
+        for probes in containers.values_mut() {
+            probes.workers.retain(|(kind, worker)| {
+                let stop = matches!(kind, ProbeKind::Liveness | ProbeKind::Startup);
+                if stop {
+                    worker.abort();
+                }
+                !stop
+            });
+            for kind in [ProbeKind::Liveness, ProbeKind::Startup] {
+                if probes.has(kind) {
+                    probes
+                        .results
+                        .set(&probes.key(kind), &probes.id, ProbeResult::Success, None);
+                }
+            }
         }
     }
 
@@ -364,7 +392,7 @@ impl ProbeManager {
                     },
                 },
             };
-            probes.workers.push(tokio::spawn(worker.run()));
+            probes.workers.push((kind, tokio::spawn(worker.run())));
         }
         tracing::debug!(
             pod_uid = %uid,

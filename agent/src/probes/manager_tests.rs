@@ -407,3 +407,36 @@ async fn a_re_adopted_container_that_was_not_ready_waits_for_its_probe() {
     settle(1.5).await;
     assert!(m.is_ready(UID, "app", &c.id), "its probe succeeded");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_terminating_pod_keeps_readiness_probes_but_stops_liveness_with_a_success() {
+    let (m, _rx, prober) = manager();
+    let c = running("app");
+    let p = pod(vec![Container {
+        readiness_probe: Some(exec_probe("ready")),
+        liveness_probe: Some(Probe {
+            failure_threshold: Some(1),
+            ..exec_probe("live")
+        }),
+        ..container("app")
+    }]);
+    m.update_pod(&p, std::slice::from_ref(&c), &ProbeNetwork::default());
+    settle(1.5).await;
+    assert!(m.is_ready(UID, "app", &c.id));
+    m.stop_liveness_and_startup(UID);
+    let live_runs = prober.calls_of("live").len();
+    prober.script("live", vec![fail(); 10]);
+    prober.script("ready", vec![fail(); 10]);
+    settle(3.0).await;
+    assert_eq!(
+        prober.calls_of("live").len(),
+        live_runs,
+        "liveness probed on"
+    );
+    assert!(!m.liveness_failed(UID, "app", &c.id));
+    assert_eq!(m.restart_reason(UID, "app", &c.id), None);
+    assert!(
+        !m.is_ready(UID, "app", &c.id),
+        "readiness is still probed and now fails"
+    );
+}

@@ -205,37 +205,77 @@ impl Inputs<'_> {
                 ..containers
             };
         }
-        let gates = self
-            .pod
-            .spec
-            .iter()
-            .flat_map(|s| s.readiness_gates.iter().flatten());
-        let unready: Vec<String> = gates
-            .filter_map(|g| {
-                let gate = &g.condition_type;
-                match conditions.iter().find(|c| &c.type_ == gate) {
-                    None => Some(format!(
-                        "corresponding condition of pod readiness gate \"{gate}\" does not exist."
-                    )),
-                    Some(c) if c.status != "True" => Some(format!(
-                        "the status of pod readiness gate \"{gate}\" is not \"True\", but {}",
-                        c.status
-                    )),
-                    Some(_) => None,
-                }
-            })
-            .collect();
-        if unready.is_empty() {
-            condition(READY, true, None, None)
-        } else {
-            condition(
-                READY,
-                false,
-                Some("ReadinessGatesNotReady"),
-                Some(unready.join(", ")),
-            )
-        }
+        gates_ready(self.pod, conditions)
     }
+}
+
+/// The Ready condition once the containers are ready: True when every readiness gate's
+/// condition is True in `conditions`, else `ReadinessGatesNotReady` with kubelet's message.
+fn gates_ready(pod: &Pod, conditions: &[PodCondition]) -> PodCondition {
+    let gates = pod
+        .spec
+        .iter()
+        .flat_map(|s| s.readiness_gates.iter().flatten());
+    let unready: Vec<String> = gates
+        .filter_map(|g| {
+            let gate = &g.condition_type;
+            match conditions.iter().find(|c| &c.type_ == gate) {
+                None => Some(format!(
+                    "corresponding condition of pod readiness gate \"{gate}\" does not exist."
+                )),
+                Some(c) if c.status != "True" => Some(format!(
+                    "the status of pod readiness gate \"{gate}\" is not \"True\", but {}",
+                    c.status
+                )),
+                Some(_) => None,
+            }
+        })
+        .collect();
+    if unready.is_empty() {
+        condition(READY, true, None, None)
+    } else {
+        condition(
+            READY,
+            false,
+            Some("ReadinessGatesNotReady"),
+            Some(unready.join(", ")),
+        )
+    }
+}
+
+/// kubelet's `NeedToReconcilePodReadiness`: the pod has readiness gates and the `Ready`
+/// condition in its own status disagrees (status or message) with what its
+/// `ContainersReady` condition and gate conditions make it — a client changed a gate's
+/// condition, so the node must recompute `Ready`.
+pub fn needs_readiness_reconcile(pod: &Pod) -> bool {
+    let has_gates = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.readiness_gates.as_ref())
+        .is_some_and(|g| !g.is_empty());
+    let Some(status) = pod.status.as_ref() else {
+        return false;
+    };
+    let Some(current) = find(status, READY) else {
+        return false;
+    };
+    if !has_gates {
+        return false;
+    }
+    let expected = match find(status, CONTAINERS_READY) {
+        Some(c) if c.status == "True" => {
+            gates_ready(pod, status.conditions.as_deref().unwrap_or_default())
+        }
+        Some(c) => c.clone(),
+        None => return false,
+    };
+    current.status != expected.status || current.message != expected.message
+}
+
+/// Whether the kubelet writes conditions of this type (the ones it owns, and
+/// `DisruptionTarget`, which it shares): the others belong to clients and are never sent.
+pub fn written_by_kubelet(type_: &str) -> bool {
+    KUBELET_OWNED.contains(&type_) || type_ == DISRUPTION_TARGET
 }
 
 /// `"<what>: [a b]"` parts joined by `", "`, as Go prints a `[]string` with `%s`.

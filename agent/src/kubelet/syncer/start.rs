@@ -55,6 +55,7 @@ impl NodeSyncer {
         };
         let env_ctx = crate::env::EnvContext {
             objects: self.objects.as_ref(),
+            services: self.services.as_deref(),
             node_name: &self.config.node_name,
             pod_ip,
             host_ip: self.node.host_ip.as_deref(),
