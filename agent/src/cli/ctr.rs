@@ -7,7 +7,7 @@
 //! `--rm`); `flags` parses their values, `detach` runs a `-d` container from a monitor
 //! process, `logs` prints and follows log files.
 
-mod detach;
+pub(super) mod detach;
 mod flags;
 mod logs;
 
@@ -188,7 +188,7 @@ fn run_here(
     })
 }
 
-fn warn_rootless_limits() {
+pub(super) fn warn_rootless_limits() {
     let delegated = ironlet_cgroups::Hierarchy::detect()
         .ok()
         .map(|h| ironlet_cgroups::Delegation::detect(&h).is_full())
