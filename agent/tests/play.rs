@@ -4,8 +4,9 @@
 //! `pod/container | ` prefixes and becomes ready; SIGINT stops it the agent's way (the TERM
 //! trap and the preStop hook print into the stream) and leaves no process, mount, directory,
 //! cgroup or network namespace; a failing `restartPolicy: Never` pod makes `play` exit with
-//! the container's code; `-d` leaves the pod running and `--down` removes it; a missing
-//! ConfigMap fails before anything runs. Needs root (to create the users and cgroups);
+//! the container's code; init containers and restarts stream too; a second SIGINT kills
+//! without waiting for the grace period; `-d` leaves the pod running and `--down` removes
+//! it; a missing ConfigMap or an invalid pod fails before anything runs. Needs root (to create the users and cgroups);
 //! skips otherwise.
 
 mod support;
@@ -64,6 +65,38 @@ spec:
   - name: main
     image: busybox
     command: [sh, -c, 'echo working; sleep 0.3; echo failing; exit 3']
+"#;
+
+/// An init container, then a container that fails once and succeeds when restarted.
+const RETRY: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: retry}
+spec:
+  restartPolicy: OnFailure
+  volumes: [{name: data, emptyDir: {}}]
+  initContainers:
+  - name: init
+    image: busybox
+    command: [sh, -c, 'echo init done']
+  containers:
+  - name: main
+    image: busybox
+    volumeMounts: [{name: data, mountPath: /data}]
+    command: [sh, -c, 'if [ -e /data/once ]; then echo second run; exit 0; fi; touch /data/once; echo first run; exit 1']
+"#;
+
+/// A container that ignores SIGTERM, with a long grace period.
+const STUBBORN: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: stubborn}
+spec:
+  terminationGracePeriodSeconds: 120
+  containers:
+  - name: main
+    image: busybox
+    command: [sh, -c, 'trap "echo ignoring TERM" TERM; echo up; while true; do sleep 0.MARK; done']
 "#;
 
 /// Who runs `ironlet play`: root on a temp data root, or a test user on theirs.
@@ -490,6 +523,57 @@ fn play_as_root_exits_with_the_failed_containers_code() {
         return;
     }
     failing_pod_sets_the_exit_code(&Player::root());
+}
+
+#[test]
+fn play_as_root_streams_init_and_restarted_containers_and_exits_0_on_success() {
+    if !is_root() {
+        return;
+    }
+    let player = Player::root();
+    let file = player.write("retry.yaml", RETRY, 0);
+    let mut play = player.spawn(&[&file]);
+    let code = play.exit_code(Duration::from_secs(90));
+    assert_eq!(code, 0, "{:?}\n{}", play.lines(), play.stderr());
+    assert_eq!(
+        play.lines(),
+        [
+            "retry/init | init done",
+            "retry/main | first run",
+            "retry/main | second run"
+        ],
+        "{}",
+        play.stderr()
+    );
+}
+
+#[test]
+fn play_as_root_second_sigint_kills_without_waiting_for_the_grace_period() {
+    if !is_root() {
+        return;
+    }
+    let player = Player::root();
+    let mark = mark(4);
+    let file = player.write("stubborn.yaml", STUBBORN, mark);
+    let mut play = player.spawn(&[&file]);
+    play.wait_line("stubborn/main | up", Duration::from_secs(60));
+    let id = player.play_id(Duration::from_secs(1));
+    play.signal(nix::sys::signal::Signal::SIGINT);
+    play.wait_line("stubborn/main | ignoring TERM", Duration::from_secs(10));
+    let start = Instant::now();
+    play.signal(nix::sys::signal::Signal::SIGINT);
+    assert_eq!(play.exit_code(Duration::from_secs(30)), 130);
+    assert!(
+        start.elapsed() < Duration::from_secs(20),
+        "forced stop took {:?}",
+        start.elapsed()
+    );
+    assert!(
+        play.stderr().contains("killing the pods"),
+        "{}",
+        play.stderr()
+    );
+    player.assert_nothing_left(&id, &[mark]);
 }
 
 #[test]
