@@ -188,7 +188,7 @@ fn run_here(
     })
 }
 
-pub(super) fn warn_rootless_limits() {
+fn warn_rootless_limits() {
     let delegated = ironlet_cgroups::Hierarchy::detect()
         .ok()
         .map(|h| ironlet_cgroups::Delegation::detect(&h).is_full())

@@ -130,7 +130,11 @@ impl Play {
     fn new(root: &Path, files: &[PathBuf]) -> anyhow::Result<Self> {
         let files = files
             .iter()
-            .map(|f| std::path::absolute(f).with_context(|| format!("resolving {}", f.display())))
+            .map(|f| {
+                f.canonicalize()
+                    .or_else(|_| std::path::absolute(f))
+                    .with_context(|| format!("resolving {}", f.display()))
+            })
             .collect::<anyhow::Result<Vec<_>>>()?;
         let mut hasher = Sha256::new();
         for file in &files {
@@ -370,28 +374,28 @@ fn serve(
         .build()
         .context("starting the async runtime")?;
     rt.block_on(async move {
-        let foreground = reporter.is_none();
-        let pods = if foreground {
-            prepare(play, &node_name).await?
-        } else {
-            play.load(&node_name).await?
+        // From here on a Ctrl-C stops the play the orderly way, whenever it comes.
+        let mut signals = Signals::new()?;
+        let pods = match &reporter {
+            None => prepare(play, &node_name).await?,
+            Some(_) => play.load(&node_name).await?,
         };
-        std::fs::write(play.pid_file(), std::process::id().to_string())
-            .context("writing the pid file")?;
-        if rootless {
-            super::ctr::warn_rootless_limits();
-        }
-        let store = super::open_images(&play.root)?;
-        let runtime = open_runtime(play, args, rootless, zygote, store.clone()).await?;
-        let runtime: Arc<dyn Runtime> = Arc::new(runtime);
-        let pull = super::pull_config(&play.root, None, 3)?;
-        let images = Arc::new(LocalImageService::with_pull_config(store, pull));
-        let config = kubelet_config(play, node_name.clone())?;
-        let pod_logs = config.pod_log_dir.clone();
-        let socket = config.socket_path();
-        let kubelet = Kubelet::start(config, runtime.clone(), images)
-            .await
-            .context("starting the node agent")?;
+        let started = start_agent(play, args, rootless, zygote, &node_name).await;
+        let Started {
+            kubelet,
+            runtime,
+            pod_logs,
+            socket,
+        } = match started {
+            Ok(started) => started,
+            Err(err) => {
+                // Nothing runs yet: the state directory is all there is to remove.
+                if let Err(cleanup) = remove_leftovers(play) {
+                    tracing::warn!(err = %format!("{cleanup:#}"), "removing the play's state");
+                }
+                return Err(err);
+            }
+        };
         let statuses = kubelet.statuses();
         let (stop_server, server_stopped) = tokio::sync::oneshot::channel::<()>();
         let (view, metrics) = (kubelet.view(), kubelet.metrics());
@@ -404,10 +408,14 @@ fn serve(
         });
         // The sync loop and this driver share the task: the loop runs while the driver waits.
         let driver = async {
-            let result = drive(
-                play, &pods, &statuses, &*runtime, &node_name, pod_logs, reporter,
-            )
-            .await;
+            let running = Running {
+                pods: &pods,
+                statuses: &statuses,
+                runtime: &*runtime,
+                node_name: &node_name,
+                pod_logs,
+            };
+            let result = drive(play, running, &mut signals, reporter).await;
             let _ = stop_agent.send(());
             result
         };
@@ -425,19 +433,68 @@ fn serve(
     })
 }
 
+/// The agent of a play, started.
+struct Started {
+    kubelet: Kubelet,
+    runtime: Arc<dyn Runtime>,
+    pod_logs: PathBuf,
+    socket: PathBuf,
+}
+
+/// What the driver watches while the agent runs.
+struct Running<'a> {
+    pods: &'a [PlayPod],
+    statuses: &'a ironlet::kubelet::status_store::StatusStore,
+    runtime: &'a dyn Runtime,
+    node_name: &'a str,
+    pod_logs: PathBuf,
+}
+
+/// Opens the runtime on the state directory and starts the agent on it.
+async fn start_agent(
+    play: &Play,
+    args: &PlayArgs,
+    rootless: bool,
+    zygote: ironlet_runtime::zygote::ZygoteHandle,
+    node_name: &str,
+) -> anyhow::Result<Started> {
+    std::fs::write(play.pid_file(), std::process::id().to_string())
+        .context("writing the pid file")?;
+    let store = super::open_images(&play.root)?;
+    let runtime = open_runtime(play, args, rootless, zygote, store.clone()).await?;
+    let runtime: Arc<dyn Runtime> = Arc::new(runtime);
+    let pull = super::pull_config(&play.root, None, 3)?;
+    let images = Arc::new(LocalImageService::with_pull_config(store, pull));
+    let config = kubelet_config(play, node_name.to_owned())?;
+    let pod_logs = config.pod_log_dir.clone();
+    let socket = config.socket_path();
+    let kubelet = Kubelet::start(config, runtime.clone(), images)
+        .await
+        .context("starting the node agent")?;
+    Ok(Started {
+        kubelet,
+        runtime,
+        pod_logs,
+        socket,
+    })
+}
+
 /// Reports to the `-d` caller, streams logs (foreground), waits for completion or a signal,
 /// then stops the pods.
 async fn drive(
     play: &Play,
-    pods: &[PlayPod],
-    statuses: &ironlet::kubelet::status_store::StatusStore,
-    runtime: &dyn Runtime,
-    node_name: &str,
-    pod_logs: PathBuf,
+    running: Running<'_>,
+    signals: &mut Signals,
     reporter: Option<&mut detach::Reporter>,
 ) -> anyhow::Result<Outcome> {
+    let Running {
+        pods,
+        statuses,
+        runtime,
+        node_name,
+        pod_logs,
+    } = running;
     let foreground = reporter.is_none();
-    let mut signals = Signals::new()?;
     if let Some(reporter) = reporter {
         let names: Vec<String> = pods.iter().map(|p| format!("pod/{}", p.name)).collect();
         reporter.ready(&names.join(" "));
@@ -464,7 +521,7 @@ async fn drive(
     if foreground && matches!(outcome, Outcome::Signalled(_)) {
         eprintln!("ironlet play: stopping the pods (Ctrl-C again to kill them at once)");
     }
-    stop_pods(play, statuses, runtime, &mut signals, streamer.as_mut()).await?;
+    stop_pods(play, statuses, runtime, signals, streamer.as_mut()).await?;
     Ok(outcome)
 }
 
@@ -618,8 +675,8 @@ async fn stop_pods(
             .unwrap_or(1);
         let gone = statuses.pods().is_empty() && sandboxes == 0;
         empty_ticks = if gone { empty_ticks + 1 } else { 0 };
-        // Twice in a row: the file source's removal is seen, nothing is being created.
-        if empty_ticks >= 2 {
+        // For half a second: the file source's removal is seen, nothing is being created.
+        if empty_ticks >= 5 {
             return Ok(());
         }
         if forced.is_some_and(|at| at.elapsed() > Duration::from_secs(10)) {
