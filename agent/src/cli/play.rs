@@ -373,28 +373,22 @@ fn serve(
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    rt.block_on(async move {
+    // Outer error: before the state directory is ours (nothing to remove); inner: after.
+    let session = rt.block_on(async move {
         // From here on a Ctrl-C stops the play the orderly way, whenever it comes.
         let mut signals = Signals::new()?;
         let pods = match &reporter {
             None => prepare(play, &node_name).await?,
             Some(_) => play.load(&node_name).await?,
         };
-        let started = start_agent(play, args, rootless, zygote, &node_name).await;
         let Started {
             kubelet,
             runtime,
             pod_logs,
             socket,
-        } = match started {
+        } = match start_agent(play, args, rootless, zygote, &node_name).await {
             Ok(started) => started,
-            Err(err) => {
-                // Nothing runs yet: the state directory is all there is to remove.
-                if let Err(cleanup) = remove_leftovers(play) {
-                    tracing::warn!(err = %format!("{cleanup:#}"), "removing the play's state");
-                }
-                return Err(err);
-            }
+            Err(err) => return Ok(Err(err)),
         };
         let statuses = kubelet.statuses();
         let (stop_server, server_stopped) = tokio::sync::oneshot::channel::<()>();
@@ -424,12 +418,15 @@ fn serve(
         let _ = serving.await;
         // Whatever the agent did not remove (a forced stop, a failure) goes now.
         remove_runtime_pods(&*runtime).await;
-        drop(runtime);
-        remove_leftovers(play)?;
-        Ok(match driven? {
-            Outcome::Completed(code) => ExitCode::from(code),
-            Outcome::Signalled(signal) => ExitCode::from((128 + signal).clamp(0, 255) as u8),
-        })
+        anyhow::Ok(driven)
+    });
+    // The agent's tasks (the file source's watch among them) end before its files go.
+    drop(rt);
+    let driven = session?;
+    remove_leftovers(play)?;
+    Ok(match driven? {
+        Outcome::Completed(code) => ExitCode::from(code),
+        Outcome::Signalled(signal) => ExitCode::from((128 + signal).clamp(0, 255) as u8),
     })
 }
 
@@ -554,6 +551,8 @@ fn kubelet_config(play: &Play, node_name: String) -> anyhow::Result<KubeletConfi
     config.pod_log_dir = play.state.join("logs");
     config.manifest_path = Some(play.manifests());
     config.cgroup_root = format!("{}/kubepods", play.cgroup_root());
+    // Housekeeping removes finished pods: a stop takes one period, not kubelet's 2 s.
+    config.housekeeping_period = Duration::from_millis(500);
     // The user's image store is not the play's to collect.
     config.image_gc_policy.high_threshold_percent = 100;
     let memory_only =
