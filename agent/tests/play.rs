@@ -1,6 +1,7 @@
 //! `ironlet play FILE…` end to end (issue 16 item 4), with real containers, as root and as an
 //! unprivileged user the test creates (with a subordinate id range): a two-container pod
-//! whose ConfigMap comes from the same file (mounted as a volume) streams its lines with
+//! whose ConfigMap (mounted as a volume) and Secret (an env var) come from the same file
+//! streams its lines with
 //! `pod/container | ` prefixes and becomes ready; SIGINT stops it the agent's way (the TERM
 //! trap and the preStop hook print into the stream) and leaves no process, mount, directory,
 //! cgroup or network namespace; a failing `restartPolicy: Never` pod makes `play` exit with
@@ -32,6 +33,12 @@ data:
   greeting: hello-from-configmap
 ---
 apiVersion: v1
+kind: Secret
+metadata: {name: web-secret}
+stringData:
+  token: s3cret
+---
+apiVersion: v1
 kind: Pod
 metadata: {name: web}
 spec:
@@ -42,7 +49,10 @@ spec:
   containers:
   - name: app
     image: busybox
-    command: [sh, -c, 'trap "echo app stopping; exit 0" TERM; echo "greeting $(cat /cfg/greeting)"; i=0; while true; do echo tick $i; i=$((i+1)); sleep 0.MARK; done']
+    command: [sh, -c, 'trap "echo app stopping; exit 0" TERM; echo "greeting $(cat /cfg/greeting) token $TOKEN"; i=0; while true; do echo tick $i; i=$((i+1)); sleep 0.MARK; done']
+    env:
+    - name: TOKEN
+      valueFrom: {secretKeyRef: {name: web-secret, key: token}}
     volumeMounts: [{name: cfg, mountPath: /cfg}]
     readinessProbe:
       exec: {command: [cat, /cfg/greeting]}
@@ -397,7 +407,7 @@ fn web_streams_becomes_ready_and_sigint_removes_everything(player: &Player, mark
     let file = player.write("web.yaml", WEB, mark);
     let mut play = player.spawn(&[&file]);
     play.wait_line(
-        "web/app | greeting hello-from-configmap",
+        "web/app | greeting hello-from-configmap token s3cret",
         Duration::from_secs(60),
     );
     play.wait_line("web/side | side up", Duration::from_secs(10));
@@ -601,14 +611,15 @@ fn play_refuses_bad_manifests_and_missing_config_maps_before_running_anything() 
         return;
     }
     let player = Player::root();
-    // The pod without its ConfigMap.
-    let alone = WEB.split("---").nth(1).expect("pod document");
+    // The pod without its ConfigMap and Secret.
+    let alone = WEB.split("---").nth(2).expect("pod document");
     let file = player.write("alone.yaml", alone, 0);
     let out = player.cmd(&[&file]).output().expect("play runs");
     assert_eq!(out.status.code(), Some(1));
     let err = text(&out.stderr);
     assert!(
-        err.contains(r#"pod web: configmap "web-config" not found"#),
+        err.contains(r#"pod web: configmap "web-config" not found"#)
+            && err.contains(r#"pod web: secret "web-secret" not found"#),
         "{err}"
     );
     let bad = player.write(
