@@ -19,8 +19,10 @@ use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 
 mod file;
+mod refs;
 
 pub use file::FileObjectSource;
+pub use refs::{pod_object_refs, ObjectKind, ObjectRef};
 
 /// Why an object could not be looked up (as opposed to: it does not exist).
 #[derive(Debug, Clone, thiserror::Error)]

@@ -7,7 +7,7 @@
 //! `--rm`); `flags` parses their values, `detach` runs a `-d` container from a monitor
 //! process, `logs` prints and follows log files.
 
-mod detach;
+pub(super) mod detach;
 mod flags;
 mod logs;
 

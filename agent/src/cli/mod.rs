@@ -1,6 +1,7 @@
 //! Command-line surface: `ironlet run` (the node agent), `ironlet images …` and `ironlet ctr …`
 //! (crictl-like commands that work directly on the data root, no agent needed), and
-//! `ironlet pods …` (asks the running agent over its socket).
+//! `ironlet pods …` (asks the running agent over its socket), and `ironlet play FILE…` (pod
+//! manifests run in the foreground by an in-process agent).
 //!
 //! Flag names follow the kubelet (`--root-dir`) and crictl/podman habits; exit codes are
 //! 0 on success, 1 on an error of ironlet's, and the container's own exit code for
@@ -10,6 +11,7 @@ mod ctr;
 mod images;
 mod kubelet_config;
 pub mod output;
+mod play;
 mod pods;
 mod run;
 
@@ -53,6 +55,10 @@ pub enum Command {
     Ctr(ctr::CtrCommand),
     /// List the running agent's pods, or print one (kubectl-like).
     Pods(pods::PodsArgs),
+    /// Run pod manifests (with their ConfigMaps and Secrets) in the foreground with the
+    /// agent's semantics, streaming their logs; Ctrl-C stops and removes them
+    /// (podman-kube-play-like).
+    Play(play::PlayArgs),
 }
 
 /// Whether this process runs without root.
@@ -77,6 +83,7 @@ pub fn run(cli: Cli, matches: &clap::ArgMatches) -> anyhow::Result<ExitCode> {
             let run_matches = matches.subcommand_matches("run").unwrap_or(&empty);
             run::run(cli.root_dir, *args, run_matches)
         }
+        Command::Play(args) => play::run(cli.root_dir, args),
         Command::Pods(args) => pods::run(&root_dir(&cli.root_dir, running_rootless()), args),
     }
 }

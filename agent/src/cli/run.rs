@@ -463,15 +463,8 @@ fn run_agent(
             Ok(report) => tracing::info!(?report, "image store cleaned at start-up"),
             Err(err) => tracing::warn!(%err, "image store clean-up at start-up failed"),
         });
-        let cni = (!rootless && !args.no_pod_network).then(|| CniConfig {
-            conf_dir: args.cni_conf_dir.clone(),
-            bin_dirs: args.cni_bin_dir.clone(),
-            default_network: DefaultNetwork {
-                subnet: args.pod_cidr.clone(),
-                ..DefaultNetwork::default()
-            },
-            ..CniConfig::default()
-        });
+        let cni = (!rootless && !args.no_pod_network)
+            .then(|| cni_config(&args.cni_conf_dir, &args.cni_bin_dir, &args.pod_cidr));
         let runtime_config = LocalRuntimeConfig {
             root_dir: root_dir.clone(),
             rootless,
@@ -589,6 +582,24 @@ fn run_agent(
         }
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// CNI settings from `--cni-conf-dir`, `--cni-bin-dir` and `--pod-cidr` (the subnet of the
+/// bridge network written when the directory has no configuration).
+pub(super) fn cni_config(
+    conf_dir: &std::path::Path,
+    bin_dirs: &[PathBuf],
+    pod_cidr: &str,
+) -> CniConfig {
+    CniConfig {
+        conf_dir: conf_dir.to_owned(),
+        bin_dirs: bin_dirs.to_vec(),
+        default_network: DefaultNetwork {
+            subnet: pod_cidr.to_owned(),
+            ..DefaultNetwork::default()
+        },
+        ..CniConfig::default()
+    }
 }
 
 type ApiAuth = (

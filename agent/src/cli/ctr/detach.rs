@@ -101,6 +101,11 @@ impl Reporter {
         self.send(&format!("ok {id}\n"));
     }
 
+    /// Ready (another command's detached agent): the caller prints `text` and returns.
+    pub fn ready(&mut self, text: &str) {
+        self.send(&format!("ok {}\n", text.replace('\n', " ")));
+    }
+
     /// The run failed before the container started.
     pub fn failed(&mut self, err: &anyhow::Error) {
         let message = format!("{err:#}").replace('\n', " ");
