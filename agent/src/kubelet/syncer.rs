@@ -376,6 +376,7 @@ impl NodeSyncer {
                 &kill.name,
                 &kill.message(),
                 kill.grace_period(pod),
+                None,
             )
             .await?;
         }

@@ -33,6 +33,7 @@ impl NodeSyncer {
                 format!("container {:?} is not in the pod spec", start.name),
             )
         })?;
+        let container: &Container = &container;
         let image = container.image.clone().unwrap_or_default();
         self.ensure_image(pod, container, &image).await?;
         let image_config = match self.images.get_image(&image).await {
