@@ -5,7 +5,9 @@
 //!  sandboxes ─► keep the ready one? ──no──► CreateSandbox (or KillPod when it must not be
 //!                      │ yes                 recreated: restartPolicy Never after a run, or
 //!                      ▼                     every container is done)
-//!              init phase (init.rs) ──pending──► Sync (init actions only)
+//!              ephemeral containers (ephemeral.rs): start the new ones, keep the running ones
+//!                      ▼
+//!              init phase (init.rs) ──pending──► Sync (init and ephemeral actions only)
 //!                      │ done        ──failed (Never)──► KillPod
 //!                      ▼
 //!              regular containers: start missing / restartable ones, kill changed or

@@ -76,9 +76,10 @@ impl NodeSyncer {
             .and_then(|c| c.lifecycle.as_ref())
             .and_then(|l| l.pre_stop.as_ref());
         let mut remaining = grace;
-        let mut waited = false;
+        // After a hook or a wait, the container still gets kubelet's minimum to stop.
+        let mut at_least_minimum = false;
         if let (Some(hook), false) = (pre_stop, grace.is_zero()) {
-            waited = true;
+            at_least_minimum = true;
             let target = self.probe_target(pod, id).await;
             match tokio::time::timeout(grace, self.run_hook(hook, &target, grace)).await {
                 Ok(Ok(())) => {}
@@ -97,12 +98,12 @@ impl NodeSyncer {
         }
         if let Some(turns) = turns.filter(|_| !remaining.is_zero()) {
             if turns.must_wait(name) {
-                waited = true;
+                at_least_minimum = true;
                 turns.wait_for_turn(name, remaining).await;
                 remaining = grace.saturating_sub(started.elapsed());
             }
         }
-        if waited {
+        if at_least_minimum {
             remaining = remaining.max(MINIMUM_GRACE_AFTER_HOOK);
         }
         self.runtime
