@@ -199,6 +199,7 @@ pub fn generate_pod_status(inputs: &StatusInputs<'_>) -> PodStatus {
     let ctx = containers::Context::new(inputs);
     let init_statuses = ctx.init_statuses(old);
     let statuses = ctx.regular_statuses(old);
+    let ephemeral_statuses = ctx.ephemeral_statuses(old);
     let terminal = matches!(inputs.lifecycle, PodLifecycle::Terminal);
     let mut phase = phase::get_phase(
         pod,
@@ -279,6 +280,8 @@ pub fn generate_pod_status(inputs: &StatusInputs<'_>) -> PodStatus {
         qos_class,
         init_container_statuses: (!init_statuses.is_empty()).then_some(init_statuses),
         container_statuses: Some(statuses),
+        ephemeral_container_statuses: (!ephemeral_statuses.is_empty())
+            .then_some(ephemeral_statuses),
         ..PodStatus::default()
     }
 }

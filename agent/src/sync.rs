@@ -18,12 +18,14 @@
 pub mod actions;
 pub mod backoff;
 mod compute;
+pub mod ephemeral;
 pub mod hash;
 mod init;
 pub mod labels;
 mod plan;
 pub mod restart;
 mod sandbox;
+pub mod termination;
 mod view;
 
 #[cfg(test)]
@@ -42,3 +44,4 @@ pub use labels::{
     container_annotations, container_labels, ContainerLabels, ContainerType, LabelError,
     TerminationMessagePolicy,
 };
+pub use termination::termination_prerequisites;

@@ -181,6 +181,11 @@ pub struct ContainerConfig {
     /// `LinuxPodSandboxConfig.sysctls` into every container's `linux.sysctl`.
     #[serde(default)]
     pub sysctls: BTreeMap<String, String>,
+    /// Run in the PID namespace of this running container of the same sandbox instead of a
+    /// new one (an ephemeral container's `targetContainerName`: CRI `NamespaceMode_TARGET`).
+    /// Ignored when the sandbox uses the host's PID namespace.
+    #[serde(default)]
+    pub pid_namespace_target: Option<ContainerId>,
 }
 
 /// The life-cycle state of a container, as kubecontainer's `State`.

@@ -86,6 +86,7 @@ pub fn container_config(inputs: ContainerInputs<'_>) -> Result<ContainerConfig, 
         labels,
         annotations,
         sysctls: pod_sysctls(pod),
+        pid_namespace_target: None,
     })
 }
 

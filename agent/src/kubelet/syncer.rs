@@ -28,7 +28,8 @@ use crate::probes::ProbeManager;
 use crate::status::{ImageRefs, PodLifecycle as StatusLifecycle, WaitingReason, WaitingReasons};
 use crate::sync::backoff::Backoff;
 use crate::sync::{
-    compute_pod_actions, filter_backoff, ActionsInput, PodActions, ProbeResults, ProbeVerdict,
+    compute_pod_actions, filter_backoff, ActionsInput, ContainerKind, PodActions, ProbeResults,
+    ProbeVerdict,
 };
 use crate::volumes::VolumeManager;
 
@@ -445,6 +446,7 @@ impl NodeSyncer {
                 &kill.name,
                 &kill.message(),
                 kill.grace_period(pod),
+                None,
             )
             .await?;
         }
@@ -478,17 +480,24 @@ impl NodeSyncer {
             .next_resync()
             .map(|at| at.duration_since(SystemTime::now()).unwrap_or_default());
         for start in &filtered.to_start {
-            if let Err(failure) = self
+            let retry = match self
                 .start_container(pod, &sandbox_id, &sandbox_status, start, &volumes)
                 .await
             {
-                waiting.insert(
-                    start.name.clone(),
-                    WaitingReason::new(failure.reason, failure.message.clone()),
-                );
-                let retry = START_FAILURE_RETRY;
-                resync_after = Some(resync_after.map_or(retry, |r| r.min(retry)));
-            }
+                Err(failure) => {
+                    waiting.insert(
+                        start.name.clone(),
+                        WaitingReason::new(failure.reason, failure.message.clone()),
+                    );
+                    START_FAILURE_RETRY
+                }
+                // The next init container (or the regular ones) may start once this sidecar
+                // runs: no runtime event says so (kubelet's 1 s relist would), so sync again
+                // now. One with a startup probe is waited for by its probe's update.
+                Ok(()) if start.kind == ContainerKind::Sidecar => Duration::ZERO,
+                Ok(()) => continue,
+            };
+            resync_after = Some(resync_after.map_or(retry, |r| r.min(retry)));
         }
         self.lock_waiting().insert(uid.to_owned(), waiting);
         Ok(SyncOutcome::Running { resync_after })

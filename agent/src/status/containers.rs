@@ -45,6 +45,9 @@ pub fn api_container_id(id: &ContainerId) -> String {
 enum Kind {
     Init,
     App,
+    /// From `spec.ephemeralContainers`: never restarted, never probed (`ready` false,
+    /// `started` unset, as kubelet's prober leaves them).
+    Ephemeral,
 }
 
 /// What converting needs, borrowed from [`StatusInputs`].
@@ -98,6 +101,18 @@ impl<'a> Context<'a> {
             specs.unwrap_or_default(),
             old.container_statuses.as_deref(),
             Kind::App,
+        );
+        statuses.sort_by(|a, b| a.name.cmp(&b.name));
+        statuses
+    }
+
+    /// `ephemeralContainerStatuses`, sorted by name as kubelet sorts them.
+    pub(super) fn ephemeral_statuses(&self, old: &PodStatus) -> Vec<ContainerStatus> {
+        let specs = crate::sync::ephemeral::ephemeral_containers(self.pod);
+        let mut statuses = self.statuses(
+            &specs,
+            old.ephemeral_container_statuses.as_deref(),
+            Kind::Ephemeral,
         );
         statuses.sort_by(|a, b| a.name.cmp(&b.name));
         statuses
@@ -285,7 +300,7 @@ impl<'a> Context<'a> {
     }
 
     /// kubelet's `ShouldContainerBeRestarted`, judged on the newest instance.
-    fn should_restart(&self, spec: &Container, newest: Option<&RtContainer>) -> bool {
+    fn should_restart(&self, spec: &Container, newest: Option<&RtContainer>, kind: Kind) -> bool {
         if self.deleting() {
             return false;
         }
@@ -295,6 +310,7 @@ impl<'a> Context<'a> {
         match c.state {
             RtState::Running => false,
             RtState::Created | RtState::Unknown => true,
+            RtState::Exited if kind == Kind::Ephemeral => false,
             RtState::Exited if is_restartable_init_container(spec) => true,
             // The container's own restartPolicy and rules, else the pod's (as the sync
             // decides): a container that stays down never shows a waiting reason.
@@ -311,7 +327,7 @@ impl<'a> Context<'a> {
     ) {
         let succeeded =
             newest.is_some_and(|c| c.state == RtState::Exited && c.exit_code == Some(0));
-        if (kind == Kind::Init && succeeded) || !self.should_restart(spec, newest) {
+        if (kind == Kind::Init && succeeded) || !self.should_restart(spec, newest, kind) {
             return;
         }
         let Some(reason) = self.waiting.get(&spec.name) else {
@@ -330,6 +346,10 @@ impl<'a> Context<'a> {
         newest: Option<&RtContainer>,
         kind: Kind,
     ) {
+        if kind == Kind::Ephemeral {
+            status.ready = false;
+            return;
+        }
         let running = status.state.as_ref().is_some_and(|s| s.running.is_some());
         let running_id = newest
             .filter(|c| running && c.state == RtState::Running)
@@ -429,6 +449,57 @@ mod tests {
             ("busybox", "sha256:cafe")
         );
         assert_eq!((a.ready, a.started), (true, Some(true)));
+    }
+
+    #[test]
+    fn ephemeral_containers_get_their_own_statuses_and_an_exited_one_stays_terminated() {
+        const WITH_EPHEMERAL: &str = "containers: [{name: a, image: busybox}]\n\
+            ephemeralContainers: [{name: dbg, image: busybox}, {name: old, image: busybox}, \
+            {name: new, image: busybox}]";
+        let status = Scenario::new(
+            WITH_EPHEMERAL,
+            vec![
+                running("a", 0, 100),
+                running("dbg", 0, 110),
+                exited("old", 0, 105, 1, ExitReason::Error),
+            ],
+        )
+        .waiting("old", "CrashLoopBackOff", "must not be shown")
+        .generate();
+        let names: Vec<&str> = status
+            .ephemeral_container_statuses
+            .iter()
+            .flatten()
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(names, ["dbg", "new", "old"]);
+        let find = |name: &str| {
+            status
+                .ephemeral_container_statuses
+                .iter()
+                .flatten()
+                .find(|c| c.name == name)
+                .unwrap()
+        };
+        let dbg = find("dbg");
+        assert!(dbg.state.as_ref().is_some_and(|s| s.running.is_some()));
+        assert_eq!(
+            dbg.container_id,
+            Some(format!("ironlet://{}", id("dbg", 0)))
+        );
+        assert_eq!(dbg.image_id, "sha256:cafe");
+        assert_eq!((dbg.ready, dbg.started), (false, None));
+        let old = terminated_of(find("old").state.as_ref()).expect("terminated");
+        assert_eq!(old.exit_code, 1);
+        assert_eq!(waiting_reason(find("new")), Some("ContainerCreating"));
+        assert!(
+            status
+                .container_statuses
+                .iter()
+                .flatten()
+                .all(|c| c.name == "a"),
+            "ephemeral containers are not regular ones"
+        );
     }
 
     #[test]

@@ -17,6 +17,7 @@
 //! Before starting, the caller passes `start` through
 //! [`filter_backoff`](super::filter_backoff) so that crash-looping containers wait.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
 use std::time::{Duration, SystemTime};
@@ -165,6 +166,8 @@ pub enum ContainerKind {
     /// running alongside the regular containers.
     Sidecar,
     Regular,
+    /// From `spec.ephemeralContainers`: started once, never restarted.
+    Ephemeral,
 }
 
 impl ContainerKind {
@@ -184,6 +187,7 @@ impl ContainerKind {
         match self {
             Self::Init | Self::Sidecar => ContainerType::Init,
             Self::Regular => ContainerType::Regular,
+            Self::Ephemeral => ContainerType::Ephemeral,
         }
     }
 
@@ -192,6 +196,7 @@ impl ContainerKind {
         match self {
             Self::Init | Self::Sidecar => "Init container",
             Self::Regular => "Container",
+            Self::Ephemeral => "Ephemeral container",
         }
     }
 }
@@ -201,7 +206,8 @@ impl ContainerKind {
 pub struct ContainerStart {
     pub name: String,
     pub kind: ContainerKind,
-    /// Position in `spec.initContainers` (init, sidecar) or `spec.containers` (regular).
+    /// Position in `spec.initContainers` (init, sidecar), `spec.containers` (regular) or
+    /// `spec.ephemeralContainers` (ephemeral).
     pub index: usize,
     /// Its restart count (CRI `attempt`): the newest instance's plus one, 0 for the first.
     pub restart_count: u32,
@@ -213,15 +219,23 @@ pub struct ContainerStart {
 }
 
 impl ContainerStart {
-    /// The container's spec in `pod`, if `pod` is the pod the start was computed for.
+    /// The container's spec in `pod`, if `pod` is the pod the start was computed for (an
+    /// ephemeral container's as a [`Container`]).
     #[must_use]
-    pub fn spec<'p>(&self, pod: &'p Pod) -> Option<&'p Container> {
+    pub fn spec<'p>(&self, pod: &'p Pod) -> Option<Cow<'p, Container>> {
         let spec = pod.spec.as_ref()?;
         let list = match self.kind {
             ContainerKind::Init | ContainerKind::Sidecar => spec.init_containers.as_deref()?,
             ContainerKind::Regular => &spec.containers,
+            ContainerKind::Ephemeral => {
+                let ec = spec.ephemeral_containers.as_deref()?.get(self.index)?;
+                return (ec.name == self.name)
+                    .then(|| Cow::Owned(super::ephemeral::as_container(ec)));
+            }
         };
-        list.get(self.index).filter(|c| c.name == self.name)
+        list.get(self.index)
+            .filter(|c| c.name == self.name)
+            .map(Cow::Borrowed)
     }
 }
 
@@ -298,6 +312,7 @@ impl ContainerKill {
         let list = match self.kind? {
             ContainerKind::Init | ContainerKind::Sidecar => spec.init_containers.as_deref()?,
             ContainerKind::Regular => &spec.containers,
+            ContainerKind::Ephemeral => return None,
         };
         let container = list.iter().find(|c| c.name == self.name)?;
         let probe = match self.reason {

@@ -5,7 +5,9 @@
 //!  sandboxes ─► keep the ready one? ──no──► CreateSandbox (or KillPod when it must not be
 //!                      │ yes                 recreated: restartPolicy Never after a run, or
 //!                      ▼                     every container is done)
-//!              init phase (init.rs) ──pending──► Sync (init actions only)
+//!              ephemeral containers (ephemeral.rs): start the new ones, keep the running ones
+//!                      ▼
+//!              init phase (init.rs) ──pending──► Sync (init and ephemeral actions only)
 //!                      │ done        ──failed (Never)──► KillPod
 //!                      ▼
 //!              regular containers: start missing / restartable ones, kill changed or
@@ -28,6 +30,7 @@
 use ironlet_runtime::types::{ContainerState, SandboxId};
 
 use super::actions::{ActionsInput, ContainerKind, KillReason, PodActions, PodDone, SandboxChange};
+use super::ephemeral::ephemeral_step;
 use super::init::{init_phase, InitOutcome};
 use super::plan::{Ctx, Plan, RestartPolicy};
 use super::restart::should_restart;
@@ -86,9 +89,11 @@ fn for_new_sandbox(ctx: &Ctx<'_>, cause: SandboxChange, attempt: u32) -> PodActi
     }
 }
 
-/// The pod keeps sandbox `sandbox_id`: init phase, then regular containers.
+/// The pod keeps sandbox `sandbox_id`: ephemeral containers, init phase, then regular
+/// containers.
 fn in_sandbox(ctx: &Ctx<'_>, sandbox_id: SandboxId) -> PodActions {
     let mut plan = Plan::default();
+    ephemeral_step(ctx, &sandbox_id, &mut plan);
     match init_phase(ctx, &sandbox_id, &mut plan) {
         InitOutcome::Failed { name, exit_code } => {
             return PodActions::KillPod {
@@ -220,7 +225,10 @@ mod tests {
             .all(|s| s.kind == ContainerKind::Regular));
         assert_eq!(actions.starts()[1].index, 1);
         assert_eq!(
-            actions.starts()[1].spec(&pod).map(|c| c.name.as_str()),
+            actions.starts()[1]
+                .spec(&pod)
+                .map(|c| c.name.clone())
+                .as_deref(),
             Some("db")
         );
     }

@@ -77,7 +77,7 @@ pub(super) fn init_phase(ctx: &Ctx<'_>, sandbox: &SandboxId, plan: &mut Plan) ->
         let newest = ctx.view.newest_in(&container.name, sandbox);
         let step = match ContainerKind::of_init(container) {
             ContainerKind::Sidecar => sidecar_step(ctx, plan, index, container, newest),
-            ContainerKind::Init | ContainerKind::Regular => {
+            ContainerKind::Init | ContainerKind::Regular | ContainerKind::Ephemeral => {
                 init_step(ctx, plan, index, container, newest)
             }
         };

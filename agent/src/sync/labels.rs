@@ -56,6 +56,8 @@ pub enum ContainerType {
     Init,
     /// From `spec.containers`.
     Regular,
+    /// From `spec.ephemeralContainers`.
+    Ephemeral,
 }
 
 impl ContainerType {
@@ -65,6 +67,7 @@ impl ContainerType {
         match self {
             Self::Init => "init",
             Self::Regular => "regular",
+            Self::Ephemeral => "ephemeral",
         }
     }
 }
@@ -76,7 +79,10 @@ impl FromStr for ContainerType {
         match s {
             "init" => Ok(Self::Init),
             "regular" => Ok(Self::Regular),
-            other => Err(format!("expected init or regular, got {other:?}")),
+            "ephemeral" => Ok(Self::Ephemeral),
+            other => Err(format!(
+                "expected init, regular or ephemeral, got {other:?}"
+            )),
         }
     }
 }
@@ -436,7 +442,7 @@ mod tests {
             );
         }
         let mut bad_type = labels.clone();
-        bad_type.insert(CONTAINER_TYPE.to_owned(), "ephemeral".to_owned());
+        bad_type.insert(CONTAINER_TYPE.to_owned(), "sidecar".to_owned());
         assert!(matches!(
             ContainerLabels::parse(&id(), &bad_type, &good),
             Err(LabelError::Garbled {

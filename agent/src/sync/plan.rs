@@ -27,6 +27,8 @@ pub(super) struct Ctx<'a> {
     pub(super) deleting: bool,
     pub(super) init: &'a [Container],
     pub(super) regular: &'a [Container],
+    /// `spec.ephemeralContainers`, converted.
+    pub(super) ephemeral: Vec<Container>,
 }
 
 impl<'a> Ctx<'a> {
@@ -42,6 +44,7 @@ impl<'a> Ctx<'a> {
                 .and_then(|s| s.init_containers.as_deref())
                 .unwrap_or_default(),
             regular: spec.map_or(&[], |s| s.containers.as_slice()),
+            ephemeral: super::ephemeral::ephemeral_containers(input.pod),
         }
     }
 
@@ -49,11 +52,13 @@ impl<'a> Ctx<'a> {
     pub(super) fn kind_of(&self, name: &str) -> Option<ContainerKind> {
         if let Some(init) = self.init.iter().find(|c| c.name == name) {
             Some(ContainerKind::of_init(init))
+        } else if self.regular.iter().any(|c| c.name == name) {
+            Some(ContainerKind::Regular)
         } else {
-            self.regular
+            self.ephemeral
                 .iter()
                 .any(|c| c.name == name)
-                .then_some(ContainerKind::Regular)
+                .then_some(ContainerKind::Ephemeral)
         }
     }
 

@@ -4,7 +4,7 @@
 //! Create is all-or-nothing: the rootfs, bundle and libcontainer state it made are undone
 //! on any later failure, and a failed undo is reported together with the original error.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use tokio::sync::watch;
@@ -130,7 +130,12 @@ impl Inner {
                 .await
                 .map_err(|e| RuntimeError::InvalidConfig(format!("rootfs task: {e}")))??;
 
-        let namespaces = sandbox_namespaces(sandbox);
+        let mut namespaces = sandbox_namespaces(sandbox);
+        if let Some(target) = &rec.config.pid_namespace_target {
+            if namespaces.pid == NamespaceMode::New {
+                namespaces.pid = self.target_pid_namespace(target, &rec.sandbox_id)?;
+            }
+        }
         let user_namespace = self
             .config
             .rootless
@@ -167,6 +172,28 @@ impl Inner {
             })?;
         rec.phase = ContainerPhase::Created { pid, start_time };
         Ok((stdout, stderr))
+    }
+
+    /// The PID namespace of running container `target` of sandbox `sandbox`, to join.
+    fn target_pid_namespace(
+        &self,
+        target: &ContainerId,
+        sandbox: &SandboxId,
+    ) -> Result<NamespaceMode, RuntimeError> {
+        let state = self.lock();
+        let entry = state
+            .containers
+            .get(target)
+            .filter(|e| &e.record.sandbox_id == sandbox)
+            .ok_or_else(|| not_found("target container", target.as_str()))?;
+        match entry.record.phase {
+            ContainerPhase::Running { pid, .. } => Ok(NamespaceMode::Join(PathBuf::from(format!(
+                "/proc/{pid}/ns/pid"
+            )))),
+            _ => Err(RuntimeError::InvalidConfig(format!(
+                "target container {target} is not running"
+            ))),
+        }
     }
 
     pub(super) async fn undo_create(

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use ironlet_runtime::types::{ContainerId, Mount, PodSandboxStatus, SandboxId};
+use ironlet_runtime::types::{ContainerId, ContainerState, Mount, PodSandboxStatus, SandboxId};
 use k8s_openapi::api::core::v1::{Container, Pod};
 
 use super::NodeSyncer;
@@ -12,7 +12,7 @@ use crate::kubelet::container_config::{container_config, ContainerInputs};
 use crate::kubelet::events::{reason, EventType};
 use crate::kubelet::security::{verify_run_as_non_root, ImageUser};
 use crate::pod_workers::SyncError;
-use crate::sync::{container_annotations, container_labels, ContainerStart};
+use crate::sync::{container_annotations, container_labels, ContainerKind, ContainerStart};
 use crate::volumes::PodVolumes;
 
 /// Annotation holding the host path of the container's termination-message file.
@@ -33,6 +33,7 @@ impl NodeSyncer {
                 format!("container {:?} is not in the pod spec", start.name),
             )
         })?;
+        let container: &Container = &container;
         let image = container.image.clone().unwrap_or_default();
         self.ensure_image(pod, container, &image).await?;
         let image_config = match self.images.get_image(&image).await {
@@ -78,7 +79,7 @@ impl NodeSyncer {
         );
         let qos = crate::qos::qos_class(pod).map_err(|e| self.config_error(pod, e.to_string()))?;
         let seccomp_dir = self.config.root_dir.join("seccomp");
-        let config = container_config(ContainerInputs {
+        let mut config = container_config(ContainerInputs {
             pod,
             container,
             attempt: start.restart_count,
@@ -93,6 +94,9 @@ impl NodeSyncer {
             seccomp_dir: &seccomp_dir,
         })
         .map_err(|e| self.config_error(pod, e.to_string()))?;
+        if start.kind == ContainerKind::Ephemeral {
+            config.pid_namespace_target = self.ephemeral_target(pod, sandbox, container).await?;
+        }
 
         let id = self
             .runtime
@@ -123,6 +127,33 @@ impl NodeSyncer {
         );
         self.run_post_start(pod, container, &id, sandbox_status)
             .await
+    }
+
+    /// The running instance of an ephemeral container's `targetContainerName` in `sandbox`,
+    /// whose PID namespace it joins (kubelet's `getTargetID`); `None` without a target.
+    async fn ephemeral_target(
+        &self,
+        pod: &Pod,
+        sandbox: &SandboxId,
+        container: &Container,
+    ) -> Result<Option<ContainerId>, SyncError> {
+        let Some(target) = crate::sync::ephemeral::target_of(pod, &container.name) else {
+            return Ok(None);
+        };
+        let status = self
+            .runtime
+            .pod_status(pod_uid(pod))
+            .await
+            .map_err(|e| SyncError::new("RuntimeStatusError", e.to_string()))?;
+        let running = status.containers.into_iter().find(|c| {
+            c.name == target && &c.sandbox_id == sandbox && c.state == ContainerState::Running
+        });
+        match running {
+            Some(c) => Ok(Some(c.id)),
+            None => {
+                Err(self.config_error(pod, format!("unable to find target container {target}")))
+            }
+        }
     }
 
     pub(super) fn config_error(&self, pod: &Pod, message: String) -> SyncError {

@@ -36,7 +36,7 @@ use std::time::Duration;
 
 use ironlet_runtime::types::{ContainerId, ExecRequest};
 use ironlet_runtime::Runtime;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodStatus};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
@@ -507,7 +507,9 @@ fn container_logs(
         spec.containers
             .iter()
             .chain(spec.init_containers.iter().flatten())
-            .any(|c| c.name == container)
+            .map(|c| &c.name)
+            .chain(spec.ephemeral_containers.iter().flatten().map(|c| &c.name))
+            .any(|name| name == container)
     });
     if !known || !logs::is_safe_name(&uid) {
         return Err(Response::text(
@@ -570,7 +572,7 @@ fn exec_target(
         .ok_or_else(|| Response::text(404, "pod does not exist\n"))?;
     let id = pod
         .status
-        .and_then(|s| s.container_statuses)
+        .map(all_container_statuses)
         .into_iter()
         .flatten()
         .find(|c| c.name == container)
@@ -641,13 +643,21 @@ fn container_running(view: &dyn PodsView, namespace: &str, pod: &str, container:
     find_pod(view, namespace, pod)
         .and_then(|p| p.status)
         .map(|s| {
-            s.container_statuses
-                .into_iter()
-                .flatten()
-                .chain(s.init_container_statuses.into_iter().flatten())
+            all_container_statuses(s)
                 .any(|c| c.name == container && c.state.is_some_and(|st| st.running.is_some()))
         })
         .unwrap_or(false)
+}
+
+/// The statuses of the regular, init (sidecars among them) and ephemeral containers, as
+/// kubelet looks a container up by name for logs and exec.
+fn all_container_statuses(status: PodStatus) -> impl Iterator<Item = ContainerStatus> {
+    status
+        .container_statuses
+        .into_iter()
+        .flatten()
+        .chain(status.init_container_statuses.into_iter().flatten())
+        .chain(status.ephemeral_container_statuses.into_iter().flatten())
 }
 
 /// The log stream's side of a connection: the head goes out with the first bytes.
