@@ -24,7 +24,8 @@ pub enum ImagesCommand {
         quiet: bool,
     },
     /// Pull an image from its registry (mirrors, TLS and credentials as the agent uses
-    /// them: --registry-config, <root-dir>/config.json, ~/.docker/config.json).
+    /// them: --registry-config, <root-dir>/config.json, ~/.docker/config.json, credential
+    /// provider plugins).
     Pull {
         reference: String,
         /// Credentials for the image's registry, USER:PASS (tried before the node's).
@@ -39,6 +40,8 @@ pub enum ImagesCommand {
         /// Layers downloaded at once.
         #[arg(long = "max-concurrent-downloads", default_value_t = 3)]
         max_concurrent_downloads: usize,
+        #[command(flatten)]
+        credential_providers: super::CredentialProviderArgs,
     },
     /// Pin images: image garbage collection never removes them (CRI's pinned images).
     Pin {
@@ -63,8 +66,14 @@ pub async fn run(root: &Path, cmd: ImagesCommand) -> anyhow::Result<ExitCode> {
         ImagesCommand::Pull {
             registry_config,
             max_concurrent_downloads,
+            credential_providers,
             ..
-        } => super::pull_config(root, registry_config.as_deref(), *max_concurrent_downloads)?,
+        } => super::pull_config(
+            root,
+            registry_config.as_deref(),
+            *max_concurrent_downloads,
+            credential_providers,
+        )?,
         _ => PullConfig::default(),
     };
     let service = LocalImageService::with_pull_config(super::open_images(root)?, pull_config);

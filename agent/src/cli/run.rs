@@ -208,6 +208,8 @@ pub struct RunArgs {
     /// Registry mirrors, rewrites, TLS and credentials, in k3s' registries.yaml schema.
     #[arg(long = "registry-config")]
     pub registry_config: Option<PathBuf>,
+    #[command(flatten)]
+    pub credential_providers: super::CredentialProviderArgs,
     /// Layers of one image downloaded (and unpacked) at once; containerd's default is 3.
     #[arg(long = "max-concurrent-downloads", default_value_t = 3)]
     pub max_concurrent_downloads: usize,
@@ -356,6 +358,7 @@ pub fn run(
     super::kubelet_config::apply_file(&mut args, matches)?;
     // A configuration error stops the start here, not in an agent the supervisor restarts.
     image_settings(&args)?;
+    args.credential_providers.load()?;
     let rootless = super::running_rootless();
     let root_dir = super::root_dir(&root_flag, rootless);
     if args.pod_manifest_path.is_none() && args.manifest_url.is_none() && args.kubeconfig.is_none()
@@ -492,6 +495,7 @@ fn run_agent(
             &root_dir,
             args.registry_config.as_deref(),
             args.max_concurrent_downloads,
+            &args.credential_providers,
         )?;
         let images = Arc::new(LocalImageService::with_pull_config(store, pull));
         let socket = config.socket_path();
