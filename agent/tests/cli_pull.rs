@@ -3,7 +3,9 @@
 //! progress lines and the pulled image in `images ls`; a wrong password fails with the
 //! registry's refusal and a non-zero exit. Credentials from a kubelet credential provider
 //! plugin (a shell script) through `--image-credential-provider-config`/`-bin-dir`, and
-//! a bad plugin config refused by `images pull` and `run` before anything starts.
+//! a bad plugin config refused by `images pull` and `run` before anything starts. A pull
+//! `kill -9`ed in the middle of a large layer (a throttling relay in front of the registry)
+//! registers nothing, and the next pull removes its staging and gets the same digests.
 
 use std::process::{Command, Output};
 
@@ -26,6 +28,7 @@ fn text(b: &[u8]) -> String {
 fn images_pull_prints_progress_lines_and_the_image_is_listed_and_a_wrong_password_fails() {
     let reg = TestRegistry::start(RegistryOptions {
         basic_auth: Some(("cli".into(), "cli-pass".into())),
+        ..RegistryOptions::default()
     })
     .expect("start docker-registry");
     let images = ironlet_runtime::testkit::test_images().expect("test images");
@@ -133,6 +136,7 @@ fn credential_plugin(dir: &std::path::Path, host: &str, user: &str, password: &s
 fn images_pull_gets_credentials_from_a_credential_provider_plugin_and_a_bad_config_is_named() {
     let reg = TestRegistry::start(RegistryOptions {
         basic_auth: Some(("cli".into(), "plugin-pass".into())),
+        ..RegistryOptions::default()
     })
     .expect("start docker-registry");
     let images = ironlet_runtime::testkit::test_images().expect("test images");
@@ -241,4 +245,138 @@ fn run_with_a_bad_credential_provider_config_exits_before_starting() {
         "{err}"
     );
     assert!(!root.exists(), "nothing started: no data root made");
+}
+
+/// Regular files directly in `dir`, with their sizes.
+fn files_in(dir: &std::path::Path) -> Vec<(std::path::PathBuf, u64)> {
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| (e.path(), e.metadata().map(|m| m.len()).unwrap_or(0)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn tmp_snapshots(root: &std::path::Path) -> Vec<std::path::PathBuf> {
+    files_in(&root.join("images/snapshots"))
+        .into_iter()
+        .map(|(p, _)| p)
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("tmp-"))
+        })
+        .collect()
+}
+
+#[test]
+fn a_pull_killed_in_the_middle_of_a_layer_registers_nothing_and_the_next_one_cleans_up_and_completes(
+) {
+    use ironlet_runtime::testkit::proxy::{ProxySettings, TcpProxy};
+    use std::time::{Duration, Instant};
+    let reg = TestRegistry::start(RegistryOptions::default()).expect("start docker-registry");
+    let work = tempfile::Builder::new()
+        .prefix("pull2-kill-")
+        .tempdir()
+        .unwrap();
+    let big = ironlet_runtime::testkit::registry::make_large_layout(
+        &work.path().join("big"),
+        24 << 20,
+        3,
+    )
+    .unwrap();
+    reg.push(&work.path().join("big"), "big:1", &["--preserve-digests"])
+        .unwrap();
+    // 4 MiB/s: the layer takes 6 s, time enough to kill the pull in its middle.
+    let proxy = TcpProxy::start(
+        &reg.host(),
+        ProxySettings {
+            bytes_per_sec: Some(4 << 20),
+            ..ProxySettings::default()
+        },
+    )
+    .unwrap();
+    let root = work.path().join("root");
+    let config = work.path().join("registries.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "configs:\n  \"{}\":\n    tls:\n      ca_file: {}\n",
+            proxy.host(),
+            reg.ca_file().display()
+        ),
+    )
+    .unwrap();
+    let reference = format!("{}/big:1", proxy.host());
+    let pull_cmd = || {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_ironlet"));
+        c.arg("--root-dir")
+            .arg(&root)
+            .args(["images", "pull", "--registry-config"])
+            .arg(&config)
+            .arg(&reference);
+        c
+    };
+    let mut child = pull_cmd()
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let ingest = root.join("images/ingest");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if files_in(&ingest).iter().any(|(_, n)| *n >= 2 << 20) {
+            break;
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("the pull ended before it could be killed: {status}");
+        }
+        assert!(Instant::now() < deadline, "no layer bytes arrived");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    // In the middle of the layer: a partial blob and an unfinished snapshot are left…
+    let partial = files_in(&ingest);
+    assert!(
+        partial.iter().any(|(_, n)| *n > 0 && *n < big.layer_size),
+        "{partial:?}"
+    );
+    let unfinished = tmp_snapshots(&root);
+    assert!(!unfinished.is_empty(), "no snapshot was being unpacked");
+    // …but nothing is registered.
+    let layer_blob = root
+        .join("images/blobs/sha256")
+        .join(&big.layer["sha256:".len()..]);
+    assert!(!layer_blob.exists());
+    let ls = ironlet(&root, &["images", "ls", "-q"]);
+    assert_eq!(text(&ls.stdout), "", "no image after the killed pull");
+
+    proxy.set(ProxySettings::default());
+    let out = pull_cmd().output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains(&format!("manifest {}", big.manifest)),
+        "{stdout}"
+    );
+    assert!(
+        stdout
+            .lines()
+            .last()
+            .is_some_and(|l| l.starts_with(&format!("pulled {reference} {}", big.config))),
+        "{stdout}"
+    );
+    assert_eq!(
+        std::fs::metadata(&layer_blob).map(|m| m.len()).ok(),
+        Some(big.layer_size)
+    );
+    // The killed pull's staging went at the next start; the new pull left none.
+    assert_eq!(files_in(&ingest), []);
+    assert_eq!(tmp_snapshots(&root), Vec::<std::path::PathBuf>::new());
+    for (p, _) in partial {
+        assert!(!p.exists(), "{p:?} outlived the next pull");
+    }
+    let ls = ironlet(&root, &["images", "ls", "-q"]);
+    assert_eq!(text(&ls.stdout).trim(), big.config);
 }

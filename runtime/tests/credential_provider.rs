@@ -25,6 +25,7 @@ const PASS: &str = "plugin-pass";
 fn registry() -> TestRegistry {
     let reg = TestRegistry::start(RegistryOptions {
         basic_auth: Some((USER.into(), PASS.into())),
+        ..RegistryOptions::default()
     })
     .expect("start docker-registry (scripts/install-deps installs it)");
     let images = test_images().unwrap();

@@ -74,6 +74,7 @@ fn main() {
 fn start() -> Result<Env> {
     let registry = TestRegistry::start(RegistryOptions {
         basic_auth: Some((USER.into(), PASS.into())),
+        ..RegistryOptions::default()
     })?;
     // layered: three of its four layers are nowhere on the node (the agent imports busybox).
     registry.push(&images_out()?.join("layered"), "pulled/layered:1", &[])?;
