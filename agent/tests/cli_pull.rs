@@ -9,7 +9,7 @@
 
 use std::process::{Command, Output};
 
-use ironlet_runtime::testkit::registry::{RegistryOptions, TestRegistry};
+use ironlet_runtime::testkit::registry::{dir_sizes, RegistryOptions, TestRegistry};
 
 fn ironlet(root: &std::path::Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_ironlet"))
@@ -247,19 +247,8 @@ fn run_with_a_bad_credential_provider_config_exits_before_starting() {
     assert!(!root.exists(), "nothing started: no data root made");
 }
 
-/// Regular files directly in `dir`, with their sizes.
-fn files_in(dir: &std::path::Path) -> Vec<(std::path::PathBuf, u64)> {
-    std::fs::read_dir(dir)
-        .map(|rd| {
-            rd.flatten()
-                .map(|e| (e.path(), e.metadata().map(|m| m.len()).unwrap_or(0)))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 fn tmp_snapshots(root: &std::path::Path) -> Vec<std::path::PathBuf> {
-    files_in(&root.join("images/snapshots"))
+    dir_sizes(&root.join("images/snapshots"))
         .into_iter()
         .map(|(p, _)| p)
         .filter(|p| {
@@ -325,7 +314,7 @@ fn a_pull_killed_in_the_middle_of_a_layer_registers_nothing_and_the_next_one_cle
     let ingest = root.join("images/ingest");
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        if files_in(&ingest).iter().any(|(_, n)| *n >= 2 << 20) {
+        if dir_sizes(&ingest).iter().any(|(_, n)| *n >= 2 << 20) {
             break;
         }
         if let Some(status) = child.try_wait().unwrap() {
@@ -337,7 +326,7 @@ fn a_pull_killed_in_the_middle_of_a_layer_registers_nothing_and_the_next_one_cle
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
     // In the middle of the layer: a partial blob and an unfinished snapshot are left…
-    let partial = files_in(&ingest);
+    let partial = dir_sizes(&ingest);
     assert!(
         partial.iter().any(|(_, n)| *n > 0 && *n < big.layer_size),
         "{partial:?}"
@@ -372,7 +361,7 @@ fn a_pull_killed_in_the_middle_of_a_layer_registers_nothing_and_the_next_one_cle
         Some(big.layer_size)
     );
     // The killed pull's staging went at the next start; the new pull left none.
-    assert_eq!(files_in(&ingest), []);
+    assert_eq!(dir_sizes(&ingest), []);
     assert_eq!(tmp_snapshots(&root), Vec::<std::path::PathBuf>::new());
     for (p, _) in partial {
         assert!(!p.exists(), "{p:?} outlived the next pull");

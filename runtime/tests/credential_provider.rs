@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use ironlet_runtime::image::{
     CredentialProviders, Credentials, ImageError, ImageStore, Keyring, LocalImageService,
-    PullConfig, PullRequest, RegistriesConfig,
+    PullConfig, PullRequest,
 };
 use ironlet_runtime::testkit::registry::{RegistryOptions, TestRegistry};
 use ironlet_runtime::testkit::test_images;
@@ -114,18 +114,12 @@ fn service(
     providers: Option<Arc<CredentialProviders>>,
     node_keyring: Keyring,
 ) -> LocalImageService {
-    let yaml = format!(
-        "configs:\n  \"{}\":\n    tls:\n      ca_file: {}\n",
-        reg.host(),
-        reg.ca_file().display()
-    );
     LocalImageService::with_pull_config(
         Arc::new(ImageStore::open(root).unwrap()),
         PullConfig {
-            registries: RegistriesConfig::parse(&yaml, Path::new("test.yaml")).unwrap(),
             credential_providers: providers,
             node_keyring,
-            ..PullConfig::default()
+            ..reg.pull_config(&reg.host()).unwrap()
         },
     )
 }
@@ -213,8 +207,9 @@ async fn image_keys_zero_durations_and_expiry_decide_how_often_the_plugin_runs()
             "{key} {duration:?} default {default}"
         );
     }
-    // An entry expires: 1 s later the plugin runs again.
-    let plugin = runs("Registry", Some("1s"), "0s");
+    // An entry expires: 4 s later the plugin runs again (4 s: a loaded machine's pull
+    // must not outlast it).
+    let plugin = runs("Registry", Some("4s"), "0s");
     let tmp = tempfile::tempdir().unwrap();
     let svc = service(
         &reg,
@@ -222,10 +217,12 @@ async fn image_keys_zero_durations_and_expiry_decide_how_often_the_plugin_runs()
         Some(plugin.providers(Duration::from_secs(30))),
         Keyring::default(),
     );
+    let started = Instant::now();
     pull(&svc, &reg, "busybox").await.unwrap();
     pull(&svc, &reg, "busybox").await.unwrap();
     assert_eq!(plugin.calls().len(), 1);
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let expired = Duration::from_millis(4200).saturating_sub(started.elapsed());
+    tokio::time::sleep(expired).await;
     pull(&svc, &reg, "busybox").await.unwrap();
     assert_eq!(plugin.calls().len(), 2);
 }

@@ -449,18 +449,10 @@ async fn a_connection_dropped_in_the_middle_of_a_blob_registers_nothing_and_a_re
         },
     )
     .unwrap();
-    let yaml = format!(
-        "configs:\n  \"{}\":\n    tls:\n      ca_file: {}\n",
-        proxy.host(),
-        reg.ca_file().display()
-    );
     let tmp = tempfile::tempdir().unwrap();
     let svc = LocalImageService::with_pull_config(
         Arc::new(ImageStore::open(tmp.path()).unwrap()),
-        PullConfig {
-            registries: RegistriesConfig::parse(&yaml, Path::new("test.yaml")).unwrap(),
-            ..PullConfig::default()
-        },
+        reg.pull_config(&proxy.host()).unwrap(),
     );
     let reference = format!("{}/big:1", proxy.host());
     let err = svc

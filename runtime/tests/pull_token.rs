@@ -15,8 +15,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::Engine as _;
 use ironlet_runtime::image::{
-    Credentials, ImageError, ImageStore, Keyring, LocalImageService, PullConfig, PullRequest,
-    RegistriesConfig,
+    Credentials, ImageError, ImageStore, Keyring, LocalImageService, PullRequest,
 };
 use ironlet_runtime::testkit::registry::{RegistryOptions, TestRegistry, TokenAuth};
 use ironlet_runtime::testkit::test_images;
@@ -285,17 +284,9 @@ fn setup() -> Setup {
 }
 
 fn service(reg: &TestRegistry, root: &Path) -> LocalImageService {
-    let yaml = format!(
-        "configs:\n  \"{}\":\n    tls:\n      ca_file: {}\n",
-        reg.host(),
-        reg.ca_file().display()
-    );
     LocalImageService::with_pull_config(
         Arc::new(ImageStore::open(root).unwrap()),
-        PullConfig {
-            registries: RegistriesConfig::parse(&yaml, Path::new("test.yaml")).unwrap(),
-            ..PullConfig::default()
-        },
+        reg.pull_config(&reg.host()).unwrap(),
     )
 }
 

@@ -30,7 +30,7 @@ use ironlet_e2e::{
 };
 use ironlet_runtime::testkit::proxy::{ProxySettings, TcpProxy};
 use ironlet_runtime::testkit::registry::{
-    make_large_layout, LargeImage, RegistryOptions, TestRegistry,
+    dir_sizes, make_large_layout, LargeImage, RegistryOptions, TestRegistry,
 };
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
@@ -625,17 +625,6 @@ fn image_gc_warning(env: &Env) -> Result<()> {
     })
 }
 
-/// Files directly in `dir` with their sizes.
-fn files_in(dir: &std::path::Path) -> Vec<(std::path::PathBuf, u64)> {
-    std::fs::read_dir(dir)
-        .map(|rd| {
-            rd.flatten()
-                .map(|e| (e.path(), e.metadata().map(|m| m.len()).unwrap_or(0)))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 fn pull_survives_agent_kill(env: &Env) -> Result<()> {
     // 4 MiB/s: the 24 MiB layer takes 6 s.
     env.proxy.set(ProxySettings {
@@ -657,7 +646,7 @@ async fn killed_pull(env: &Env) -> Result<()> {
     create_pod(&pods, &pod).await?;
     let images = env.agent.root.join("images");
     let partial = eventually("2 MiB of the layer", Duration::from_secs(90), || async {
-        let f = files_in(&images.join("ingest"));
+        let f = dir_sizes(&images.join("ingest"));
         Ok(f.iter().any(|(_, n)| *n >= 2 << 20).then_some(f))
     })
     .await;
@@ -715,10 +704,10 @@ async fn killed_pull(env: &Env) -> Result<()> {
         anyhow::ensure!(!p.exists(), "{p:?} outlived the restart");
     }
     anyhow::ensure!(
-        files_in(&images.join("ingest")).is_empty(),
+        dir_sizes(&images.join("ingest")).is_empty(),
         "ingest leftovers"
     );
-    let tmp: Vec<_> = files_in(&images.join("snapshots"))
+    let tmp: Vec<_> = dir_sizes(&images.join("snapshots"))
         .into_iter()
         .filter(|(p, _)| {
             p.file_name()

@@ -171,6 +171,22 @@ impl TestRegistry {
         format!("127.0.0.1:{}", self.port)
     }
 
+    /// Pull settings that trust this registry's CA at `host` (its own, or a relay's in
+    /// front of it): `configs: {host: {tls: {ca_file}}}`.
+    pub fn pull_config(
+        &self,
+        host: &str,
+    ) -> std::result::Result<crate::image::PullConfig, crate::image::ImageError> {
+        let yaml = format!(
+            "configs:\n  \"{host}\":\n    tls:\n      ca_file: {}\n",
+            self.ca_file().display()
+        );
+        Ok(crate::image::PullConfig {
+            registries: crate::image::RegistriesConfig::parse(&yaml, Path::new("testkit"))?,
+            ..Default::default()
+        })
+    }
+
     /// The PEM file of the CA that signed the registry's certificate.
     pub fn ca_file(&self) -> PathBuf {
         self.dir.path().join("certs").join("ca.crt")
@@ -288,21 +304,11 @@ pub fn make_multi_arch_layout(layout: &Path, out: &Path) -> Result<MultiArch> {
         ]
     });
     let image_index = put_json(&blobs, &image_index)?;
-    let top = serde_json::json!({
-        "schemaVersion": 2,
-        "manifests": [{
-            "mediaType": "application/vnd.oci.image.index.v1+json",
-            "digest": image_index.0, "size": image_index.1,
-            "annotations": {"org.opencontainers.image.ref.name": "multi"}
-        }]
-    });
-    write(
-        &out.join("index.json"),
-        &serde_json::to_vec(&top).unwrap_or_default(),
-    )?;
-    write(
-        &out.join("oci-layout"),
-        br#"{"imageLayoutVersion":"1.0.0"}"#,
+    write_layout_top(
+        out,
+        "application/vnd.oci.image.index.v1+json",
+        &image_index,
+        "multi",
     )?;
     let platform = match other_variant {
         Some(v) => format!("linux/{other_arch}/{v}"),
@@ -363,21 +369,11 @@ pub fn make_large_layout(out: &Path, size: u64, seed: u64) -> Result<LargeImage>
                     "digest": format!("sha256:{layer_hex}"), "size": layer_size}],
     });
     let manifest = put_json(&blobs, &manifest)?;
-    let top = serde_json::json!({
-        "schemaVersion": 2,
-        "manifests": [{
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "digest": manifest.0, "size": manifest.1,
-            "annotations": {"org.opencontainers.image.ref.name": "big:latest"}
-        }]
-    });
-    write(
-        &out.join("index.json"),
-        &serde_json::to_vec(&top).unwrap_or_default(),
-    )?;
-    write(
-        &out.join("oci-layout"),
-        br#"{"imageLayoutVersion":"1.0.0"}"#,
+    write_layout_top(
+        out,
+        "application/vnd.oci.image.manifest.v1+json",
+        &manifest,
+        "big:latest",
     )?;
     Ok(LargeImage {
         manifest: manifest.0,
@@ -385,6 +381,18 @@ pub fn make_large_layout(out: &Path, size: u64, seed: u64) -> Result<LargeImage>
         layer: format!("sha256:{layer_hex}"),
         layer_size,
     })
+}
+
+/// The entries directly in `dir` with their sizes (none when it is missing): what staging
+/// (`ingest/`, `snapshots/tmp-*`) a pull left.
+pub fn dir_sizes(dir: &Path) -> Vec<(PathBuf, u64)> {
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| (e.path(), e.metadata().map(|m| m.len()).unwrap_or(0)))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// What [`make_large_layout`] made (digests as `sha256:<hex>`).
@@ -418,6 +426,31 @@ pub struct MultiArch {
     pub other_config: String,
     pub other_platform: String,
     pub index_digest: String,
+}
+
+/// The layout's `index.json`, naming one blob (`(digest, size)`) as `ref_name`, and its
+/// `oci-layout` marker.
+fn write_layout_top(
+    out: &Path,
+    media_type: &str,
+    desc: &(String, u64),
+    ref_name: &str,
+) -> Result<()> {
+    let top = serde_json::json!({
+        "schemaVersion": 2,
+        "manifests": [{
+            "mediaType": media_type, "digest": desc.0, "size": desc.1,
+            "annotations": {"org.opencontainers.image.ref.name": ref_name}
+        }]
+    });
+    write(
+        &out.join("index.json"),
+        &serde_json::to_vec(&top).unwrap_or_default(),
+    )?;
+    write(
+        &out.join("oci-layout"),
+        br#"{"imageLayoutVersion":"1.0.0"}"#,
+    )
 }
 
 fn hex_of(desc: &serde_json::Value, layout: &Path) -> Result<String> {
