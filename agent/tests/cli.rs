@@ -1,5 +1,6 @@
 //! The `ironlet` command line end to end, with real containers: images, `ctr run` exit
-//! codes and limits, ps/logs/exec/rm, and a rootless run as an unprivileged user the test
+//! codes and limits, ps/logs/exec/rm, `images prune` (kept containers' and pinned images
+//! stay), and a rootless run as an unprivileged user the test
 //! creates. Needs root (CI runs as root); skips otherwise.
 
 mod support;
@@ -1174,4 +1175,72 @@ fn ctr_run_docker_flags_and_detach_work_rootless() {
     );
     let root = rootless.work.path().join("root");
     ctr_run_detached_lifecycle(&root, &root.join("logs"), true, |args| rootless.cmd(args));
+}
+
+#[test]
+fn images_prune_keeps_images_of_kept_containers_and_pinned_ones_and_removes_the_rest() {
+    if !is_root() {
+        return;
+    }
+    let node = Node::new();
+    for name in ["layered", "nonroot"] {
+        let out = node.ironlet(&[
+            "images",
+            "import",
+            &images_out().join(name).to_string_lossy(),
+        ]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    }
+    // An exited container that is not removed still uses busybox.
+    let run = node.ironlet(&["ctr", "run", "--name", "kept", "busybox", "--", "true"]);
+    assert!(run.status.success(), "{}", text(&run.stderr));
+    let pin = node.ironlet(&["images", "pin", "nonroot:latest"]);
+    assert!(pin.status.success(), "{}", text(&pin.stderr));
+    let tags = |node: &Node| -> Vec<String> {
+        let ls = node.ironlet(&["images", "ls"]);
+        let mut tags: Vec<String> = text(&ls.stdout)
+            .lines()
+            .skip(1)
+            .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+            .collect();
+        tags.sort();
+        tags
+    };
+    let blobs = || {
+        std::fs::read_dir(node.root.path().join("images/blobs/sha256"))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    };
+    // layered is on the pinned list: nothing goes.
+    let prune = node.ironlet(&["images", "prune", "--pinned-images", "layered"]);
+    assert!(prune.status.success(), "{}", text(&prune.stderr));
+    assert!(
+        !text(&prune.stdout).contains("Deleted"),
+        "{}",
+        text(&prune.stdout)
+    );
+    assert_eq!(tags(&node).len(), 3);
+    let before = blobs();
+    let prune = node.ironlet(&["images", "prune"]);
+    assert!(prune.status.success(), "{}", text(&prune.stderr));
+    let out = text(&prune.stdout);
+    assert!(out.contains("docker.io/library/layered:latest"), "{out}");
+    assert_eq!(out.matches("Deleted: sha256:").count(), 1, "{out}");
+    assert!(out.contains("Total reclaimed space: "), "{out}");
+    assert_eq!(
+        tags(&node),
+        ["docker.io/library/busybox", "docker.io/library/nonroot"]
+    );
+    assert!(blobs() < before, "layered's blobs were collected");
+    // Once its container is removed, busybox goes too; the pinned image stays.
+    let rm = node.ironlet(&["ctr", "rm", "kept"]);
+    assert!(rm.status.success(), "{}", text(&rm.stderr));
+    let prune = node.ironlet(&["images", "prune"]);
+    assert!(prune.status.success(), "{}", text(&prune.stderr));
+    assert!(
+        text(&prune.stdout).contains("busybox"),
+        "{}",
+        text(&prune.stdout)
+    );
+    assert_eq!(tags(&node), ["docker.io/library/nonroot"]);
 }

@@ -3,6 +3,7 @@
 //!
 //! Start at [`traits`] for the contract and [`types`] for the data crossing it.
 
+pub mod duration;
 pub mod error;
 pub mod image;
 pub mod local;

@@ -1,7 +1,8 @@
 //! Pulls against a real registry (Debian's docker-registry on loopback, TLS from a test CA,
 //! htpasswd basic auth), filled with skopeo from the test images: single- and multi-arch,
 //! gzip/zstd/uncompressed layers, wrong passwords, tampered and truncated blobs, shared
-//! layers and concurrent pulls.
+//! layers and concurrent pulls; a connection cut in the middle of a blob (a relay in front
+//! of the registry).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -10,7 +11,10 @@ use ironlet_runtime::image::{
     Credentials, ImageError, ImageStore, Keyring, LocalImageService, PlatformSpec, PullConfig,
     PullRequest, RegistriesConfig,
 };
-use ironlet_runtime::testkit::registry::{make_multi_arch_layout, RegistryOptions, TestRegistry};
+use ironlet_runtime::testkit::proxy::{ProxySettings, TcpProxy};
+use ironlet_runtime::testkit::registry::{
+    make_large_layout, make_multi_arch_layout, RegistryOptions, TestRegistry,
+};
 use ironlet_runtime::testkit::test_images;
 use ironlet_runtime::ImageService;
 
@@ -20,6 +24,7 @@ const PASS: &str = "right-password";
 fn registry(auth: bool) -> TestRegistry {
     TestRegistry::start(RegistryOptions {
         basic_auth: auth.then(|| (USER.to_owned(), PASS.to_owned())),
+        ..RegistryOptions::default()
     })
     .expect("start docker-registry (scripts/install-deps installs it)")
 }
@@ -432,4 +437,55 @@ async fn a_mirror_that_is_down_falls_back_and_a_rewrite_maps_the_repository() {
         .unwrap();
     assert_eq!(report.image.id, imported_id(&layout));
     assert!(svc.get_image(reference).await.unwrap().is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_dropped_in_the_middle_of_a_blob_registers_nothing_and_a_repull_completes() {
+    let reg = registry(false);
+    let work = tempfile::tempdir().unwrap();
+    let big = make_large_layout(&work.path().join("big"), 8 << 20, 7).unwrap();
+    reg.push(&work.path().join("big"), "big:1", &["--preserve-digests"])
+        .unwrap();
+    // The first connection to carry 2 MiB is cut: the manifest and config are small, so
+    // the cut lands in the layer blob.
+    let proxy = TcpProxy::start(
+        &reg.host(),
+        ProxySettings {
+            cut_once_after: Some(2 << 20),
+            ..ProxySettings::default()
+        },
+    )
+    .unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let svc = LocalImageService::with_pull_config(
+        Arc::new(ImageStore::open(tmp.path()).unwrap()),
+        reg.pull_config(&proxy.host()).unwrap(),
+    );
+    let reference = format!("{}/big:1", proxy.host());
+    let err = svc
+        .pull_image(&reference, PullRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(proxy.cuts(), 1);
+    assert_eq!(err.kubelet_reason(), "ErrImagePull", "{err}");
+    assert!(svc.list_images().await.unwrap().is_empty());
+    assert!(!tmp
+        .path()
+        .join("blobs/sha256")
+        .join(&big.layer["sha256:".len()..])
+        .exists());
+    assert_clean_staging(tmp.path());
+    let report = svc
+        .pull_image(&reference, PullRequest::default())
+        .await
+        .unwrap();
+    assert_eq!(report.image.id, big.config);
+    assert_eq!(report.manifest, big.manifest);
+    assert_eq!(report.bytes_fetched, big.layer_size);
+    let blob = tmp
+        .path()
+        .join("blobs/sha256")
+        .join(&big.layer["sha256:".len()..]);
+    assert_eq!(std::fs::metadata(&blob).unwrap().len(), big.layer_size);
+    assert_clean_staging(tmp.path());
 }

@@ -14,16 +14,24 @@
 //! image is younger than the 2 min minimum age, so nothing is removed while the tests run —
 //! and the Node gets kubelet's `FreeDiskSpaceFailed` warning.
 //!
+//! A pod's pull `kill -9`ed with the agent in the middle of a large layer (served slowly by
+//! a relay in front of the registry) completes after the supervisor restarts the agent: the
+//! partial blob and snapshot are gone, the image is stored with the registry's digests.
+//!
 //! One control plane, one registry and one agent (node `e2e-pull-<pid>`) serve every test
 //! of this binary. Needs root (containers, cgroups, CNI).
 
 use std::time::Duration;
 
+use anyhow::Context as _;
 use anyhow::Result;
 use ironlet_e2e::{
     block_on, eventually, images_out, run_suite, ClusterAgent, ControlPlane, SuiteTest,
 };
-use ironlet_runtime::testkit::registry::{RegistryOptions, TestRegistry};
+use ironlet_runtime::testkit::proxy::{ProxySettings, TcpProxy};
+use ironlet_runtime::testkit::registry::{
+    dir_sizes, make_large_layout, LargeImage, RegistryOptions, TestRegistry,
+};
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
@@ -31,10 +39,18 @@ use serde_json::json;
 const USER: &str = "e2e-puller";
 const PASS: &str = "e2e-right-password";
 
+mod local;
+use local::agent_pid;
+
 struct Env {
     plane: ControlPlane,
     agent: ClusterAgent,
     registry: TestRegistry,
+    /// Relays to `registry`, slowly when a test asks (its host has the credentials in
+    /// registries.yaml).
+    proxy: TcpProxy,
+    /// `big/kill:1` in the registry.
+    big: LargeImage,
     _work: tempfile::TempDir,
 }
 
@@ -63,6 +79,10 @@ const TESTS: &[SuiteTest<Env>] = &[
         "image_gc_that_cannot_free_enough_warns_on_the_node_with_kubelets_message",
         image_gc_warning,
     ),
+    (
+        "a_pull_killed_with_the_agent_mid_layer_completes_after_the_restart_with_the_same_digests",
+        pull_survives_agent_kill,
+    ),
 ];
 
 fn main() {
@@ -74,19 +94,29 @@ fn main() {
 fn start() -> Result<Env> {
     let registry = TestRegistry::start(RegistryOptions {
         basic_auth: Some((USER.into(), PASS.into())),
+        ..RegistryOptions::default()
     })?;
     // layered: three of its four layers are nowhere on the node (the agent imports busybox).
     registry.push(&images_out()?.join("layered"), "pulled/layered:1", &[])?;
     registry.push(&images_out()?.join("busybox"), "serial/a:1", &[])?;
     registry.push(&images_out()?.join("layered"), "serial/b:1", &[])?;
     let work = tempfile::tempdir()?;
+    let big = make_large_layout(&work.path().join("big"), 24 << 20, 11)?;
+    registry.push(
+        &work.path().join("big"),
+        "big/kill:1",
+        &["--preserve-digests"],
+    )?;
+    let proxy = TcpProxy::start(&registry.host(), ProxySettings::default())?;
     let config = work.path().join("registries.yaml");
     std::fs::write(
         &config,
         format!(
-            "configs:\n  \"{}\":\n    tls:\n      ca_file: {}\n",
-            registry.host(),
-            registry.ca_file().display()
+            "configs:\n  \"{host}\":\n    tls:\n      ca_file: {ca}\n  \"{proxy}\":\n    \
+             tls:\n      ca_file: {ca}\n    auth: {{username: {USER}, password: {PASS}}}\n",
+            host = registry.host(),
+            proxy = proxy.host(),
+            ca = registry.ca_file().display()
         ),
     )?;
     let plane = ControlPlane::up()?;
@@ -109,6 +139,8 @@ fn start() -> Result<Env> {
         plane,
         agent,
         registry,
+        proxy,
+        big,
         _work: work,
     })
 }
@@ -591,4 +623,97 @@ fn image_gc_warning(env: &Env) -> Result<()> {
         );
         Ok(())
     })
+}
+
+fn pull_survives_agent_kill(env: &Env) -> Result<()> {
+    // 4 MiB/s: the 24 MiB layer takes 6 s.
+    env.proxy.set(ProxySettings {
+        bytes_per_sec: Some(4 << 20),
+        ..ProxySettings::default()
+    });
+    let result = block_on(killed_pull(env));
+    env.proxy.set(ProxySettings::default());
+    result
+}
+
+async fn killed_pull(env: &Env) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(env.plane.admin_client().await?, "default");
+    let image = format!("{}/big/kill:1", env.proxy.host());
+    let mut pod = image_pod(env, "killed-pull", "big/kill:1", None, "IfNotPresent")?;
+    if let Some(c) = pod.spec.as_mut().and_then(|s| s.containers.first_mut()) {
+        c.image = Some(image.clone());
+    }
+    create_pod(&pods, &pod).await?;
+    let images = env.agent.root.join("images");
+    let partial = eventually("2 MiB of the layer", Duration::from_secs(90), || async {
+        let f = dir_sizes(&images.join("ingest"));
+        Ok(f.iter().any(|(_, n)| *n >= 2 << 20).then_some(f))
+    })
+    .await;
+    let killed = match partial {
+        Ok(partial) => {
+            let old = agent_pid(&env.agent).context("the agent does not answer /version")?;
+            nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(old),
+                nix::sys::signal::Signal::SIGKILL,
+            )
+            .context("kill -9 the agent")?;
+            env.proxy.set(ProxySettings::default());
+            Ok((partial, old))
+        }
+        Err(e) => Err(e),
+    };
+    // The image has no program to run (one file, `big`): the pull's end is its event.
+    let pulled = match &killed {
+        Ok(_) => {
+            eventually("the Pulled event", Duration::from_secs(120), || async {
+                let events = event_messages(env, "killed-pull").await?;
+                Ok(events
+                    .iter()
+                    .any(|(r, m)| {
+                        r == "Pulled"
+                            && m.starts_with(&format!("Successfully pulled image \"{image}\""))
+                    })
+                    .then_some(()))
+            })
+            .await
+        }
+        Err(_) => Err(anyhow::anyhow!("not killed")),
+    };
+    let cleanup = delete_pod(&pods, "killed-pull").await;
+    let (partial, old) = killed?;
+    pulled?;
+    cleanup?;
+    anyhow::ensure!(
+        agent_pid(&env.agent).is_some_and(|p| p != old),
+        "the agent was not restarted"
+    );
+    // The registry's digests: its manifest, config and layer are the store's blobs.
+    for digest in [&env.big.manifest, &env.big.config] {
+        let path = images.join("blobs/sha256").join(&digest["sha256:".len()..]);
+        anyhow::ensure!(path.exists(), "{digest} not stored");
+    }
+    let blob = images
+        .join("blobs/sha256")
+        .join(&env.big.layer["sha256:".len()..]);
+    anyhow::ensure!(
+        std::fs::metadata(&blob).map(|m| m.len()).ok() == Some(env.big.layer_size),
+        "layer blob {blob:?} missing or of the wrong size"
+    );
+    for (p, _) in &partial {
+        anyhow::ensure!(!p.exists(), "{p:?} outlived the restart");
+    }
+    anyhow::ensure!(
+        dir_sizes(&images.join("ingest")).is_empty(),
+        "ingest leftovers"
+    );
+    let tmp: Vec<_> = dir_sizes(&images.join("snapshots"))
+        .into_iter()
+        .filter(|(p, _)| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("tmp-"))
+        })
+        .collect();
+    anyhow::ensure!(tmp.is_empty(), "snapshot leftovers: {tmp:?}");
+    Ok(())
 }

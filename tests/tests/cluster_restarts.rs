@@ -19,6 +19,9 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams, WatchEvent, WatchPara
 use libtest_mimic::{Arguments, Failed, Trial};
 use serde_json::json;
 
+mod local;
+use local::{agent_pid, local_get};
+
 const TEST: &str = "fifty_api_pods_see_no_status_transition_across_20_agent_kills_and_upgrades";
 const PODS: usize = 50;
 const RESTARTS: usize = 20;
@@ -59,21 +62,6 @@ fn pod(name: &str, node: &str, label: &str, probed: bool) -> Result<Pod> {
             "containers": [container],
         },
     }))?)
-}
-
-/// `GET path` on the agent's local socket; the body of a 200 answer.
-fn local_get(agent: &ClusterAgent, path: &str) -> Option<Vec<u8>> {
-    let resp = ironlet::server::client::get(&agent.root.join("ironlet.sock"), path).ok()?;
-    (resp.status == 200).then_some(resp.body)
-}
-
-/// The pid of the agent process (the supervisor's child), from its `/version`.
-fn agent_pid(agent: &ClusterAgent) -> Option<i32> {
-    let version: serde_json::Value = serde_json::from_slice(&local_get(agent, "/version")?).ok()?;
-    version
-        .get("pid")?
-        .as_i64()
-        .and_then(|p| i32::try_from(p).ok())
 }
 
 /// Restarts the agent — kill -9 of the agent process, or a SIGHUP upgrade — and returns

@@ -1,4 +1,4 @@
-//! `ironlet images import|ls|rm`: the image store from the command line.
+//! `ironlet images import|ls|pull|pin|unpin|rm|prune`: the image store from the command line.
 
 use super::output::outln;
 use std::path::{Path, PathBuf};
@@ -24,7 +24,8 @@ pub enum ImagesCommand {
         quiet: bool,
     },
     /// Pull an image from its registry (mirrors, TLS and credentials as the agent uses
-    /// them: --registry-config, <root-dir>/config.json, ~/.docker/config.json).
+    /// them: --registry-config, <root-dir>/config.json, ~/.docker/config.json, credential
+    /// provider plugins).
     Pull {
         reference: String,
         /// Credentials for the image's registry, USER:PASS (tried before the node's).
@@ -39,6 +40,8 @@ pub enum ImagesCommand {
         /// Layers downloaded at once.
         #[arg(long = "max-concurrent-downloads", default_value_t = 3)]
         max_concurrent_downloads: usize,
+        #[command(flatten)]
+        credential_providers: super::CredentialProviderArgs,
     },
     /// Pin images: image garbage collection never removes them (CRI's pinned images).
     Pin {
@@ -56,6 +59,14 @@ pub enum ImagesCommand {
         #[arg(required = true)]
         references: Vec<String>,
     },
+    /// Remove every image that no container uses (running, or exited and not removed) and
+    /// that is not pinned, with the layers and blobs nothing else needs.
+    Prune {
+        /// Images never removed besides those `images pin` pinned (the agent's
+        /// --pinned-images list), comma-separated or repeated.
+        #[arg(long = "pinned-images", value_delimiter = ',')]
+        pinned_images: Vec<String>,
+    },
 }
 
 pub async fn run(root: &Path, cmd: ImagesCommand) -> anyhow::Result<ExitCode> {
@@ -63,11 +74,32 @@ pub async fn run(root: &Path, cmd: ImagesCommand) -> anyhow::Result<ExitCode> {
         ImagesCommand::Pull {
             registry_config,
             max_concurrent_downloads,
+            credential_providers,
             ..
-        } => super::pull_config(root, registry_config.as_deref(), *max_concurrent_downloads)?,
+        } => super::pull_config(
+            root,
+            registry_config.as_deref(),
+            *max_concurrent_downloads,
+            credential_providers,
+        )?,
         _ => PullConfig::default(),
     };
-    let service = LocalImageService::with_pull_config(super::open_images(root)?, pull_config);
+    let store = super::open_images(root)?;
+    if matches!(
+        cmd,
+        ImagesCommand::Pull { .. } | ImagesCommand::Import { .. }
+    ) {
+        // What a killed pull or import left (the agent cleans at its start too).
+        if let Err(err) = store.clean_staging() {
+            tracing::warn!(%err, "cleaning the image store's staging failed");
+        }
+    }
+    let mut service = LocalImageService::with_pull_config(store, pull_config);
+    if let ImagesCommand::Prune { pinned_images } = &cmd {
+        service = service
+            .with_pinned_images(pinned_images.clone())
+            .context("--pinned-images")?;
+    }
     match cmd {
         ImagesCommand::Pull {
             reference,
@@ -118,6 +150,7 @@ pub async fn run(root: &Path, cmd: ImagesCommand) -> anyhow::Result<ExitCode> {
                 }
             }
         }
+        ImagesCommand::Prune { .. } => prune(&service, root).await?,
         ImagesCommand::Pin { references } => return pin(&service, &references, true).await,
         ImagesCommand::Unpin { references } => return pin(&service, &references, false).await,
         ImagesCommand::Rm { references } => {
@@ -217,6 +250,62 @@ pub fn human_size(bytes: u64) -> String {
     } else {
         format!("{value:.3}{}", UNITS[unit])
     }
+}
+
+/// `ironlet images prune`: what is in use comes from the container records of the data root
+/// (those of the agent and of `ctr run`), read without opening the runtime.
+async fn prune(service: &LocalImageService, root: &Path) -> anyhow::Result<()> {
+    let containers_dir = ironlet_runtime::LocalRuntimeConfig {
+        root_dir: root.to_path_buf(),
+        rootless: false,
+        default_cgroup_parent: None,
+        cni: None,
+        log_rotation: Default::default(),
+    }
+    .containers_dir();
+    let records = ironlet_runtime::local::record::load_all::<
+        ironlet_runtime::local::record::ContainerRecord,
+    >(&containers_dir);
+    let mut in_use = std::collections::HashSet::new();
+    for r in records {
+        in_use.insert(r.image_id.clone());
+        if let Ok(Some(image)) = service.get_image(&r.config.image).await {
+            in_use.insert(image.id);
+        }
+    }
+    let before = service
+        .image_stats()
+        .await
+        .context("measuring the image store")?;
+    let images = service.list_images().await.context("listing images")?;
+    for image in images {
+        if image.pinned || in_use.contains(&image.id) {
+            continue;
+        }
+        service
+            .remove_image(&image.id)
+            .await
+            .with_context(|| format!("removing image {}", image.id))?;
+        let names = if image.repo_tags.is_empty() {
+            image.repo_digests.join(" ")
+        } else {
+            image.repo_tags.join(" ")
+        };
+        outln!("Deleted: {} {names}", image.id)?;
+    }
+    let after = service
+        .image_stats()
+        .await
+        .context("measuring the image store")?;
+    outln!(
+        "Total reclaimed space: {}",
+        human_size(
+            before
+                .total_storage_bytes
+                .saturating_sub(after.total_storage_bytes)
+        )
+    )?;
+    Ok(())
 }
 
 /// `ironlet images pin|unpin`: 1 when a reference names no image.

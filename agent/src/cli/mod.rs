@@ -21,7 +21,9 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use ironlet_runtime::image::{ImageStore, ImageStoreConfig, Keyring, PullConfig, RegistriesConfig};
+use ironlet_runtime::image::{
+    CredentialProviders, ImageStore, ImageStoreConfig, Keyring, PullConfig, RegistriesConfig,
+};
 use ironlet_runtime::LocalRuntimeConfig;
 
 #[derive(Debug, Parser)]
@@ -93,12 +95,48 @@ pub fn root_dir(flag: &Option<PathBuf>, rootless: bool) -> PathBuf {
         .unwrap_or_else(|| LocalRuntimeConfig::default_root_dir(rootless))
 }
 
-/// Pull settings: `--registry-config` (registries.yaml) and the node's docker config files
-/// (`<root-dir>/config.json`, `~/.docker/config.json`).
+/// kubelet's `--image-credential-provider-config` and `--image-credential-provider-bin-dir`
+/// (each requires the other).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct CredentialProviderArgs {
+    /// kubelet's CredentialProviderConfig (kubelet.config.k8s.io/v1): which plugin supplies
+    /// registry credentials for which images.
+    #[arg(
+        long = "image-credential-provider-config",
+        requires = "image_credential_provider_bin_dir"
+    )]
+    pub image_credential_provider_config: Option<PathBuf>,
+    /// The directory holding the credential provider plugin binaries (one per provider name).
+    #[arg(
+        long = "image-credential-provider-bin-dir",
+        requires = "image_credential_provider_config"
+    )]
+    pub image_credential_provider_bin_dir: Option<PathBuf>,
+}
+
+impl CredentialProviderArgs {
+    /// The plugins, checked (config and binaries) now so a mistake stops the start.
+    pub fn load(&self) -> anyhow::Result<Option<Arc<CredentialProviders>>> {
+        match (
+            &self.image_credential_provider_config,
+            &self.image_credential_provider_bin_dir,
+        ) {
+            (Some(config), Some(bin_dir)) => Ok(Some(Arc::new(
+                CredentialProviders::load(config, bin_dir)
+                    .context("failed to register credential provider plugins")?,
+            ))),
+            _ => Ok(None),
+        }
+    }
+}
+
+/// Pull settings: `--registry-config` (registries.yaml), the node's docker config files
+/// (`<root-dir>/config.json`, `~/.docker/config.json`) and the credential provider plugins.
 pub fn pull_config(
     root: &std::path::Path,
     registry_config: Option<&std::path::Path>,
     max_concurrent_layers: usize,
+    providers: &CredentialProviderArgs,
 ) -> anyhow::Result<PullConfig> {
     let registries = match registry_config {
         Some(path) => RegistriesConfig::load(path)
@@ -110,6 +148,7 @@ pub fn pull_config(
         registries,
         node_keyring,
         max_concurrent_layers: max_concurrent_layers.max(1),
+        credential_providers: providers.load()?,
         ..PullConfig::default()
     })
 }

@@ -208,6 +208,8 @@ pub struct RunArgs {
     /// Registry mirrors, rewrites, TLS and credentials, in k3s' registries.yaml schema.
     #[arg(long = "registry-config")]
     pub registry_config: Option<PathBuf>,
+    #[command(flatten)]
+    pub credential_providers: super::CredentialProviderArgs,
     /// Layers of one image downloaded (and unpacked) at once; containerd's default is 3.
     #[arg(long = "max-concurrent-downloads", default_value_t = 3)]
     pub max_concurrent_downloads: usize,
@@ -226,6 +228,10 @@ pub struct RunArgs {
     /// An image unused for longer is removed whatever the disk usage; 0s: off.
     #[arg(long = "image-maximum-gc-age", value_parser = parse_duration, default_value = "0s")]
     pub image_maximum_gc_age: Duration,
+    /// Images image garbage collection never removes (as if `ironlet images pin`ned),
+    /// comma-separated or repeated; containerd's `pinned_images`.
+    #[arg(long = "pinned-images", value_delimiter = ',')]
+    pub pinned_images: Vec<String>,
     /// How often image garbage collection runs (kubelet: 5m, not configurable; for tests).
     #[arg(long = "image-gc-period", value_parser = parse_duration, default_value = "5m", hide = true)]
     pub image_gc_period: Duration,
@@ -356,6 +362,8 @@ pub fn run(
     super::kubelet_config::apply_file(&mut args, matches)?;
     // A configuration error stops the start here, not in an agent the supervisor restarts.
     image_settings(&args)?;
+    args.credential_providers.load()?;
+    LocalImageService::check_pinned_images(&args.pinned_images).context("--pinned-images")?;
     let rootless = super::running_rootless();
     let root_dir = super::root_dir(&root_flag, rootless);
     if args.pod_manifest_path.is_none() && args.manifest_url.is_none() && args.kubeconfig.is_none()
@@ -485,8 +493,13 @@ fn run_agent(
             &root_dir,
             args.registry_config.as_deref(),
             args.max_concurrent_downloads,
+            &args.credential_providers,
         )?;
-        let images = Arc::new(LocalImageService::with_pull_config(store, pull));
+        let images = Arc::new(
+            LocalImageService::with_pull_config(store, pull)
+                .with_pinned_images(args.pinned_images.clone())
+                .context("--pinned-images")?,
+        );
         let socket = config.socket_path();
         let client = match &args.kubeconfig {
             Some(path) => Some(kube_client(path).await?),

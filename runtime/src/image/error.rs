@@ -218,6 +218,9 @@ pub enum ImageError {
     },
     #[error("{path}: {message}")]
     RegistryConfig { path: PathBuf, message: String },
+    /// `--image-credential-provider-config` is invalid or names a missing plugin binary.
+    #[error("credential provider config {path}: {message}")]
+    CredentialProviderConfig { path: PathBuf, message: String },
     /// Another pull of the same image, that this one joined, failed.
     #[error(transparent)]
     Shared(std::sync::Arc<ImageError>),

@@ -80,6 +80,16 @@ pub(crate) struct FileLock {
 impl FileLock {
     /// Blocks until the lock on `path` (created if missing) is held.
     pub(crate) fn acquire(path: &Path, kind: LockKind) -> Result<Self, ImageError> {
+        Self::lock(path, kind, false)?
+            .ok_or_else(|| ImageError::Task(format!("lock {} not taken", path.display())))
+    }
+
+    /// The lock on `path` if no one holds a conflicting one now; `None` otherwise.
+    pub(crate) fn try_acquire(path: &Path, kind: LockKind) -> Result<Option<Self>, ImageError> {
+        Self::lock(path, kind, true)
+    }
+
+    fn lock(path: &Path, kind: LockKind, nonblocking: bool) -> Result<Option<Self>, ImageError> {
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -88,17 +98,23 @@ impl FileLock {
             .mode(crate::fsutil::PRIVATE_FILE_MODE)
             .open(path)
             .map_err(|e| ImageError::index("opening lock", path, e))?;
-        let op = match kind {
+        let mut op = match kind {
             LockKind::Shared => libc::LOCK_SH,
             LockKind::Exclusive => libc::LOCK_EX,
         };
+        if nonblocking {
+            op |= libc::LOCK_NB;
+        }
         loop {
             // SAFETY: plain syscall on a descriptor we own.
             let ret = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&file), op) };
             if ret == 0 {
-                return Ok(Self { _file: file });
+                return Ok(Some(Self { _file: file }));
             }
             let err = io::Error::last_os_error();
+            if err.kind() == io::ErrorKind::WouldBlock {
+                return Ok(None);
+            }
             if err.kind() != io::ErrorKind::Interrupted {
                 return Err(ImageError::index("locking", path, err));
             }

@@ -53,11 +53,7 @@ impl ImageStore {
             }
             tracing::debug!(snapshot = %name, "snapshot removed");
         }
-        if let Ok(rd) = std::fs::read_dir(self.blobs.ingest_dir()) {
-            for e in rd.flatten() {
-                let _ = fsx::remove_tree(&e.path());
-            }
-        }
+        self.remove_ingest();
         tracing::info!(
             blobs_removed = report.blobs_removed,
             snapshots_removed = report.snapshots_removed,
@@ -65,6 +61,42 @@ impl ImageStore {
             "image gc done"
         );
         Ok(report)
+    }
+
+    /// Removes the staging that crashed imports and pulls left (`ingest/*` and
+    /// `snapshots/tmp-*`: a `kill -9` in the middle of a layer) if no import, pull, prepare
+    /// or gc is in flight in any process; when one is, it returns at once and leaves them
+    /// (the in-flight work may own them; a later start or gc removes them). Cheap: what a
+    /// command that adds to the store runs first. Returns the entries removed.
+    pub fn clean_staging(&self) -> Result<usize, ImageError> {
+        let Some(_gc) = self.try_gc_lock(LockKind::Exclusive)? else {
+            tracing::debug!("image store busy; staging left for later");
+            return Ok(0);
+        };
+        let mut removed = self.remove_ingest();
+        for (name, path) in self.snapshot_entries()? {
+            if name.starts_with("tmp-") {
+                fsx::remove_tree(&path)?;
+                removed += 1;
+            }
+        }
+        if removed > 0 {
+            tracing::info!(removed, "staging of interrupted pulls or imports removed");
+        }
+        Ok(removed)
+    }
+
+    /// Empties `ingest/`; the caller holds the gc lock exclusively.
+    fn remove_ingest(&self) -> usize {
+        let mut removed = 0;
+        if let Ok(rd) = std::fs::read_dir(self.blobs.ingest_dir()) {
+            for e in rd.flatten() {
+                if fsx::remove_tree(&e.path()).is_ok() {
+                    removed += 1;
+                }
+            }
+        }
+        removed
     }
 
     /// Every blob and snapshot (chain id hex) the index or a lease references. The caller

@@ -48,8 +48,8 @@ pub use error::{ImageError, UnsafeEntryReason};
 pub use gc::GcReport;
 pub use lower::LowerLayer;
 pub use pull::{
-    Credentials, Endpoint, Keyring, PlatformSpec, PullConfig, PullProgress, PullReport,
-    PullRequest, Puller, RegistriesConfig,
+    CredentialProviders, Credentials, Endpoint, Keyring, PlatformSpec, PullConfig, PullProgress,
+    PullReport, PullRequest, Puller, RegistriesConfig,
 };
 pub use reference::Reference;
 pub use rootfs::{ImageSelector, PreparedRootfs, RootfsMode};

@@ -5,6 +5,8 @@
 //! decompression. `remove_image` untags and then runs [`ImageStore::gc`], so that the
 //! space of an image whose last tag went is given back (as the kubelet's image GC expects);
 //! removing an image that is not present succeeds (CRI `RemoveImage` is idempotent).
+//! Images named in the node's pinned list (`--pinned-images`) are reported pinned, as those
+//! `ironlet images pin` marked in the store are: image garbage collection never takes them.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -22,6 +24,8 @@ use crate::types::{Image, ImageStats};
 pub struct LocalImageService {
     store: Arc<ImageStore>,
     puller: Arc<Puller>,
+    /// References reported pinned besides the store's own pins.
+    pinned: Arc<Vec<String>>,
 }
 
 impl LocalImageService {
@@ -32,7 +36,29 @@ impl LocalImageService {
     /// With registries, node credentials and pull concurrency set.
     pub fn with_pull_config(store: Arc<ImageStore>, config: PullConfig) -> Self {
         let puller = Arc::new(Puller::new(Arc::clone(&store), config));
-        Self { store, puller }
+        Self {
+            store,
+            puller,
+            pinned: Arc::new(Vec::new()),
+        }
+    }
+
+    /// Reports the images these references name as pinned (`--pinned-images`); each must
+    /// be a valid reference (or image id), present or not.
+    pub fn with_pinned_images(mut self, references: Vec<String>) -> Result<Self, ImageError> {
+        Self::check_pinned_images(&references)?;
+        self.pinned = Arc::new(references);
+        Ok(self)
+    }
+
+    /// Every reference of a pinned list is an image reference or id.
+    pub fn check_pinned_images(references: &[String]) -> Result<(), ImageError> {
+        for r in references {
+            if !r.starts_with(super::digest::Digest::PREFIX) {
+                super::reference::Reference::parse(r)?;
+            }
+        }
+        Ok(())
     }
 
     pub fn store(&self) -> &Arc<ImageStore> {
@@ -59,11 +85,23 @@ impl ImageService for LocalImageService {
 
     async fn get_image(&self, reference: &str) -> Result<Option<Image>, ImageError> {
         let reference = reference.to_owned();
-        self.blocking(move |s| s.get_image(&reference)).await
+        let pinned = Arc::clone(&self.pinned);
+        self.blocking(move |s| {
+            let mut found: Vec<Image> = s.get_image(&reference)?.into_iter().collect();
+            mark_pinned(s, &pinned, &mut found)?;
+            Ok(found.pop())
+        })
+        .await
     }
 
     async fn list_images(&self) -> Result<Vec<Image>, ImageError> {
-        self.blocking(|s| s.list_images()).await
+        let pinned = Arc::clone(&self.pinned);
+        self.blocking(move |s| {
+            let mut images = s.list_images()?;
+            mark_pinned(s, &pinned, &mut images)?;
+            Ok(images)
+        })
+        .await
     }
 
     async fn remove_image(&self, reference: &str) -> Result<(), ImageError> {
@@ -93,4 +131,25 @@ impl ImageService for LocalImageService {
     ) -> Result<PullReport, ImageError> {
         self.puller.pull(reference, request).await
     }
+}
+
+/// Marks the images the pinned references name.
+fn mark_pinned(
+    store: &ImageStore,
+    pinned: &[String],
+    images: &mut [Image],
+) -> Result<(), ImageError> {
+    if pinned.is_empty() || images.is_empty() {
+        return Ok(());
+    }
+    let mut ids = Vec::new();
+    for r in pinned {
+        if let Some(image) = store.get_image(r)? {
+            ids.push(image.id);
+        }
+    }
+    for image in images.iter_mut() {
+        image.pinned |= ids.contains(&image.id);
+    }
+    Ok(())
 }

@@ -125,6 +125,11 @@ impl ImageStore {
         FileLock::acquire(&self.root.join("gc.lock"), kind)
     }
 
+    /// The gc lock if it is free now (no gc, import, pull or prepare in flight anywhere).
+    pub(crate) fn try_gc_lock(&self, kind: LockKind) -> Result<Option<FileLock>, ImageError> {
+        FileLock::try_acquire(&self.root.join("gc.lock"), kind)
+    }
+
     /// Every image, one per id, sorted by id.
     pub fn list_images(&self) -> Result<Vec<Image>, ImageError> {
         let file = self.index.load()?;

@@ -288,7 +288,7 @@ fn plugin_error(ty: &str, command: Command, output: &std::process::Output) -> Ne
 
 /// Spawns, retrying briefly on ETXTBSY: a plugin binary just installed may still be open
 /// for writing in a child forked meanwhile by another thread.
-async fn spawn_retrying_busy(
+pub(crate) async fn spawn_retrying_busy(
     cmd: &mut tokio::process::Command,
 ) -> std::io::Result<tokio::process::Child> {
     let mut attempts = 0;

@@ -30,6 +30,10 @@ mod error;
 mod masquerade;
 mod result;
 
+/// Spawning a plugin binary that was just written (ETXTBSY retried); credential
+/// provider plugins are spawned the same way.
+pub(crate) use cni::spawn_retrying_busy;
+
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -11,6 +11,7 @@
 //!  drop ── kill + wait the registry, remove the temp dir: nothing left behind
 //! ```
 
+use std::io::Read as _;
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -49,6 +50,21 @@ type Result<T, E = RegistryError> = std::result::Result<T, E>;
 pub struct RegistryOptions {
     /// Basic auth (htpasswd) with this user and password.
     pub basic_auth: Option<(String, String)>,
+    /// distribution's `token` auth instead: clients get Bearer tokens from `realm`.
+    pub token_auth: Option<TokenAuth>,
+}
+
+/// distribution's `auth: token` settings: tokens are JWTs from `issuer` for `service`,
+/// signed by a key whose certificate chains to `root_cert_bundle`.
+#[derive(Debug, Clone)]
+pub struct TokenAuth {
+    /// The token endpoint clients are sent to (`WWW-Authenticate: Bearer realm=…`).
+    pub realm: String,
+    pub service: String,
+    pub issuer: String,
+    pub root_cert_bundle: PathBuf,
+    /// What `push` gives skopeo (a user the issuer lets push).
+    pub push_creds: (String, String),
 }
 
 /// A running registry; stopped and removed on drop.
@@ -90,7 +106,15 @@ impl TestRegistry {
             self.port
         };
         let d = self.dir.path();
-        let auth = if self.options.basic_auth.is_some() {
+        let auth = if let Some(t) = &self.options.token_auth {
+            format!(
+                "auth:\n  token:\n    realm: {}\n    service: {}\n    issuer: {}\n    rootcertbundle: {}\n",
+                t.realm,
+                t.service,
+                t.issuer,
+                t.root_cert_bundle.display()
+            )
+        } else if self.options.basic_auth.is_some() {
             format!(
                 "auth:\n  htpasswd:\n    realm: ironlet-test\n    path: {}\n",
                 d.join("htpasswd").display()
@@ -147,6 +171,22 @@ impl TestRegistry {
         format!("127.0.0.1:{}", self.port)
     }
 
+    /// Pull settings that trust this registry's CA at `host` (its own, or a relay's in
+    /// front of it): `configs: {host: {tls: {ca_file}}}`.
+    pub fn pull_config(
+        &self,
+        host: &str,
+    ) -> std::result::Result<crate::image::PullConfig, crate::image::ImageError> {
+        let yaml = format!(
+            "configs:\n  \"{host}\":\n    tls:\n      ca_file: {}\n",
+            self.ca_file().display()
+        );
+        Ok(crate::image::PullConfig {
+            registries: crate::image::RegistriesConfig::parse(&yaml, Path::new("testkit"))?,
+            ..Default::default()
+        })
+    }
+
     /// The PEM file of the CA that signed the registry's certificate.
     pub fn ca_file(&self) -> PathBuf {
         self.dir.path().join("certs").join("ca.crt")
@@ -173,7 +213,11 @@ impl TestRegistry {
         let mut cmd = Command::new("skopeo");
         cmd.args(["--insecure-policy", "copy", "-q", "--dest-cert-dir"])
             .arg(self.dir.path().join("certs"));
-        if let Some((u, p)) = &self.options.basic_auth {
+        let creds = match &self.options.token_auth {
+            Some(t) => Some(&t.push_creds),
+            None => self.options.basic_auth.as_ref(),
+        };
+        if let Some((u, p)) = creds {
             cmd.arg("--dest-creds").arg(format!("{u}:{p}"));
         }
         cmd.args(extra)
@@ -260,21 +304,11 @@ pub fn make_multi_arch_layout(layout: &Path, out: &Path) -> Result<MultiArch> {
         ]
     });
     let image_index = put_json(&blobs, &image_index)?;
-    let top = serde_json::json!({
-        "schemaVersion": 2,
-        "manifests": [{
-            "mediaType": "application/vnd.oci.image.index.v1+json",
-            "digest": image_index.0, "size": image_index.1,
-            "annotations": {"org.opencontainers.image.ref.name": "multi"}
-        }]
-    });
-    write(
-        &out.join("index.json"),
-        &serde_json::to_vec(&top).unwrap_or_default(),
-    )?;
-    write(
-        &out.join("oci-layout"),
-        br#"{"imageLayoutVersion":"1.0.0"}"#,
+    write_layout_top(
+        out,
+        "application/vnd.oci.image.index.v1+json",
+        &image_index,
+        "multi",
     )?;
     let platform = match other_variant {
         Some(v) => format!("linux/{other_arch}/{v}"),
@@ -288,6 +322,103 @@ pub fn make_multi_arch_layout(layout: &Path, out: &Path) -> Result<MultiArch> {
     })
 }
 
+/// Writes into `out` an OCI layout of one image (`big:latest`) whose single layer is an
+/// uncompressed tar of one file of `size` pseudo-random (incompressible) bytes from
+/// `seed`: a pull of it takes long enough to be interrupted in the middle of the layer.
+pub fn make_large_layout(out: &Path, size: u64, seed: u64) -> Result<LargeImage> {
+    let blobs = out.join("blobs/sha256");
+    std::fs::create_dir_all(&blobs).map_err(|e| io("creating", &blobs, e))?;
+    let staging = out.join("layer.tar");
+    let file = std::fs::File::create(&staging).map_err(|e| io("creating", &staging, e))?;
+    let mut builder = tar::Builder::new(std::io::BufWriter::new(file));
+    let mut header = tar::Header::new_gnu();
+    header.set_size(size);
+    header.set_mode(0o644);
+    header.set_mtime(0);
+    header.set_entry_type(tar::EntryType::Regular);
+    header.set_cksum();
+    builder
+        .append_data(&mut header, "big", Noise(seed | 1).take(size))
+        .map_err(|e| io("writing", &staging, e))?;
+    builder
+        .into_inner()
+        .and_then(|w| w.into_inner().map_err(|e| e.into_error()))
+        .map_err(|e| io("writing", &staging, e))?;
+    let mut hasher = Sha256::new();
+    let mut f = std::fs::File::open(&staging).map_err(|e| io("reading", &staging, e))?;
+    let layer_size = std::io::copy(&mut f, &mut hasher).map_err(|e| io("reading", &staging, e))?;
+    let layer_hex = hex::encode(hasher.finalize());
+    let layer_path = blobs.join(&layer_hex);
+    std::fs::rename(&staging, &layer_path).map_err(|e| io("renaming", &staging, e))?;
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    };
+    let config = serde_json::json!({
+        "architecture": arch, "os": "linux", "config": {},
+        "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{layer_hex}")]},
+    });
+    let config = put_json(&blobs, &config)?;
+    let manifest = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                   "digest": config.0, "size": config.1},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar",
+                    "digest": format!("sha256:{layer_hex}"), "size": layer_size}],
+    });
+    let manifest = put_json(&blobs, &manifest)?;
+    write_layout_top(
+        out,
+        "application/vnd.oci.image.manifest.v1+json",
+        &manifest,
+        "big:latest",
+    )?;
+    Ok(LargeImage {
+        manifest: manifest.0,
+        config: config.0,
+        layer: format!("sha256:{layer_hex}"),
+        layer_size,
+    })
+}
+
+/// The entries directly in `dir` with their sizes (none when it is missing): what staging
+/// (`ingest/`, `snapshots/tmp-*`) a pull left.
+pub fn dir_sizes(dir: &Path) -> Vec<(PathBuf, u64)> {
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| (e.path(), e.metadata().map(|m| m.len()).unwrap_or(0)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// What [`make_large_layout`] made (digests as `sha256:<hex>`).
+#[derive(Debug, Clone)]
+pub struct LargeImage {
+    pub manifest: String,
+    pub config: String,
+    pub layer: String,
+    pub layer_size: u64,
+}
+
+/// xorshift64 bytes: fast, deterministic, incompressible enough.
+struct Noise(u64);
+
+impl std::io::Read for Noise {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        for chunk in buf.chunks_mut(8) {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            chunk.copy_from_slice(&self.0.to_le_bytes()[..chunk.len()]);
+        }
+        Ok(buf.len())
+    }
+}
+
 /// What [`make_multi_arch_layout`] made.
 #[derive(Debug, Clone)]
 pub struct MultiArch {
@@ -295,6 +426,31 @@ pub struct MultiArch {
     pub other_config: String,
     pub other_platform: String,
     pub index_digest: String,
+}
+
+/// The layout's `index.json`, naming one blob (`(digest, size)`) as `ref_name`, and its
+/// `oci-layout` marker.
+fn write_layout_top(
+    out: &Path,
+    media_type: &str,
+    desc: &(String, u64),
+    ref_name: &str,
+) -> Result<()> {
+    let top = serde_json::json!({
+        "schemaVersion": 2,
+        "manifests": [{
+            "mediaType": media_type, "digest": desc.0, "size": desc.1,
+            "annotations": {"org.opencontainers.image.ref.name": ref_name}
+        }]
+    });
+    write(
+        &out.join("index.json"),
+        &serde_json::to_vec(&top).unwrap_or_default(),
+    )?;
+    write(
+        &out.join("oci-layout"),
+        br#"{"imageLayoutVersion":"1.0.0"}"#,
+    )
 }
 
 fn hex_of(desc: &serde_json::Value, layout: &Path) -> Result<String> {

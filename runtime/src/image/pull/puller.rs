@@ -22,9 +22,10 @@ use std::time::Instant;
 use futures_util::future::{BoxFuture, FutureExt, Shared};
 use futures_util::{StreamExt, TryStreamExt};
 
-use super::credentials::Keyring;
+use super::credentials::{Credentials, Keyring};
 use super::layer::fetch_layer;
 use super::platform::PlatformSpec;
+use super::provider::CredentialProviders;
 use super::registries::RegistriesConfig;
 use super::remote::Remote;
 use crate::image::digest::Digest;
@@ -47,6 +48,9 @@ pub struct PullConfig {
     pub max_concurrent_layers: usize,
     /// The platform taken from image indexes (the node's own).
     pub platform: PlatformSpec,
+    /// kubelet's credential provider plugins (`--image-credential-provider-config`), with
+    /// their caches (shared by every pull).
+    pub credential_providers: Option<Arc<CredentialProviders>>,
 }
 
 impl Default for PullConfig {
@@ -56,6 +60,7 @@ impl Default for PullConfig {
             node_keyring: Keyring::default(),
             max_concurrent_layers: 3,
             platform: PlatformSpec::host(),
+            credential_providers: None,
         }
     }
 }
@@ -323,26 +328,60 @@ impl Job {
         }
     }
 
-    /// Tries each endpoint in turn; the error reported is the registry's own (the last).
+    /// Tries each endpoint in turn and, at each, every credential that matches it in
+    /// kubelet's order (the pod's secrets, then `registries.yaml`, then the node's docker
+    /// config files merged with the credential provider plugins' answers), or none when
+    /// none match; the error reported is the registry's own (the last), with the failures
+    /// of credential provider plugins added.
     async fn resolve_any(&self) -> Result<Resolved, ImageError> {
         let endpoints = self.config.registries.endpoints(&self.reference)?;
-        let mut keyring = self.keyring.clone();
-        keyring.extend(self.config.registries.keyring()?);
-        keyring.extend(self.config.node_keyring.clone());
+        let registries_ring = self.config.registries.keyring()?;
+        let mut node_ring = self.config.node_keyring.clone();
+        let mut provider_errors = Vec::new();
+        if let Some(providers) = &self.config.credential_providers {
+            let (ring, errors) = providers.provide(&self.reference.name()).await;
+            node_ring.extend(ring);
+            provider_errors = errors;
+        }
         let mut last = None;
         for endpoint in endpoints {
-            let host = endpoint.host.clone();
-            let creds = keyring.lookup(&host).first().copied().cloned();
-            let remote = Remote::new(endpoint, creds.as_ref(), self.reference.to_string())?;
-            match self.resolve(Arc::new(remote)).await {
-                Ok(r) => return Ok(r),
-                Err(e) => {
-                    tracing::warn!(reference = %self.reference, endpoint = %host, err = %e, "endpoint failed; trying the next");
-                    last = Some(e);
+            let target = format!("{}/{}", endpoint.host, endpoint.repository);
+            let mut candidates: Vec<Option<&Credentials>> = Vec::new();
+            for c in [&self.keyring, &registries_ring, &node_ring]
+                .into_iter()
+                .flat_map(|ring| ring.lookup(&target))
+            {
+                if !candidates.contains(&Some(c)) {
+                    candidates.push(Some(c));
+                }
+            }
+            if candidates.is_empty() {
+                candidates.push(None);
+            }
+            for creds in candidates {
+                let remote = Remote::new(endpoint.clone(), creds, self.reference.to_string())?;
+                match self.resolve(Arc::new(remote)).await {
+                    Ok(r) => return Ok(r),
+                    Err(e) => {
+                        tracing::warn!(reference = %self.reference, endpoint = %endpoint.host,
+                            user = creds.map(|c| c.username.as_str()), err = %e,
+                            "pull attempt failed; trying the next credentials or endpoint");
+                        // Only the registry's refusal or failure can differ with other
+                        // credentials; bad content would be the same.
+                        let next = matches!(
+                            e,
+                            ImageError::Unauthorized { .. } | ImageError::Registry { .. }
+                        );
+                        last = Some(e);
+                        if !next {
+                            break;
+                        }
+                    }
                 }
             }
         }
-        Err(last.unwrap_or_else(|| ImageError::NotFound(self.reference.to_string())))
+        let err = last.unwrap_or_else(|| ImageError::NotFound(self.reference.to_string()));
+        Err(with_provider_errors(err, &provider_errors))
     }
 
     async fn resolve(&self, remote: Arc<Remote>) -> Result<Resolved, ImageError> {
@@ -374,6 +413,35 @@ impl Job {
             manifest,
             config_bytes,
         })
+    }
+}
+
+/// A registry refusal says why the plugins gave no credentials, when they failed.
+fn with_provider_errors(err: ImageError, errors: &[String]) -> ImageError {
+    if errors.is_empty() {
+        return err;
+    }
+    let note = format!(" (credential provider: {})", errors.join("; "));
+    match err {
+        ImageError::Unauthorized {
+            reference,
+            endpoint,
+            message,
+        } => ImageError::Unauthorized {
+            reference,
+            endpoint,
+            message: message + &note,
+        },
+        ImageError::Registry {
+            reference,
+            endpoint,
+            message,
+        } => ImageError::Registry {
+            reference,
+            endpoint,
+            message: message + &note,
+        },
+        other => other,
     }
 }
 
