@@ -19,26 +19,20 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use ironlet_e2e::{block_on, eventually, is_selected, ClusterAgent, ControlPlane};
+use ironlet_e2e::{block_on, eventually, run_suite, ClusterAgent, ControlPlane, SuiteTest};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, PostParams};
-use libtest_mimic::{Arguments, Failed, Trial};
 use serde_json::json;
 
 const TEST: &str =
     "sigpwr_stops_regular_pods_then_critical_ones_within_the_grace_periods_and_marks_the_node_not_ready";
 const SHUTDOWN_MESSAGE: &str = "Pod was terminated in response to imminent node shutdown.";
 
+/// One test with its own control plane and agent (the environment is empty).
+const TESTS: &[SuiteTest<()>] = &[(TEST, graceful_shutdown)];
+
 fn main() {
-    let args = Arguments::from_args();
-    if args.list || !is_selected(&args, TEST) || !nix::unistd::geteuid().is_root() {
-        let trials = vec![Trial::test(TEST, || Ok(())).with_ignored_flag(!args.list)];
-        libtest_mimic::run(&args, trials).exit();
-    }
-    let trials = vec![Trial::test(TEST, || {
-        graceful_shutdown().map_err(|e| Failed::from(format!("{e:#}")))
-    })];
-    libtest_mimic::run(&args, trials).exit();
+    run_suite("cluster_shutdown", TESTS, || Ok(()), |()| {});
 }
 
 /// The marker directory, removed when dropped.
@@ -144,7 +138,7 @@ fn check_shutdown_status(pod: &Pod) -> Result<()> {
     Ok(())
 }
 
-fn graceful_shutdown() -> Result<()> {
+fn graceful_shutdown((): &()) -> Result<()> {
     let plane = ControlPlane::up()?;
     let node_name = format!("e2e-shutdown-{}", std::process::id());
     let kubeconfig = plane.node_kubeconfig(&node_name)?;

@@ -384,10 +384,10 @@ impl KubeletConfiguration {
                 self.shutdown_grace_period_critical_pods
             )?
         );
-        set!(
-            shutdown_grace_period_by_pod_priority,
-            self.shutdown_grace_period_by_pod_priority
-        );
+        // A file-only field: no flag can win over it.
+        if let Some(groups) = self.shutdown_grace_period_by_pod_priority {
+            args.shutdown_grace_period_by_pod_priority = groups;
+        }
         Ok(())
     }
 }
