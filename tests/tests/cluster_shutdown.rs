@@ -12,6 +12,10 @@
 //!   condition (`TerminationByKubelet`);
 //! * a pod created afterwards is rejected (`NodeShutdown`).
 //!
+//! A second test kills the agent (-9) and sends SIGPWR to the supervisor at once: the
+//! agent it starts next is told through `IRONLET_NODE_SHUTDOWN`, re-adopts the running static
+//! pod and stops it (its mirror pod ends `Failed`, `Terminated`).
+//!
 //! The hooks and containers write markers into a hostPath directory the test reads.
 //! Needs root; skips otherwise.
 
@@ -28,8 +32,14 @@ const TEST: &str =
     "sigpwr_stops_regular_pods_then_critical_ones_within_the_grace_periods_and_marks_the_node_not_ready";
 const SHUTDOWN_MESSAGE: &str = "Pod was terminated in response to imminent node shutdown.";
 
-/// One test with its own control plane and agent (the environment is empty).
-const TESTS: &[SuiteTest<()>] = &[(TEST, graceful_shutdown)];
+/// Each test has its own control plane and agent (the environment is empty).
+const TESTS: &[SuiteTest<()>] = &[
+    (TEST, graceful_shutdown),
+    (
+        "an_agent_started_after_the_supervisor_got_sigpwr_stops_the_static_pods",
+        told_at_start,
+    ),
+];
 
 fn main() {
     run_suite("cluster_shutdown", TESTS, || Ok(()), |()| {});
@@ -347,5 +357,98 @@ fn graceful_shutdown((): &()) -> Result<()> {
     }
     drop(agent);
     drop(markers);
+    Ok(())
+}
+
+/// The agent process: the supervisor's child running the same binary.
+fn agent_pid(agent: &ClusterAgent) -> Option<i32> {
+    let binary = agent.root.join("ironlet");
+    let supervisor = std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+        let ppid: u32 = stat
+            .rsplit(')')
+            .next()?
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()?;
+        (ppid == std::process::id() && std::fs::read_link(e.path().join("exe")).ok()? == binary)
+            .then_some(pid)
+    })?;
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+        let ppid: i32 = stat
+            .rsplit(')')
+            .next()?
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()?;
+        (ppid == supervisor && std::fs::read_link(e.path().join("exe")).ok()? == binary)
+            .then_some(pid)
+    })
+}
+
+fn told_at_start((): &()) -> Result<()> {
+    let plane = ControlPlane::up()?;
+    let node_name = format!("e2e-shutdown-env-{}", std::process::id());
+    let kubeconfig = plane.node_kubeconfig(&node_name)?;
+    let slot = (std::process::id() + 1) % 250;
+    let agent = ClusterAgent::start_with_args(
+        &kubeconfig,
+        &node_name,
+        slot,
+        &[
+            "--shutdown-grace-period=6s".as_ref(),
+            "--shutdown-grace-period-critical-pods=2s".as_ref(),
+        ],
+    )?;
+    let result = block_on(async {
+        let pods: Api<Pod> = Api::namespaced(plane.admin_client().await?, "default");
+        agent.write_manifest(
+            "sleeper.yaml",
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: sleeper\n  namespace: default\nspec:\n  \
+             containers:\n  - name: c\n    image: busybox\n    imagePullPolicy: Never\n    \
+             command: [sh, -c, \"trap 'exit 0' TERM; while true; do sleep 1; done\"]\n",
+        )?;
+        let name = format!("sleeper-{node_name}");
+        eventually("the mirror pod runs", Duration::from_secs(90), || async {
+            Ok(pods.get_opt(&name).await?.filter(running).map(|_| ()))
+        })
+        .await?;
+        let pid = agent_pid(&agent).context("finding the agent process")?;
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        )?;
+        agent.signal_supervisor(nix::sys::signal::Signal::SIGPWR)?;
+        let stopped = eventually("the mirror pod Failed", Duration::from_secs(60), || async {
+            let pod = pods.get(&name).await?;
+            let phase = pod.status.as_ref().and_then(|s| s.phase.clone());
+            Ok((phase.as_deref() == Some("Failed")).then_some(pod))
+        })
+        .await?;
+        check_shutdown_status(&stopped)?;
+        anyhow::ensure!(
+            agent
+                .plain_log()
+                .contains("the supervisor received SIGPWR before this agent started"),
+            "the new agent was told at its start"
+        );
+        agent.remove_manifest("sleeper.yaml")?;
+        eventually(
+            "the mirror pod is gone",
+            Duration::from_secs(60),
+            || async { Ok(pods.get_opt(&name).await?.is_none().then_some(())) },
+        )
+        .await
+    });
+    if let Err(err) = result {
+        eprintln!("agent log tail:\n{}", agent.log_tail(60));
+        return Err(err);
+    }
+    drop(agent);
     Ok(())
 }
