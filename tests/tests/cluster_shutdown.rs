@@ -360,11 +360,10 @@ fn graceful_shutdown((): &()) -> Result<()> {
     Ok(())
 }
 
-/// The agent process: the supervisor's child running the same binary.
-fn agent_pid(agent: &ClusterAgent) -> Option<i32> {
-    let binary = agent.root.join("ironlet");
-    let supervisor = std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
-        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+/// A child of `parent` running `binary`.
+fn child_running(parent: u32, binary: &Path) -> Option<u32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
         let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
         let ppid: u32 = stat
             .rsplit(')')
@@ -373,22 +372,15 @@ fn agent_pid(agent: &ClusterAgent) -> Option<i32> {
             .nth(1)?
             .parse()
             .ok()?;
-        (ppid == std::process::id() && std::fs::read_link(e.path().join("exe")).ok()? == binary)
-            .then_some(pid)
-    })?;
-    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
-        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
-        let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
-        let ppid: i32 = stat
-            .rsplit(')')
-            .next()?
-            .split_whitespace()
-            .nth(1)?
-            .parse()
-            .ok()?;
-        (ppid == supervisor && std::fs::read_link(e.path().join("exe")).ok()? == binary)
-            .then_some(pid)
+        (ppid == parent && std::fs::read_link(e.path().join("exe")).ok()? == binary).then_some(pid)
     })
+}
+
+/// The agent process: the supervisor's child running the same binary.
+fn agent_pid(agent: &ClusterAgent) -> Option<i32> {
+    let binary = agent.root.join("ironlet");
+    let supervisor = child_running(std::process::id(), &binary)?;
+    i32::try_from(child_running(supervisor, &binary)?).ok()
 }
 
 fn told_at_start((): &()) -> Result<()> {
