@@ -79,6 +79,10 @@ struct KubeletConfiguration {
     eviction_max_pod_grace_period: Option<i64>,
     eviction_minimum_reclaim: Option<BTreeMap<String, String>>,
     eviction_pressure_transition_period: Option<String>,
+    shutdown_grace_period: Option<String>,
+    shutdown_grace_period_critical_pods: Option<String>,
+    shutdown_grace_period_by_pod_priority:
+        Option<Vec<ironlet::kubelet::node_shutdown::PriorityGrace>>,
     #[serde(flatten)]
     extra: BTreeMap<String, Value>,
 }
@@ -369,6 +373,21 @@ impl KubeletConfiguration {
                 self.eviction_pressure_transition_period
             )?
         );
+        set!(
+            shutdown_grace_period,
+            duration("shutdownGracePeriod", self.shutdown_grace_period)?
+        );
+        set!(
+            shutdown_grace_period_critical_pods,
+            duration(
+                "shutdownGracePeriodCriticalPods",
+                self.shutdown_grace_period_critical_pods
+            )?
+        );
+        // A file-only field: no flag can win over it.
+        if let Some(groups) = self.shutdown_grace_period_by_pod_priority {
+            args.shutdown_grace_period_by_pod_priority = groups;
+        }
         Ok(())
     }
 }
@@ -469,6 +488,10 @@ pub fn effective(args: &RunArgs, config: &ironlet::kubelet::KubeletConfig) -> Va
         "evictionMaxPodGracePeriod": args.eviction_max_pod_grace_period,
         "evictionMinimumReclaim": args.eviction_minimum_reclaim.0,
         "evictionPressureTransitionPeriod": go_duration(args.eviction_pressure_transition_period),
+        "shutdownGracePeriod": go_duration(args.shutdown_grace_period),
+        "shutdownGracePeriodCriticalPods": go_duration(args.shutdown_grace_period_critical_pods),
+        "shutdownGracePeriodByPodPriority": (!args.shutdown_grace_period_by_pod_priority.is_empty())
+            .then_some(&args.shutdown_grace_period_by_pod_priority),
     });
     drop_nulls(&mut config);
     config
@@ -716,6 +739,50 @@ mod tests {
             err.contains("evictionHard: eviction threshold memory.available"),
             "{err}"
         );
+        Ok(())
+    }
+
+    #[test]
+    fn shutdown_fields_come_from_the_file_and_flags_win() -> anyhow::Result<()> {
+        let text =
+            format!("{HEAD}shutdownGracePeriod: 30s\nshutdownGracePeriodCriticalPods: 10s\n");
+        assert!(KubeletConfiguration::parse(&text)?.unsupported().is_empty());
+        let args = run_with(&text, &["--shutdown-grace-period-critical-pods=5s"])?;
+        assert_eq!(args.shutdown_grace_period, Duration::from_secs(30));
+        assert_eq!(
+            args.shutdown_grace_period_critical_pods,
+            Duration::from_secs(5),
+            "the flag wins"
+        );
+        let configz = effective(&args, &ironlet::kubelet::KubeletConfig::new("n", "/tmp/r"));
+        assert_eq!(configz["shutdownGracePeriod"], "30s");
+        assert_eq!(configz["shutdownGracePeriodCriticalPods"], "5s");
+        assert!(configz.get("shutdownGracePeriodByPodPriority").is_none());
+        let defaults = run_with(HEAD, &[])?;
+        assert_eq!(
+            (
+                defaults.shutdown_grace_period,
+                defaults.shutdown_grace_period_critical_pods
+            ),
+            (Duration::ZERO, Duration::ZERO),
+            "kubelet's default: off"
+        );
+        let by_priority = format!(
+            "{HEAD}shutdownGracePeriodByPodPriority:\n             - {{priority: 0, shutdownGracePeriodSeconds: 20}}\n             - {{priority: 2000000000, shutdownGracePeriodSeconds: 5}}\n"
+        );
+        let args = run_with(&by_priority, &[])?;
+        let settings = super::super::run::shutdown_settings(&args)?;
+        assert_eq!(settings.total(), Duration::from_secs(25));
+        let configz = effective(&args, &ironlet::kubelet::KubeletConfig::new("n", "/tmp/r"));
+        assert_eq!(
+            configz["shutdownGracePeriodByPodPriority"][1]["shutdownGracePeriodSeconds"],
+            5
+        );
+        let critical_too_long = run_with(
+            &format!("{HEAD}shutdownGracePeriod: 10s\nshutdownGracePeriodCriticalPods: 20s\n"),
+            &[],
+        )?;
+        assert!(super::super::run::shutdown_settings(&critical_too_long).is_err());
         Ok(())
     }
 

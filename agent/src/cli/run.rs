@@ -17,7 +17,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::Args;
 use ironlet::kubelet::eviction::thresholds::{EvictionSettings, Signal, SignalMap, ThresholdMap};
-use ironlet::kubelet::{Kubelet, KubeletConfig};
+use ironlet::kubelet::{AbortOnDrop, Kubelet, KubeletConfig};
 use ironlet_runtime::image::LocalImageService;
 use ironlet_runtime::network::{CniConfig, DefaultNetwork};
 use ironlet_runtime::{LocalRuntime, LocalRuntimeConfig};
@@ -266,6 +266,31 @@ pub struct RunArgs {
     /// Log files kept per container instance, the current one included (at least 2).
     #[arg(long = "container-log-max-files", value_parser = parse_log_max_files, default_value_t = 5)]
     pub container_log_max_files: usize,
+    /// Graceful node shutdown: how long the node's shutdown is delayed to stop the pods
+    /// (regular pods first, then critical ones); 0s: off. Shutdowns are seen through logind
+    /// where systemd runs, and as SIGPWR to the supervisor everywhere.
+    #[arg(long = "shutdown-grace-period", value_parser = parse_duration, default_value = "0s")]
+    pub shutdown_grace_period: Duration,
+    /// The part of --shutdown-grace-period reserved for critical pods (priority of at least
+    /// system-cluster-critical, 2000000000), stopped after the others.
+    #[arg(long = "shutdown-grace-period-critical-pods", value_parser = parse_duration, default_value = "0s")]
+    pub shutdown_grace_period_critical_pods: Duration,
+    /// KubeletConfiguration `shutdownGracePeriodByPodPriority` (no flag, as in kubelet).
+    #[arg(skip)]
+    pub shutdown_grace_period_by_pod_priority: Vec<ironlet::kubelet::node_shutdown::PriorityGrace>,
+}
+
+/// The graceful node shutdown settings the flags ask for, validated as kubelet does.
+pub(super) fn shutdown_settings(
+    args: &RunArgs,
+) -> anyhow::Result<ironlet::kubelet::node_shutdown::ShutdownSettings> {
+    let settings = ironlet::kubelet::node_shutdown::ShutdownSettings {
+        grace_period: args.shutdown_grace_period,
+        grace_period_critical_pods: args.shutdown_grace_period_critical_pods,
+        by_priority: args.shutdown_grace_period_by_pod_priority.clone(),
+    };
+    settings.validate().map_err(anyhow::Error::msg)?;
+    Ok(settings)
 }
 
 /// `--container-log-max-size`: a quantity of bytes, more than 0.
@@ -364,6 +389,7 @@ pub fn run(
     image_settings(&args)?;
     args.credential_providers.load()?;
     LocalImageService::check_pinned_images(&args.pinned_images).context("--pinned-images")?;
+    shutdown_settings(&args)?;
     let rootless = super::running_rootless();
     let root_dir = super::root_dir(&root_flag, rootless);
     if args.pod_manifest_path.is_none() && args.manifest_url.is_none() && args.kubeconfig.is_none()
@@ -398,6 +424,10 @@ fn run_agent(
     args: RunArgs,
     zygote: ironlet_runtime::zygote::ZygoteHandle,
 ) -> anyhow::Result<ExitCode> {
+    // Still single-threaded: the supervisor says so when it got SIGPWR before this start.
+    let node_shutting_down =
+        std::env::var_os(ironlet_runtime::supervisor::NODE_SHUTDOWN_ENV).is_some();
+    std::env::remove_var(ironlet_runtime::supervisor::NODE_SHUTDOWN_ENV);
     let node_name = match args.node_name.clone() {
         Some(n) => n,
         None => nix::unistd::gethostname()
@@ -453,6 +483,7 @@ fn run_agent(
         args.eviction_pressure_transition_period,
     )
     .context("eviction thresholds")?;
+    config.shutdown = shutdown_settings(&args)?;
     if args.read_only_port != 0 {
         bail!("--read-only-port is not served by ironlet (unauthenticated); leave it at 0");
     }
@@ -463,6 +494,10 @@ fn run_agent(
         .build()
         .context("starting the async runtime")?;
     rt.block_on(async move {
+        // First: SIGPWR's default action would end the agent.
+        let power_fail =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::from_raw(libc::SIGPWR))
+                .context("listening for SIGPWR")?;
         let store = super::open_images(&root_dir)?;
         // Staging left by a pull or import that a crash interrupted (`ingest/*`,
         // `snapshots/tmp-*`) goes now; gc waits for pulls of other processes in flight.
@@ -535,6 +570,13 @@ fn run_agent(
         let kubelet = Kubelet::start_with_api(config, runtime.clone(), images, client.clone())
             .await
             .context("starting the node agent")?;
+        let node_shutdown = kubelet.node_shutdown();
+        let _shutdown_detection = watch_node_shutdown(
+            node_shutdown.clone(),
+            power_fail,
+            node_shutting_down,
+            &shutdown_settings(&args)?,
+        );
         let (stop_node, node_stopped) = tokio::sync::oneshot::channel::<()>();
         let node_task = match client {
             Some(client) => {
@@ -543,14 +585,16 @@ fn run_agent(
                 let provider = ironlet::node::MachineStatus::new(machine)
                     .context("reading the machine's capacity")?
                     .with_images(Arc::new(move || image_gc.node_images(max_images)))
-                    .with_pressure(kubelet.pressure());
+                    .with_pressure(kubelet.pressure())
+                    .with_shutdown(node_shutdown.shutting_down());
                 let health = health_watch(kubelet.view());
                 let controller = ironlet::node::NodeController::new(
                     client,
                     ironlet::node::NodeConfig::new(node_name),
                     provider,
                 )
-                .with_health(health);
+                .with_health(health)
+                .with_status_refresh(node_shutdown.shutting_down());
                 Some(tokio::spawn(controller.run(async move {
                     let _ = node_stopped.await;
                 })))
@@ -687,6 +731,46 @@ fn health_watch(view: Arc<dyn ironlet::server::PodsView>) -> tokio::sync::watch:
         }
     });
     rx
+}
+
+/// Feeds graceful node shutdown (see `ironlet::kubelet::node_shutdown`): SIGPWR (passed on
+/// by the supervisor, or told by it at start through `IRONLET_NODE_SHUTDOWN`) and, where
+/// systemd booted the machine, logind. The tasks end with the returned guards.
+fn watch_node_shutdown(
+    shutdown: ironlet::kubelet::node_shutdown::NodeShutdown,
+    mut power_fail: tokio::signal::unix::Signal,
+    already: bool,
+    settings: &ironlet::kubelet::node_shutdown::ShutdownSettings,
+) -> Vec<AbortOnDrop> {
+    use ironlet::kubelet::node_shutdown::{logind, ShutdownEvent};
+    let mut tasks = Vec::new();
+    let enabled = settings.enabled();
+    let detection = logind::detection(enabled, logind::systemd_booted(std::path::Path::new("/")));
+    if enabled {
+        tracing::info!(grace_period = ?settings.total(), ?detection, "graceful node shutdown is on");
+    }
+    if already {
+        tracing::info!(
+            "the supervisor received SIGPWR before this agent started: the node is shutting down"
+        );
+        shutdown.send(ShutdownEvent::Start);
+    }
+    let sigpwr = shutdown.clone();
+    tasks.push(AbortOnDrop(tokio::spawn(async move {
+        while power_fail.recv().await.is_some() {
+            tracing::info!("SIGPWR: the node is shutting down");
+            sigpwr.send(ShutdownEvent::Start);
+        }
+    })));
+    if detection == logind::Detection::Logind {
+        let total = settings.total();
+        tasks.push(AbortOnDrop(tokio::spawn(async move {
+            if let Err(err) = logind::watch(shutdown, total).await {
+                tracing::error!(%err, "Failed to start node shutdown manager through logind; SIGPWR to the supervisor still works");
+            }
+        })));
+    }
+    tasks
 }
 
 /// SIGTERM or SIGINT.

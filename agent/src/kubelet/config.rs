@@ -77,6 +77,8 @@ pub struct KubeletConfig {
     /// Image pulls at once node-wide: `None`, no limit (kubelet `serializeImagePulls=false`
     /// without `maxParallelImagePulls`); `Some(1)`, serialized.
     pub max_parallel_image_pulls: Option<usize>,
+    /// Graceful node shutdown's grace periods (`--shutdown-grace-period`, …); off by default.
+    pub shutdown: super::node_shutdown::ShutdownSettings,
 }
 
 impl KubeletConfig {
@@ -112,6 +114,7 @@ impl KubeletConfig {
             image_gc_policy: super::image_gc::ImageGcPolicy::default(),
             image_gc_period: super::image_gc::IMAGE_GC_PERIOD,
             max_parallel_image_pulls: None,
+            shutdown: Default::default(),
         }
     }
 

@@ -22,6 +22,7 @@ pub mod events;
 pub mod eviction;
 mod housekeeping;
 pub mod image_gc;
+pub mod node_shutdown;
 pub mod security;
 pub mod stats;
 pub mod status_store;
@@ -110,6 +111,8 @@ pub struct Kubelet {
     /// Node-level disk reclaim asked by the eviction manager.
     reclaim_requests: mpsc::Receiver<eviction::pressure::ReclaimRequest>,
     reclaim_sender: mpsc::Sender<eviction::pressure::ReclaimRequest>,
+    /// Graceful node shutdown: its events, state and the pods' kill task.
+    node_shutdown: node_shutdown::ShutdownManager,
 }
 
 impl Kubelet {
@@ -281,6 +284,7 @@ impl Kubelet {
             None => None,
         };
 
+        let config_shutdown = config.shutdown.clone();
         Ok(Self {
             config,
             runtime,
@@ -303,6 +307,7 @@ impl Kubelet {
             pressure: tokio::sync::watch::channel(crate::node::Pressure::default()).0,
             reclaim_requests,
             reclaim_sender,
+            node_shutdown: node_shutdown::ShutdownManager::new(config_shutdown),
         })
     }
 
@@ -336,6 +341,12 @@ impl Kubelet {
     /// `DiskPressure` and `PIDPressure`).
     pub fn pressure(&self) -> tokio::sync::watch::Receiver<crate::node::Pressure> {
         self.pressure.subscribe()
+    }
+
+    /// Graceful node shutdown: where shutdown events go (SIGPWR, logind) and whether the
+    /// node is shutting down (for its `Ready` condition).
+    pub fn node_shutdown(&self) -> node_shutdown::NodeShutdown {
+        self.node_shutdown.handle()
     }
 
     /// Node-level disk reclaim before evicting pods (kubelet's `reclaimNodeLevelResources`
@@ -428,6 +439,14 @@ impl Kubelet {
                 Some(done) = self.reclaim_requests.recv() => {
                     self.reclaim_node_disk().await;
                     let _ = done.send(());
+                }
+                // Once every source delivered its pods, so that none is missed (as for
+                // housekeeping: the queued updates first).
+                Some(event) = self.node_shutdown.events.recv(), if self.pod_config.all_sources_ready() => {
+                    while let Ok(update) = self.updates.try_recv() {
+                        self.handle_update(update);
+                    }
+                    self.node_shutdown.on_event(event, &self.workers, &self.syncer);
                 }
             }
         }
@@ -525,7 +544,9 @@ impl Kubelet {
         let verdict = crate::admission::admit(&self.node, &pod, &admitted);
         let rejection = match verdict.reason() {
             Some(reason) => Some((reason, verdict.message())),
-            None => self.pressure_admission(&pod),
+            None => self
+                .pressure_admission(&pod)
+                .or_else(|| self.shutdown_admission()),
         };
         if let Some((reason, message)) = rejection {
             tracing::warn!(pod = %pod_full_name(&pod), reason, %message, "pod rejected");
@@ -565,6 +586,17 @@ impl Kubelet {
             .map(|message| (events::reason::EVICTED, message))
     }
 
+    /// The shutdown manager's admission (kubelet's `managerImpl.Admit`): no new pod while
+    /// the node is shutting down.
+    fn shutdown_admission(&self) -> Option<(&'static str, String)> {
+        self.node_shutdown.is_shutting_down().then(|| {
+            (
+                node_shutdown::NOT_ADMITTED_REASON,
+                node_shutdown::NOT_ADMITTED_MESSAGE.to_owned(),
+            )
+        })
+    }
+
     fn handle_pleg_event(&self, event: PodLifecycleEvent) {
         self.sync_uid(&event.pod_uid);
     }
@@ -598,9 +630,8 @@ impl Kubelet {
     }
 }
 
-/// The node's cgroup tree (as root) and capacity.
-/// Aborts a background task of the sync loop when the loop returns.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
+/// Aborts a background task when dropped (the sync loop's, when the loop returns).
+pub struct AbortOnDrop(pub tokio::task::JoinHandle<()>);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
@@ -608,6 +639,7 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// The node's cgroup tree (as root) and capacity.
 fn node_cgroups(config: &KubeletConfig) -> Result<(Option<NodeCgroups>, NodeCapacity), StartError> {
     let rootless = !nix::unistd::geteuid().is_root();
     let hierarchy = match Hierarchy::detect() {

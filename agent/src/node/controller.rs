@@ -31,6 +31,8 @@ pub struct NodeController {
     provider: Arc<dyn NodeStatusProvider>,
     health: watch::Receiver<bool>,
     registered: watch::Sender<bool>,
+    /// A change makes the status go out at once (graceful node shutdown's `Ready=False`).
+    refresh: Option<watch::Receiver<bool>>,
 }
 
 /// The outcome of registration.
@@ -53,6 +55,7 @@ impl NodeController {
             provider: Arc::new(provider),
             health,
             registered: watch::channel(false).0,
+            refresh: None,
         }
     }
 
@@ -61,6 +64,14 @@ impl NodeController {
     #[must_use]
     pub fn with_health(mut self, health: watch::Receiver<bool>) -> Self {
         self.health = health;
+        self
+    }
+
+    /// Reports the status at once whenever `refresh` changes (kubelet syncs the node status
+    /// as soon as a shutdown starts), besides the periodic reports.
+    #[must_use]
+    pub fn with_status_refresh(mut self, refresh: watch::Receiver<bool>) -> Self {
+        self.refresh = Some(refresh);
         self
     }
 
@@ -96,6 +107,7 @@ impl NodeController {
         let mut health_open = true;
         let mut was_healthy = true;
         let mut lost_contact = false;
+        let mut refresh = self.refresh.take();
         loop {
             let healthy = *self.health.borrow_and_update();
             if healthy != was_healthy {
@@ -131,6 +143,12 @@ impl NodeController {
                     // The period counts from the end of the update (kubelet's sliding
                     // `wait.Until`), so a slow apiserver does not cause a burst.
                     next_status = Instant::now() + config.node_status_update_frequency;
+                }
+                changed = async { refresh.as_mut()?.changed().await.ok() }, if refresh.is_some() => {
+                    match changed {
+                        Some(()) => next_status = Instant::now(),
+                        None => refresh = None,
+                    }
                 }
                 changed = self.health.changed(), if health_open => {
                     // A dropped sender leaves the last value in place.

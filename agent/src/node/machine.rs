@@ -12,6 +12,7 @@
 //! | nodeInfo                        | uname, `/etc/os-release`, machine-id, boot_id, DMI uuid  |
 //! | MemoryPressure / DiskPressure / PIDPressure | the eviction manager's conditions ([`MachineStatus::with_pressure`]; none without it) |
 //! | images                          | [`MachineStatus::with_images`]: the agent's image list   |
+//! | Ready                           | False ("node is shutting down") during a graceful node shutdown ([`MachineStatus::with_shutdown`]) |
 //!
 //! Allocatable follows kubelet's node allocatable: `memory` − reserved − `memory.available`
 //! threshold (100Mi), `ephemeral-storage` − reserved − `nodefs.available` threshold (10 %),
@@ -27,7 +28,7 @@ use k8s_openapi::api::core::v1::{ContainerImage, NodeAddress, NodeSystemInfo};
 
 use super::config::hostname;
 use super::object::{cpu_quantity, go_arch, integer_quantity, memory_quantity};
-use super::provider::{NodeResources, NodeStatusProvider, Pressure, ProviderError};
+use super::provider::{NodeResources, NodeStatusProvider, Pressure, ProviderError, Readiness};
 
 /// Resources kept away from pods (kubelet's `kubeReserved` + `systemReserved`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -98,6 +99,7 @@ pub struct MachineStatus {
     system_info: NodeSystemInfo,
     images: Option<ImageList>,
     pressure: Option<tokio::sync::watch::Receiver<Pressure>>,
+    shutting_down: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 impl std::fmt::Debug for MachineStatus {
@@ -120,6 +122,7 @@ impl MachineStatus {
             system_info,
             images: None,
             pressure: None,
+            shutting_down: None,
         })
     }
 
@@ -134,6 +137,14 @@ impl MachineStatus {
     #[must_use]
     pub fn with_pressure(mut self, pressure: tokio::sync::watch::Receiver<Pressure>) -> Self {
         self.pressure = Some(pressure);
+        self
+    }
+
+    /// Reports `Ready=False` ("node is shutting down") while `shutting_down` reads true
+    /// (graceful node shutdown: `ironlet::kubelet::Kubelet::node_shutdown`).
+    #[must_use]
+    pub fn with_shutdown(mut self, shutting_down: tokio::sync::watch::Receiver<bool>) -> Self {
+        self.shutting_down = Some(shutting_down);
         self
     }
 
@@ -209,6 +220,16 @@ impl NodeStatusProvider for MachineStatus {
             .as_ref()
             .map(|p| *p.borrow())
             .unwrap_or_default()
+    }
+
+    fn readiness(&self) -> Readiness {
+        if self.shutting_down.as_ref().is_some_and(|s| *s.borrow()) {
+            Readiness::NotReady(vec![
+                crate::kubelet::node_shutdown::NOT_READY_MESSAGE.to_owned()
+            ])
+        } else {
+            Readiness::Ready
+        }
     }
 }
 

@@ -24,6 +24,10 @@
 //!   again at once from the binary path on disk (upgrade in place). The supervisor itself
 //!   keeps running the code it started with; restart it (stop + start, re-adopting) to
 //!   upgrade it.
+//! - SIGPWR (a power failure or an imminent shutdown, from init or whoever stops the node)
+//!   is passed to the running agent, and every agent started afterwards gets
+//!   `IRONLET_NODE_SHUTDOWN=1`: the agent's graceful node shutdown stops the pods (when
+//!   `--shutdown-grace-period` is set). The supervisor itself keeps running until stopped.
 //! - One supervisor per data root: it holds an exclusive lock on `<root>/supervisor.lock`.
 //!
 //! Current behaviour when the supervisor itself dies (SIGKILL, OOM): containers keep
@@ -50,6 +54,10 @@ use crate::zygote::{ZygoteError, ZygoteHandle};
 
 /// Carries the number of the agent's inherited socket; set by the supervisor only.
 pub const SUPERVISOR_FD_ENV: &str = "IRONLET_SUPERVISOR_FD";
+
+/// Set (to `1`) for agents started after the supervisor received SIGPWR: the node is
+/// shutting down.
+pub const NODE_SHUTDOWN_ENV: &str = "IRONLET_NODE_SHUTDOWN";
 
 /// Why the supervisor could not start.
 #[derive(Debug, thiserror::Error)]

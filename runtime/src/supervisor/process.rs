@@ -13,7 +13,7 @@ use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
 use nix::unistd::{fork, ForkResult};
 
 use super::agent::{self, AgentState, Backoff, Effect, Input, Timing};
-use super::{SupervisorConfig, SupervisorError, SUPERVISOR_FD_ENV};
+use super::{SupervisorConfig, SupervisorError, NODE_SHUTDOWN_ENV, SUPERVISOR_FD_ENV};
 use crate::zygote::sys;
 
 /// A descriptor of the supervisor in the zygote's poll set.
@@ -42,6 +42,8 @@ pub(crate) struct Supervisor {
     agent_pidfd: Option<OwnedFd>,
     connection: Option<OwnedFd>,
     exit: bool,
+    /// SIGPWR was received: the node is shutting down (told to every agent from then on).
+    node_shutdown: bool,
     /// The data root's lock, held for the supervisor's life (see `lock_root`).
     _lock: std::fs::File,
 }
@@ -49,7 +51,12 @@ pub(crate) struct Supervisor {
 /// The signals the supervisor takes through its signalfd.
 fn handled_signals() -> SigSet {
     let mut set = SigSet::empty();
-    for s in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
+    for s in [
+        Signal::SIGTERM,
+        Signal::SIGINT,
+        Signal::SIGHUP,
+        Signal::SIGPWR,
+    ] {
         set.add(s);
     }
     set
@@ -78,6 +85,7 @@ impl Supervisor {
             agent_pidfd: None,
             connection: None,
             exit: false,
+            node_shutdown: false,
             _lock: lock,
         })
     }
@@ -119,6 +127,10 @@ impl Supervisor {
                             );
                             Input::Reload
                         }
+                        Ok(Signal::SIGPWR) => {
+                            self.power_fail();
+                            continue;
+                        }
                         Ok(signal) => {
                             tracing::info!(%signal, "stopping the agent; containers keep running");
                             Input::Terminate
@@ -143,6 +155,24 @@ impl Supervisor {
                 self.agent_pidfd = None;
                 self.handle(Input::Exited { status }, now);
             }
+        }
+    }
+
+    /// SIGPWR: the node is shutting down. The running agent gets SIGPWR (its graceful node
+    /// shutdown stops the pods); agents started later get `IRONLET_NODE_SHUTDOWN=1`.
+    /// Containers and the supervisor are otherwise left alone: init stops them next.
+    fn power_fail(&mut self) {
+        self.node_shutdown = true;
+        match &self.agent_pidfd {
+            Some(pidfd) => {
+                tracing::info!("SIGPWR: the node is shutting down; telling the agent");
+                if let Err(err) = sys::pidfd_send_signal(pidfd, libc::SIGPWR) {
+                    tracing::warn!(%err, "passing SIGPWR to the agent failed");
+                }
+            }
+            None => tracing::info!(
+                "SIGPWR: the node is shutting down; the next agent is told at its start"
+            ),
         }
     }
 
@@ -171,7 +201,7 @@ impl Supervisor {
     }
 
     fn start_agent(&mut self) -> Input {
-        match spawn_agent(&self.config) {
+        match spawn_agent(&self.config, self.node_shutdown) {
             Ok((pid, pidfd, connection)) => {
                 tracing::info!(pid, binary = %self.config.agent_binary.display(), "agent started");
                 self.agent_pidfd = Some(pidfd);
@@ -192,8 +222,12 @@ fn cstring(bytes: &[u8]) -> Result<CString, SupervisorError> {
 }
 
 /// Forks and execs the agent binary with the supervisor's arguments and its end of a new
-/// socket pair in `IRONLET_SUPERVISOR_FD`. Returns its pid, pidfd and the supervisor's end.
-fn spawn_agent(config: &SupervisorConfig) -> Result<(i32, OwnedFd, OwnedFd), SupervisorError> {
+/// socket pair in `IRONLET_SUPERVISOR_FD` (and `IRONLET_NODE_SHUTDOWN=1` after SIGPWR).
+/// Returns its pid, pidfd and the supervisor's end.
+fn spawn_agent(
+    config: &SupervisorConfig,
+    node_shutdown: bool,
+) -> Result<(i32, OwnedFd, OwnedFd), SupervisorError> {
     let (ours, theirs) = socketpair(
         AddressFamily::Unix,
         SockType::SeqPacket,
@@ -211,7 +245,7 @@ fn spawn_agent(config: &SupervisorConfig) -> Result<(i32, OwnedFd, OwnedFd), Sup
         .collect::<Result<Vec<_>, _>>()?;
     let mut env = Vec::new();
     for (key, value) in std::env::vars_os() {
-        if key == SUPERVISOR_FD_ENV {
+        if key == SUPERVISOR_FD_ENV || key == NODE_SHUTDOWN_ENV {
             continue;
         }
         let mut pair = OsString::from(&key);
@@ -220,6 +254,9 @@ fn spawn_agent(config: &SupervisorConfig) -> Result<(i32, OwnedFd, OwnedFd), Sup
         env.push(cstring(pair.as_bytes())?);
     }
     env.push(cstring(format!("{SUPERVISOR_FD_ENV}={fd}").as_bytes())?);
+    if node_shutdown {
+        env.push(cstring(format!("{NODE_SHUTDOWN_ENV}=1").as_bytes())?);
+    }
     let supervisor_pid = nix::unistd::getpid();
     // SAFETY: the supervisor is single-threaded; the child only execs.
     match unsafe { fork() } {
