@@ -86,6 +86,9 @@ pub fn container_config(inputs: ContainerInputs<'_>) -> Result<ContainerConfig, 
         labels,
         annotations,
         sysctls: pod_sysctls(pod),
+        stdin: container.stdin.unwrap_or(false),
+        stdin_once: container.stdin_once.unwrap_or(false),
+        tty: container.tty.unwrap_or(false),
     })
 }
 

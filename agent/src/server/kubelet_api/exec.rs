@@ -240,6 +240,20 @@ pub fn parse_inbound(protocol: Protocol, message: &[u8]) -> Inbound<'_> {
     }
 }
 
+/// A resize message (`remotecommand.TerminalSize`, `{"Width":80,"Height":24}`) as
+/// `(width, height)`; `None` for one that does not parse (kubelet logs and skips it).
+pub fn parse_size(json: &[u8]) -> Option<(u16, u16)> {
+    #[derive(serde::Deserialize)]
+    struct TerminalSize {
+        #[serde(rename = "Width")]
+        width: u16,
+        #[serde(rename = "Height")]
+        height: u16,
+    }
+    let size: TerminalSize = serde_json::from_slice(json).ok()?;
+    Some((size.width, size.height))
+}
+
 /// The `metav1.Status` sent on the error channel for an exit code (the API server's
 /// stream translator and kubelet send the same).
 pub fn exit_status(code: i32) -> Value {
@@ -345,8 +359,9 @@ where
         stdout,
         stderr,
         mut exit,
+        resize,
     } = session;
-    let client = read_client(source, protocol, stdin);
+    let client = read_client(source, protocol, stdin, resize);
     let outputs = async {
         tokio::join!(
             pump(stdout, protocol, STDOUT, opts.stdout.then_some(tx)),
@@ -391,6 +406,7 @@ async fn read_client<S>(
     source: &mut Source<S>,
     protocol: Protocol,
     mut stdin: Option<ironlet_runtime::types::ExecWriter>,
+    resize: Option<ironlet_runtime::types::Resize>,
 ) where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -417,8 +433,15 @@ async fn read_client<S>(
                     let _ = pipe.shutdown().await;
                 }
             }
+            Inbound::Resize(json) => {
+                if let (Some(resize), Some((width, height))) = (&resize, parse_size(json)) {
+                    if let Err(err) = resize(width, height) {
+                        tracing::debug!(%err, "resizing the terminal failed");
+                    }
+                }
+            }
             Inbound::Malformed => return,
-            Inbound::Close(_) | Inbound::Resize(_) | Inbound::Ignored => {}
+            Inbound::Close(_) | Inbound::Ignored => {}
         }
     }
 }
@@ -674,6 +697,7 @@ mod session_tests {
             stdout: Box::new(stdout_r),
             stderr: Box::new(stderr_r),
             exit: ExecExit::new(code_rx, move || killed.store(true, Ordering::SeqCst)),
+            resize: None,
         }
     }
 
@@ -918,6 +942,7 @@ mod session_tests {
             stdout: Box::new(stdout_r),
             stderr: Box::new(stderr_r),
             exit: ExecExit::new(code_rx, || {}),
+            resize: None,
         }
     }
 }

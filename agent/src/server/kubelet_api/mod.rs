@@ -299,6 +299,7 @@ async fn connection(
                     let exec = ExecRequest {
                         cmd: opts.command.clone(),
                         stdin: opts.stdin,
+                        tty: opts.tty,
                     };
                     let start =
                         async move { runtime.exec(&id, &exec).await.map_err(|e| e.to_string()) };
