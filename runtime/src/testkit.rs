@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
+pub mod pty;
 pub mod registry;
 
 /// `images/build` could not produce the test images.
