@@ -182,7 +182,9 @@ impl Inner {
                 .get(id)
                 .ok_or_else(|| not_found("container", id.as_str()))?;
             let st = entry.record.phase.state();
-            if st != ContainerState::Running {
+            // A created container too: `ctr run -it` attaches before the start, so that
+            // the first prompt is not missed.
+            if st != ContainerState::Running && st != ContainerState::Created {
                 return Err(RuntimeError::IncorrectState {
                     id: id.clone(),
                     state: st,
