@@ -5,8 +5,10 @@
 //!   window size kubectl starts with and a later resize are what `stty size` reports inside,
 //!   `exit 3` makes kubectl exit 3, and kubectl restores the terminal it made raw;
 //! - `kubectl attach -it` to a pod with `stdin` and `tty` running `sh`: a command typed
-//!   reaches the container's shell, its output comes back, it is in `kubectl logs` too, and
-//!   `exit 7` ends the container (terminated, exit code 7) and the attach;
+//!   reaches the container's shell and its output comes back; kubectl killed (detached),
+//!   the agent restarted (SIGHUP), a new attach answers again (the terminal was held by the
+//!   supervisor), both sessions' output is in `kubectl logs`, and `exit 7` ends the
+//!   container (terminated, exit code 7) and the attach;
 //! - `kubectl run -it --rm --restart=Never --image=busybox -- sh`: a command's output comes
 //!   back, `exit` ends kubectl with 0 and the pod is deleted.
 //!
@@ -34,7 +36,7 @@ const TESTS: &[SuiteTest<Env>] = &[
         exec_it,
     ),
     (
-        "kubectl_attach_it_types_into_the_containers_shell_and_sees_its_output",
+        "kubectl_attach_it_types_into_the_shell_and_attaches_again_after_an_agent_restart",
         attach_it,
     ),
     (
@@ -136,6 +138,9 @@ fn kubectl_on_pty(env: &Env, args: &[&str]) -> Result<PtyChild> {
 
 fn exec_it(env: &Env) -> Result<()> {
     let name = "ktty-exec";
+    let _shared = RESTART
+        .read()
+        .map_err(|_| anyhow::anyhow!("lock poisoned"))?;
     block_on(async {
         let pods = run_pod(env, name, &["sleep", "3600"], false).await?;
         let result = async {
@@ -189,29 +194,55 @@ fn exec_it(env: &Env) -> Result<()> {
     })
 }
 
+/// Serialises the agent restart of [`attach_it`] against the other tests' sessions.
+static RESTART: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+/// Attaches with `kubectl attach -it` and types until the container's shell answers
+/// (the attach may take a moment, and output from before it is not shown); `tag` makes
+/// the answer unique. Retries kubectl itself while the node's API is not up.
+fn attach_and_answer(env: &Env, name: &str, tag: u32) -> Result<PtyChild> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut kubectl = kubectl_on_pty(env, &["attach", "-it", name, "-c", "main"])?;
+        for i in 0..20 {
+            let n = tag + i;
+            kubectl.send(&format!("echo attached-$(({n}-1+1))\r"))?;
+            if kubectl
+                .expect(&format!("attached-{n}\r\n"), Duration::from_secs(1))
+                .is_ok()
+            {
+                return Ok(kubectl);
+            }
+            if kubectl.wait(Duration::ZERO)?.is_some() {
+                break;
+            }
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "no answer through attach: {}",
+            kubectl.seen()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
 fn attach_it(env: &Env) -> Result<()> {
     let name = "ktty-attach";
+    let _alone = RESTART
+        .write()
+        .map_err(|_| anyhow::anyhow!("lock poisoned"))?;
     block_on(async {
         let pods = run_pod(env, name, &["sh"], true).await?;
         let result = async {
-            let mut kubectl = kubectl_on_pty(env, &["attach", "-it", name, "-c", "main"])?;
-            kubectl.expect("If you don't see a command prompt", ANSWER)?;
-            // Typed until the attach is up: what came before it is not shown.
-            let mut seen = false;
-            for i in 0..30 {
-                kubectl.send(&format!("echo attached-$(({i}+1000))\r"))?;
-                if kubectl
-                    .expect(
-                        &format!("attached-{}\r\n", i + 1000),
-                        Duration::from_secs(1),
-                    )
-                    .is_ok()
-                {
-                    seen = true;
-                    break;
-                }
-            }
-            ensure!(seen, "no answer through attach: {}", kubectl.seen());
+            let kubectl = attach_and_answer(env, name, 1000)?;
+            // Detach by killing kubectl: the container goes on.
+            drop(kubectl);
+            // The agent restarts (SIGHUP re-executes it); the terminal stays with the
+            // supervisor, and attach works again through the new agent.
+            env.agent
+                .signal_supervisor(nix::sys::signal::Signal::SIGHUP)?;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let mut kubectl = attach_and_answer(env, name, 5000)?;
             kubectl.send("exit 7\r")?;
             let status = kubectl
                 .wait(ANSWER)?
@@ -232,8 +263,12 @@ fn attach_it(env: &Env) -> Result<()> {
             )
             .await?;
             ensure!(code == 7, "exit code {code}");
+            // Both sessions' output is in the log, across the restart.
             let logs = env.plane.kubectl(&["logs", name])?;
-            ensure!(logs.contains("attached-"), "kubectl logs: {logs:?}");
+            ensure!(
+                logs.contains("attached-10") && logs.contains("attached-50"),
+                "kubectl logs: {logs:?}"
+            );
             Ok(())
         }
         .await;
@@ -244,6 +279,9 @@ fn attach_it(env: &Env) -> Result<()> {
 
 fn run_it_rm(env: &Env) -> Result<()> {
     let name = "ktty-run";
+    let _shared = RESTART
+        .read()
+        .map_err(|_| anyhow::anyhow!("lock poisoned"))?;
     let overrides = json!({ "spec": { "nodeName": env.agent.node_name } }).to_string();
     let mut kubectl = kubectl_on_pty(
         env,
