@@ -156,8 +156,14 @@ impl Inner {
             id: id.clone(),
             message: format!("{what} pipe: {e}"),
         };
+        let container = id.clone();
+        let kill = move || {
+            tracing::info!(container_id = %container, pid, "killing an exec process nobody waits for");
+            kill_tree(pid, pidfd.as_ref());
+        };
+        let exit = ExecExit::new(exit, kill);
         if request.tty {
-            return self.exec_on_terminal(id, pid, pidfd, stdin, stdout, stderr, exit);
+            return self.exec_on_terminal(id, stdin, stdout, stderr, exit);
         }
         let stdin: Option<ExecWriter> = match stdin {
             Some(fd) => Some(Box::new(
@@ -173,32 +179,24 @@ impl Inner {
             ))
         };
         let (stdout, stderr) = (reader(stdout, "stdout")?, reader(stderr, "stderr")?);
-        let container = id.clone();
-        let kill = move || {
-            tracing::info!(container_id = %container, pid, "killing an exec process nobody waits for");
-            kill_tree(pid, pidfd.as_ref());
-        };
         Ok(ExecSession {
             stdin,
             stdout,
             stderr,
-            exit: ExecExit::new(exit, kill),
+            exit,
             resize: None,
         })
     }
 
     /// The session of an exec on its own terminal: `master` is its output, `stdin` a copy
     /// of the master, `stderr` empty.
-    #[allow(clippy::too_many_arguments)]
     fn exec_on_terminal(
         &self,
         id: &ContainerId,
-        pid: i32,
-        pidfd: Option<OwnedFd>,
         stdin: Option<OwnedFd>,
         master: OwnedFd,
         stderr: OwnedFd,
-        exit: oneshot::Receiver<i32>,
+        exit: ExecExit,
     ) -> Result<ExecSession, RuntimeError> {
         let exec_err = |e: std::io::Error| RuntimeError::Exec {
             id: id.clone(),
@@ -212,16 +210,11 @@ impl Inner {
         let stdout: ExecReader = Box::new(PtyMaster::new(master).map_err(exec_err)?);
         let stderr: ExecReader =
             Box::new(tokio::net::unix::pipe::Receiver::from_owned_fd(stderr).map_err(exec_err)?);
-        let container = id.clone();
-        let kill = move || {
-            tracing::info!(container_id = %container, pid, "killing an exec process nobody waits for");
-            kill_tree(pid, pidfd.as_ref());
-        };
         Ok(ExecSession {
             stdin,
             stdout,
             stderr,
-            exit: ExecExit::new(exit, kill),
+            exit,
             resize: Some(super::attach::resizer(resize_fd)),
         })
     }
