@@ -1244,3 +1244,125 @@ fn images_prune_keeps_images_of_kept_containers_and_pinned_ones_and_removes_the_
     );
     assert_eq!(tags(&node), ["docker.io/library/nonroot"]);
 }
+
+/// Waits until `stty size` inside the shell on `term` reports `want` (a resize travels
+/// through a SIGWINCH handler, so it may take a moment).
+fn shell_reports_size(term: &mut ironlet_runtime::testkit::pty::PtyChild, want: &str) {
+    let wait = Duration::from_secs(10);
+    for round in 0..50 {
+        term.send(&format!("stty size; echo sz-$(({round}+500))\r"))
+            .expect("typing");
+        let shown = term
+            .expect(&format!("sz-{}\r\n", round + 500), wait)
+            .expect("stty answers");
+        if shown.contains(&format!("{want}\r\n")) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("the shell never reported {want}: {}", term.seen());
+}
+
+fn is_raw(term: &ironlet_runtime::testkit::pty::PtyChild) -> bool {
+    !term
+        .local_flags()
+        .expect("terminal settings")
+        .contains(nix::sys::termios::LocalFlags::ICANON)
+}
+
+/// `ctr run -it` and `ctr exec -it` on a terminal as a person would type: the prompt
+/// appears, commands answer, the local size and a resize reach the container, the exit
+/// codes come back, the terminal is restored, and `--rm` leaves no container.
+#[test]
+fn ctr_run_it_and_ctr_exec_it_drive_a_shell_on_a_terminal() {
+    use ironlet_runtime::testkit::pty::PtyChild;
+    if !is_root() {
+        return;
+    }
+    let node = Node::new();
+    let wait = Duration::from_secs(20);
+    let run = node.cmd(&[
+        "ctr", "run", "-it", "--rm", "--name", "ttyrun", "busybox", "--", "sh",
+    ]);
+    let mut term = PtyChild::spawn(run, 100, 30).expect("ctr run on a pty");
+    term.expect("/ # ", wait).expect("a prompt");
+    assert!(is_raw(&term), "ctr run -t leaves the terminal cooked");
+    term.send("echo run-$((6*7))\r").expect("typing");
+    term.expect("run-42\r\n", wait)
+        .expect("the command's output");
+    shell_reports_size(&mut term, "30 100");
+    term.resize(77, 22).expect("resize");
+    shell_reports_size(&mut term, "22 77");
+
+    let ps = node.ironlet(&["ctr", "ps", "-q"]);
+    let id = text(&ps.stdout).trim().to_owned();
+    assert!(!id.is_empty() && !id.contains('\n'), "ps: {id:?}");
+    let exec = node.cmd(&["ctr", "exec", "-it", &id, "--", "sh"]);
+    let mut shell = PtyChild::spawn(exec, 90, 25).expect("ctr exec on a pty");
+    shell.expect("/ # ", wait).expect("an exec prompt");
+    shell
+        .send("echo exec-$((2+3)); [ -t 0 ] && echo tty-$((1+1))\r")
+        .expect("typing");
+    shell.expect("exec-5\r\n", wait).expect("the exec's output");
+    shell
+        .expect("tty-2\r\n", wait)
+        .expect("the exec runs on a terminal");
+    shell_reports_size(&mut shell, "25 90");
+    shell.send("exit 4\r").expect("typing");
+    let status = shell.wait(wait).expect("wait").expect("ctr exec ends");
+    assert_eq!(status.code(), Some(4), "{}", shell.seen());
+    assert!(!is_raw(&shell), "ctr exec -t did not restore the terminal");
+
+    term.send("exit 3\r").expect("typing");
+    let status = term.wait(wait).expect("wait").expect("ctr run ends");
+    assert_eq!(status.code(), Some(3), "{}", term.seen());
+    assert!(!is_raw(&term), "ctr run -t did not restore the terminal");
+    let ps = node.ironlet(&["ctr", "ps", "-a", "-q"]);
+    assert_eq!(text(&ps.stdout).trim(), "", "--rm left a container");
+}
+
+/// `ctr run -i` without a terminal: stdin reaches the container, whose stdin closes with
+/// ours (`cat` ends), and the exit code comes back.
+#[test]
+fn ctr_run_i_feeds_stdin_until_it_closes() {
+    if !is_root() {
+        return;
+    }
+    let node = Node::new();
+    let mut child = node
+        .cmd(&[
+            "ctr",
+            "run",
+            "-i",
+            "--rm",
+            "--name",
+            "cat",
+            "busybox",
+            "--",
+            "sh",
+            "-c",
+            "cat; exit 6",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("ctr run -i");
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin
+            .write_all(b"line one\nline two\n")
+            .expect("writing stdin");
+    }
+    let out = output_within(child, Duration::from_secs(30), "ctr run -i");
+    assert_eq!(
+        text(&out.stdout),
+        "line one\nline two\n",
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(6));
+    let ps = node.ironlet(&["ctr", "ps", "-a", "-q"]);
+    assert_eq!(text(&ps.stdout).trim(), "");
+}

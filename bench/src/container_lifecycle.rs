@@ -15,7 +15,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
-use ironlet_runtime::zygote::{Event, ZygoteClient};
+use ironlet_runtime::zygote::{CreateStdio, Event, ZygoteClient};
 use tokio::sync::mpsc;
 
 use ironlet_bench::peer_bundle::{
@@ -112,8 +112,13 @@ async fn in_process(
 ) -> Result<Duration> {
     let started = Instant::now();
     let phases = std::env::var_os("BENCH_PHASES").is_some();
-    let (_pid, _start, _out, _err) = client
-        .create(id, bundle.to_owned(), state_root.to_owned())
+    let (_pid, _start, _stdio) = client
+        .create(
+            id,
+            bundle.to_owned(),
+            state_root.to_owned(),
+            CreateStdio::default(),
+        )
         .await?;
     let created = started.elapsed();
     client.start(id, state_root.to_owned()).await?;

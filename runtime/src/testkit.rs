@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 
 pub mod proxy;
+pub mod pty;
 pub mod registry;
 
 /// `images/build` could not produce the test images.

@@ -88,6 +88,22 @@ pub trait Runtime: Send + Sync {
         request: &ExecRequest,
     ) -> Result<ExecSession, RuntimeError>;
 
+    /// Attaches to a running container's own stdio (CRI `Attach`, for `kubectl attach`):
+    /// `request.cmd` is ignored; `stdin` and `tty` must match how the container was
+    /// created. Output arrives from the moment of attaching; the session ends when the
+    /// container's output does. Dropping it leaves the container running.
+    async fn attach(
+        &self,
+        id: &ContainerId,
+        request: &ExecRequest,
+    ) -> Result<ExecSession, RuntimeError> {
+        let _ = request;
+        Err(RuntimeError::Exec {
+            id: id.clone(),
+            message: "attach is not supported by this runtime".into(),
+        })
+    }
+
     /// Subscribes to container exits and OOM kills.
     fn subscribe(&self) -> tokio::sync::broadcast::Receiver<RuntimeEvent>;
 }

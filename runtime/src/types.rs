@@ -186,6 +186,16 @@ pub struct ContainerConfig {
     /// Ignored when the sandbox uses the host's PID namespace.
     #[serde(default)]
     pub pid_namespace_target: Option<ContainerId>,
+    /// Keep the container's stdin open for attach (Kubernetes `stdin`); else it reads
+    /// `/dev/null`.
+    #[serde(default)]
+    pub stdin: bool,
+    /// Close stdin when the first attach session ends (Kubernetes `stdinOnce`).
+    #[serde(default)]
+    pub stdin_once: bool,
+    /// Run on a terminal (Kubernetes `tty`): output is one stream, logged as stdout.
+    #[serde(default)]
+    pub tty: bool,
 }
 
 /// The life-cycle state of a container, as kubecontainer's `State`.
@@ -319,14 +329,21 @@ pub struct ExecOutput {
     pub exit_code: i32,
 }
 
-/// A process to run in a running container with its stdio streamed (CRI `Exec`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A process to run in a running container with its stdio streamed (CRI `Exec`), or, with
+/// an empty `cmd`, an attach to the container's own stdio (CRI `Attach`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ExecRequest {
     pub cmd: Vec<String>,
     /// Give the process a stdin the caller writes ([`ExecSession::stdin`]); else it reads
     /// `/dev/null`.
     pub stdin: bool,
+    /// Run the process on a new terminal: its output arrives on `stdout` alone, and
+    /// [`ExecSession::resize`] sets the window size.
+    pub tty: bool,
 }
+
+/// Sets a session's terminal window size: `(width, height)` in characters.
+pub type Resize = Box<dyn Fn(u16, u16) -> std::io::Result<()> + Send + Sync>;
 
 /// A byte stream from an exec'd process.
 pub type ExecReader = Box<dyn tokio::io::AsyncRead + Send + Unpin>;
@@ -341,6 +358,8 @@ pub struct ExecSession {
     pub stdout: ExecReader,
     pub stderr: ExecReader,
     pub exit: ExecExit,
+    /// With a terminal: changes its window size.
+    pub resize: Option<Resize>,
 }
 
 impl fmt::Debug for ExecSession {

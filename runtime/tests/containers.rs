@@ -71,6 +71,14 @@ fn main() {
             exec_streaming,
         ),
         (
+            "a_tty_container_is_attached_resized_and_logged_and_a_tty_exec_exits_with_its_code",
+            tty_attach_and_exec,
+        ),
+        (
+            "a_stdin_once_container_reads_what_attach_wrote_then_end_of_file",
+            stdin_once_attach,
+        ),
+        (
             "the_status_after_an_exit_comes_with_the_whole_log_written",
             status_after_exit_has_whole_log,
         ),
@@ -498,6 +506,7 @@ fn exec_streaming(env: &Env) -> Result<()> {
             let cat = ExecRequest {
                 cmd: vec!["cat".into()],
                 stdin: true,
+                tty: false,
             };
             let mut session = env.runtime.exec(&id, &cat).await?;
             let mut stdin = session.stdin.take().context("a stdin was asked for")?;
@@ -524,6 +533,7 @@ fn exec_streaming(env: &Env) -> Result<()> {
                     .map(String::from)
                     .to_vec(),
                 stdin: false,
+                tty: false,
             };
             let mut session = env.runtime.exec(&id, &fail).await?;
             ensure!(session.stdin.is_none());
@@ -538,6 +548,7 @@ fn exec_streaming(env: &Env) -> Result<()> {
             let tree = ExecRequest {
                 cmd: ["sh", "-c", &script].map(String::from).to_vec(),
                 stdin: false,
+                tty: false,
             };
             let session = env.runtime.exec(&id, &tree).await?;
             let deadline = Instant::now() + Duration::from_secs(10);
@@ -792,5 +803,158 @@ fn missing_image(env: &Env) -> Result<()> {
             );
         }
         cleanup(env, &sandbox).await
+    })
+}
+
+/// Reads `reader` until `want` shows up in what was read (or 10 s pass); returns it all.
+async fn read_until(
+    reader: &mut ironlet_runtime::types::ExecReader,
+    seen: &mut Vec<u8>,
+    want: &str,
+) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(seen).contains(want) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let n = tokio::time::timeout(left, reader.read(&mut buf))
+            .await
+            .with_context(|| {
+                format!(
+                    "waiting for {want:?}, got {:?}",
+                    String::from_utf8_lossy(seen)
+                )
+            })??;
+        ensure!(
+            n > 0,
+            "end of output before {want:?}: {:?}",
+            String::from_utf8_lossy(seen)
+        );
+        seen.extend_from_slice(&buf[..n]);
+    }
+    Ok(())
+}
+
+/// A container with `tty` and `stdin` running an interactive shell: attach writes a
+/// command and sees its output, a resize is what `stty size` reports, the output is in
+/// the CRI log (one stream, stdout), and an exec with its own terminal gets a tty, is
+/// resized and exits with its code.
+fn tty_attach_and_exec(env: &Env) -> Result<()> {
+    env.rt.block_on(async {
+        let mut config = busybox_sh("tty", "exec sh -i");
+        config.stdin = true;
+        config.tty = true;
+        let (sandbox, id) = start_one(env, &config).await?;
+        let result = async {
+            let attach = ExecRequest {
+                cmd: Vec::new(),
+                stdin: true,
+                tty: true,
+            };
+            let mut session = env.runtime.attach(&id, &attach).await?;
+            let resize = session.resize.take().context("a tty session can resize")?;
+            resize(91, 27)?;
+            let mut stdin = session.stdin.take().context("stdin")?;
+            stdin
+                .write_all(
+                    b"echo tty-$((6*7)); [ -t 1 ] || echo NOT-A-TTY; stty size; echo $TERM\n",
+                )
+                .await?;
+            let mut seen = Vec::new();
+            read_until(&mut session.stdout, &mut seen, "27 91").await?;
+            let text = String::from_utf8_lossy(&seen).into_owned();
+            ensure!(text.contains("tty-42\r\n"), "{text:?}");
+            ensure!(!text.contains("NOT-A-TTY\r"), "{text:?}");
+            read_until(&mut session.stdout, &mut seen, "xterm").await?;
+            // Leaving the session leaves the container running.
+            drop(stdin);
+            drop(session);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let st = env.runtime.container_status(&id).await?;
+            ensure!(st.state == ContainerState::Running, "{st:?}");
+
+            // An exec on its own terminal: job control shell, size, exit code.
+            let exec = ExecRequest {
+                cmd: vec!["sh".into()],
+                stdin: true,
+                tty: true,
+            };
+            let mut session = env.runtime.exec(&id, &exec).await?;
+            let resize = session.resize.take().context("resize")?;
+            resize(120, 40)?;
+            let mut stdin = session.stdin.take().context("stdin")?;
+            stdin
+                .write_all(b"stty size; [ -t 0 ] && echo IS-$((1+1))-TTY\n")
+                .await?;
+            let mut seen = Vec::new();
+            read_until(&mut session.stdout, &mut seen, "IS-2-TTY\r\n").await?;
+            ensure!(
+                String::from_utf8_lossy(&seen).contains("40 120"),
+                "{:?}",
+                String::from_utf8_lossy(&seen)
+            );
+            stdin.write_all(b"exit 3\n").await?;
+            let code = tokio::time::timeout(Duration::from_secs(10), session.exit.wait()).await?;
+            ensure!(code == Some(3), "exit {code:?}");
+
+            // The attached shell's output went to the log as stdout.
+            let log = {
+                let st = env.runtime.container_status(&id).await?;
+                st.log_path
+            };
+            let lines = log_lines(&log, 1).await;
+            ensure!(
+                lines
+                    .iter()
+                    .any(|(s, l)| s == "stdout" && l.contains("tty-42")),
+                "{lines:?}"
+            );
+            ensure!(lines.iter().all(|(s, _)| s == "stdout"), "{lines:?}");
+            Ok(())
+        }
+        .await;
+        cleanup(env, &sandbox).await?;
+        result
+    })
+}
+
+/// `stdin` + `stdinOnce` without a tty: what the first attach writes reaches the
+/// container, and when that session ends the container reads end-of-file.
+fn stdin_once_attach(env: &Env) -> Result<()> {
+    env.rt.block_on(async {
+        let mut config = busybox_sh("once", "cat; echo got-eof; sleep 60");
+        config.stdin = true;
+        config.stdin_once = true;
+        let (sandbox, id) = start_one(env, &config).await?;
+        let result = async {
+            let attach = ExecRequest {
+                cmd: Vec::new(),
+                stdin: true,
+                tty: false,
+            };
+            let mut session = env.runtime.attach(&id, &attach).await?;
+            ensure!(session.resize.is_none());
+            let mut stdin = session.stdin.take().context("stdin")?;
+            stdin.write_all(b"line-one\n").await?;
+            let mut seen = Vec::new();
+            read_until(&mut session.stdout, &mut seen, "line-one\n").await?;
+            drop(stdin);
+            drop(session);
+            let st = env.runtime.container_status(&id).await?;
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let lines = log_lines(&st.log_path, 1).await;
+                if lines.iter().any(|(_, l)| l == "got-eof") {
+                    break;
+                }
+                ensure!(Instant::now() < deadline, "no end-of-file: {lines:?}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            // stdinOnce: a second attach gets no stdin.
+            ensure!(env.runtime.attach(&id, &attach).await.is_err());
+            Ok(())
+        }
+        .await;
+        cleanup(env, &sandbox).await?;
+        result
     })
 }

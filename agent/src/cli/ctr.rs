@@ -10,6 +10,7 @@
 pub(super) mod detach;
 mod flags;
 mod logs;
+mod terminal;
 
 use super::output::{outln, stdout_error};
 use std::collections::BTreeMap;
@@ -21,8 +22,8 @@ use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
 use ironlet_runtime::local::logs::LogStream;
 use ironlet_runtime::types::{
-    ContainerConfig, ContainerFilter, ContainerId, ContainerState, ContainerStatus, LinuxResources,
-    Mount, PodSandboxConfig, SandboxId,
+    ContainerConfig, ContainerFilter, ContainerId, ContainerState, ContainerStatus, ExecRequest,
+    LinuxResources, Mount, PodSandboxConfig, SandboxId,
 };
 use ironlet_runtime::{LocalRuntime, LocalRuntimeConfig, Runtime};
 use tokio::io::AsyncWriteExt;
@@ -61,6 +62,12 @@ pub enum CtrCommand {
     },
     /// Run a command in a running container.
     Exec {
+        /// Keep stdin open and feed it to the command.
+        #[arg(short, long)]
+        interactive: bool,
+        /// Run the command on a terminal (the local one goes raw and its size follows).
+        #[arg(short, long)]
+        tty: bool,
         id: String,
         #[arg(last = true, required = true)]
         command: Vec<String>,
@@ -80,6 +87,12 @@ pub struct RunArgs {
     /// Run in the background and print the container id (then `ctr logs -f`, `ctr stop`).
     #[arg(short, long)]
     pub detach: bool,
+    /// Keep the container's stdin open and feed it this process's stdin.
+    #[arg(short, long, conflicts_with = "detach")]
+    pub interactive: bool,
+    /// Run the container on a terminal (the local one goes raw and its size follows).
+    #[arg(short, long, conflicts_with = "detach")]
+    pub tty: bool,
     /// Bind mount a host path: HOST:CONTAINER[:ro|rw]; the host path must exist.
     #[arg(short = 'v', long = "volume", value_parser = flags::parse_volume)]
     pub volumes: Vec<Mount>,
@@ -182,7 +195,15 @@ fn run_here(
                 Ok(ExitCode::SUCCESS)
             }
             CtrCommand::Stop { time, ids } => stop(&runtime, Duration::from_secs(time), ids).await,
-            CtrCommand::Exec { id, command } => exec(&runtime, &id, command).await,
+            CtrCommand::Exec {
+                interactive,
+                tty,
+                id,
+                command,
+            } if interactive || tty => {
+                exec_interactive(&runtime, &id, command, interactive, tty).await
+            }
+            CtrCommand::Exec { id, command, .. } => exec(&runtime, &id, command).await,
             CtrCommand::Rm { force, ids } => rm(&runtime, force, ids).await,
         }
     })
@@ -279,6 +300,10 @@ async fn run_container(
         },
         log_path: PathBuf::from(format!("{name}/0.log")),
         labels: BTreeMap::from([("io.kubernetes.container.name".to_owned(), name.clone())]),
+        stdin: args.interactive,
+        // As docker: the container's stdin closes when ours does.
+        stdin_once: args.interactive,
+        tty: args.tty,
         ..ContainerConfig::default()
     };
     config.security.read_only_rootfs = args.read_only;
@@ -301,6 +326,17 @@ async fn run_container(
         None => Some(runtime.tap_output(&id)?),
         Some(_) => None,
     };
+    // Stdin and the window size go to the container from before its start.
+    let session = if args.interactive || args.tty {
+        let request = ExecRequest {
+            cmd: Vec::new(),
+            stdin: args.interactive,
+            tty: args.tty,
+        };
+        Some(runtime.attach(&id, &request).await.context("attaching")?)
+    } else {
+        None
+    };
     if let Err(err) = runtime.start_container(&id).await {
         if args.rm {
             if let Err(cleanup) = remove_all(runtime, &id, &sandbox, log_dir).await {
@@ -320,6 +356,42 @@ async fn run_container(
         ));
     }
     let mut output = output.context("the container's output")?;
+    let raw = if args.tty {
+        terminal::RawMode::enter()
+    } else {
+        None
+    };
+    let interactive = session.map(|mut session| {
+        // The output comes from the tap, complete from the start.
+        session.stdout = Box::new(tokio::io::empty());
+        session.stderr = Box::new(tokio::io::empty());
+        let window = session.resize.take().map(terminal::follow_window_size);
+        let input = session.stdin.take().map(|stdin| {
+            // At end of input the session ends, which closes the container's stdin.
+            let (eof_tx, eof_rx) = tokio::sync::oneshot::channel::<()>();
+            let task = terminal::forward_stdin(stdin, move || {
+                let _ = eof_tx.send(());
+            });
+            (task, eof_rx)
+        });
+        (session, window, input)
+    });
+    let (mut session, window, input) = match interactive {
+        Some((session, window, input)) => (Some(session), window, input),
+        None => (None, None, None),
+    };
+    let (input_task, mut eof) = match input {
+        Some((task, eof)) => (Some(task), Some(eof)),
+        None => (None, None),
+    };
+    let ended_input = async {
+        match eof.as_mut() {
+            Some(eof) => {
+                let _ = eof.await;
+            }
+            None => std::future::pending().await,
+        }
+    };
     let copy = async {
         let mut stdout = tokio::io::stdout();
         let mut stderr = tokio::io::stderr();
@@ -328,17 +400,41 @@ async fn run_container(
                 LogStream::Stdout => stdout.write_all(&bytes).await,
                 LogStream::Stderr => stderr.write_all(&bytes).await,
             };
+            // A prompt has no newline: on a terminal it must show now.
+            if args.tty {
+                let _ = stdout.flush().await;
+            }
         }
         let _ = stdout.flush().await;
         let _ = stderr.flush().await;
     };
+    let run = async {
+        let both = async { tokio::join!(copy, runtime.wait(&id)) };
+        tokio::pin!(both);
+        tokio::pin!(ended_input);
+        let mut input_open = true;
+        loop {
+            tokio::select! {
+                (_, status) = &mut both => break status,
+                () = &mut ended_input, if input_open => {
+                    input_open = false;
+                    // Leaving the session closes the container's stdin (stdinOnce).
+                    session.take();
+                }
+            }
+        }
+    };
     let status = tokio::select! {
-        (_, status) = async { tokio::join!(copy, runtime.wait(&id)) } => status?,
+        status = run => status?,
         _ = tokio::signal::ctrl_c() => {
             runtime.stop_container(&id, Duration::from_secs(10)).await?;
             runtime.wait(&id).await?
         }
     };
+    for task in [window, input_task].into_iter().flatten() {
+        task.abort();
+    }
+    drop(raw);
     let code = status.exit_code.unwrap_or(1);
     if let Some(reason) = status.reason.filter(|r| r.as_str() == "OOMKilled") {
         eprintln!("ironlet: container {} was {}", id.short(), reason.as_str());
@@ -509,6 +605,28 @@ async fn exec(runtime: &LocalRuntime, id: &str, command: Vec<String>) -> anyhow:
     stdout.flush().await.map_err(stdout_error)?;
     stderr.flush().await?;
     Ok(ExitCode::from(out.exit_code.clamp(0, 255) as u8))
+}
+
+/// `ctr exec -i`/`-t`: the command's stdio streamed, on a terminal with `-t`.
+async fn exec_interactive(
+    runtime: &LocalRuntime,
+    id: &str,
+    command: Vec<String>,
+    stdin: bool,
+    tty: bool,
+) -> anyhow::Result<ExitCode> {
+    let status = resolve(runtime, id).await?;
+    let request = ExecRequest {
+        cmd: command,
+        stdin,
+        tty,
+    };
+    let session = runtime
+        .exec(&status.id, &request)
+        .await
+        .with_context(|| format!("exec in {}", status.id.short()))?;
+    let code = terminal::run_exec(session, tty).await.unwrap_or(1);
+    Ok(ExitCode::from(code.clamp(0, 255) as u8))
 }
 
 async fn rm(runtime: &LocalRuntime, force: bool, ids: Vec<String>) -> anyhow::Result<ExitCode> {

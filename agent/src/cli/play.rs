@@ -460,7 +460,12 @@ async fn start_agent(
     let store = super::open_images(&play.root)?;
     let runtime = open_runtime(play, args, rootless, zygote, store.clone()).await?;
     let runtime: Arc<dyn Runtime> = Arc::new(runtime);
-    let pull = super::pull_config(&play.root, None, 3)?;
+    let pull = super::pull_config(
+        &play.root,
+        None,
+        3,
+        &super::CredentialProviderArgs::default(),
+    )?;
     let images = Arc::new(LocalImageService::with_pull_config(store, pull));
     let config = kubelet_config(play, node_name.to_owned())?;
     let pod_logs = config.pod_log_dir.clone();

@@ -87,6 +87,9 @@ pub fn container_config(inputs: ContainerInputs<'_>) -> Result<ContainerConfig, 
         annotations,
         sysctls: pod_sysctls(pod),
         pid_namespace_target: None,
+        stdin: container.stdin.unwrap_or(false),
+        stdin_once: container.stdin_once.unwrap_or(false),
+        tty: container.tty.unwrap_or(false),
     })
 }
 

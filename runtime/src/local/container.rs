@@ -73,7 +73,7 @@ impl Inner {
         };
 
         match self.make_container(&mut rec, &sandbox, &image, &dir).await {
-            Ok((stdout, stderr)) => {
+            Ok(stdio) => {
                 let (tx, _) = watch::channel(false);
                 let early = {
                     let mut state = self.lock();
@@ -89,7 +89,7 @@ impl Inner {
                     open: logs::LogOpen::New,
                     rotation: None,
                 };
-                self.spawn_log_pump(&id, log, stdout, stderr);
+                self.spawn_log_pump(&id, log, stdio);
                 if let Some((status, at)) = early {
                     self.record_exit(&id, status, at);
                 }
@@ -114,7 +114,7 @@ impl Inner {
         sandbox: &super::record::SandboxRecord,
         image: &crate::types::Image,
         dir: &Path,
-    ) -> Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd), RuntimeError> {
+    ) -> Result<crate::zygote::ContainerStdio, RuntimeError> {
         // The record goes to disk first, so a crash from here on leaves a directory that
         // start-up recognises and cleans.
         record::save(dir, rec).map_err(|e| RuntimeError::io("save container record", dir, e))?;
@@ -158,12 +158,17 @@ impl Inner {
         let spec = crate::zygote::cgroup_view::stage(spec, dir)?;
         crate::spec::write_bundle_config(dir, &spec)?;
 
-        let (pid, start_time, stdout, stderr) = self
+        let stdio = crate::zygote::CreateStdio {
+            stdin: rec.config.stdin,
+            tty: rec.config.tty,
+        };
+        let (pid, start_time, stdio) = self
             .zygote
             .create(
                 rec.id.as_str(),
                 dir.to_owned(),
                 self.config.libcontainer_root(),
+                stdio,
             )
             .await
             .map_err(|e| RuntimeError::Create {
@@ -171,7 +176,7 @@ impl Inner {
                 message: e.to_string(),
             })?;
         rec.phase = ContainerPhase::Created { pid, start_time };
-        Ok((stdout, stderr))
+        Ok(stdio)
     }
 
     /// The PID namespace of running container `target` of sandbox `sandbox`, to join.
@@ -232,13 +237,18 @@ impl Inner {
 
     /// Copies the container's output into its log file until end of stream, then lets the
     /// zygote close its copies of the pipes (it keeps them until then, see `zygote::server`).
+    /// Attached sessions get the output live meanwhile.
     pub(super) fn spawn_log_pump(
         &self,
         id: &ContainerId,
         log: logs::LogFile,
-        stdout: std::os::fd::OwnedFd,
-        stderr: std::os::fd::OwnedFd,
+        stdio: crate::zygote::ContainerStdio,
     ) {
+        let crate::zygote::ContainerStdio {
+            stdout,
+            stderr,
+            input,
+        } = stdio;
         let mut log = log;
         log.rotation = Some(self.config.log_rotation);
         // The tap is looked up when the first output arrives, so `tap_output` between
@@ -253,14 +263,28 @@ impl Inner {
         });
         let id = id.clone();
         let inner = self.this.clone();
-        if let Some(entry) = self.lock().containers.get(&id) {
+        let mut live = None;
+        if let Some(entry) = self.lock().containers.get_mut(&id) {
             entry.logs_written.send_replace(false);
+            let io = std::sync::Arc::new(super::attach::ContainerIo::new(
+                input,
+                entry.record.config.stdin_once,
+            ));
+            live = io.live_sender();
+            entry.io = Some(io);
         }
+        let taps = logs::Taps {
+            source: Some(tap),
+            live,
+        };
         tokio::spawn(async move {
-            logs::pump(log, stdout, stderr, Some(tap)).await;
+            logs::pump(log, stdout, stderr, taps).await;
             if let Some(inner) = inner.upgrade() {
-                if let Some(entry) = inner.lock().containers.get(&id) {
+                if let Some(entry) = inner.lock().containers.get_mut(&id) {
                     entry.logs_written.send_replace(true);
+                    if let Some(io) = entry.io.take() {
+                        io.output_ended();
+                    }
                 }
                 if let Err(err) = inner.zygote.release_logs(id.as_str()).await {
                     tracing::debug!(container_id = %id, %err, "releasing log pipes failed");

@@ -14,6 +14,7 @@ use std::time::Duration;
 use tokio::io::AsyncReadExt;
 use tokio::sync::oneshot;
 
+use super::attach::PtyMaster;
 use super::{not_found, Inner};
 use crate::error::RuntimeError;
 use crate::types::{
@@ -40,6 +41,7 @@ impl Inner {
         id: &ContainerId,
         cmd: &[String],
         stdin: bool,
+        tty: bool,
     ) -> Result<Started, RuntimeError> {
         if cmd.is_empty() {
             return Err(RuntimeError::InvalidConfig("exec needs a command".into()));
@@ -74,6 +76,7 @@ impl Inner {
                     env: Vec::new(),
                     cwd: None,
                     stdin,
+                    tty,
                 },
             )
             .await;
@@ -103,7 +106,7 @@ impl Inner {
             exec_id,
             handle,
             exit,
-        } = self.start_exec(id, cmd, false).await?;
+        } = self.start_exec(id, cmd, false, false).await?;
         let pid = handle.pid;
         let run = async {
             let (stdout, stderr) = tokio::join!(read_all(handle.stdout), read_all(handle.stderr));
@@ -138,7 +141,9 @@ impl Inner {
         id: &ContainerId,
         request: &ExecRequest,
     ) -> Result<ExecSession, RuntimeError> {
-        let Started { handle, exit, .. } = self.start_exec(id, &request.cmd, request.stdin).await?;
+        let Started { handle, exit, .. } = self
+            .start_exec(id, &request.cmd, request.stdin, request.tty)
+            .await?;
         let ExecHandle {
             pid,
             stdin,
@@ -151,6 +156,15 @@ impl Inner {
             id: id.clone(),
             message: format!("{what} pipe: {e}"),
         };
+        let container = id.clone();
+        let kill = move || {
+            tracing::info!(container_id = %container, pid, "killing an exec process nobody waits for");
+            kill_tree(pid, pidfd.as_ref());
+        };
+        let exit = ExecExit::new(exit, kill);
+        if request.tty {
+            return self.exec_on_terminal(id, stdin, stdout, stderr, exit);
+        }
         let stdin: Option<ExecWriter> = match stdin {
             Some(fd) => Some(Box::new(
                 tokio::net::unix::pipe::Sender::from_owned_fd(fd)
@@ -165,16 +179,43 @@ impl Inner {
             ))
         };
         let (stdout, stderr) = (reader(stdout, "stdout")?, reader(stderr, "stderr")?);
-        let container = id.clone();
-        let kill = move || {
-            tracing::info!(container_id = %container, pid, "killing an exec process nobody waits for");
-            kill_tree(pid, pidfd.as_ref());
-        };
         Ok(ExecSession {
             stdin,
             stdout,
             stderr,
-            exit: ExecExit::new(exit, kill),
+            exit,
+            resize: None,
+        })
+    }
+
+    /// The session of an exec on its own terminal: `master` is its output, `stdin` a copy
+    /// of the master, `stderr` empty.
+    fn exec_on_terminal(
+        &self,
+        id: &ContainerId,
+        stdin: Option<OwnedFd>,
+        master: OwnedFd,
+        stderr: OwnedFd,
+        exit: ExecExit,
+    ) -> Result<ExecSession, RuntimeError> {
+        let exec_err = |e: std::io::Error| RuntimeError::Exec {
+            id: id.clone(),
+            message: format!("terminal: {e}"),
+        };
+        let resize_fd = std::sync::Arc::new(master.try_clone().map_err(exec_err)?);
+        let stdin: Option<ExecWriter> = match stdin {
+            Some(fd) => Some(Box::new(PtyMaster::new(fd).map_err(exec_err)?)),
+            None => None,
+        };
+        let stdout: ExecReader = Box::new(PtyMaster::new(master).map_err(exec_err)?);
+        let stderr: ExecReader =
+            Box::new(tokio::net::unix::pipe::Receiver::from_owned_fd(stderr).map_err(exec_err)?);
+        Ok(ExecSession {
+            stdin,
+            stdout,
+            stderr,
+            exit,
+            resize: Some(super::attach::resizer(resize_fd)),
         })
     }
 }

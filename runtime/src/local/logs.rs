@@ -91,6 +91,16 @@ pub type OutputChunk = (LogStream, Vec<u8>);
 /// Yields the tap to copy output to; asked once, when the first output arrives.
 pub type TapSource = Box<dyn FnOnce() -> Option<mpsc::UnboundedSender<OutputChunk>> + Send>;
 
+/// Where a pump copies raw output besides the log file.
+#[derive(Default)]
+pub struct Taps {
+    /// The one subscriber that must see all of it (`ironlet ctr run`).
+    pub source: Option<TapSource>,
+    /// Attached sessions, from the moment they attach (a slow one misses chunks rather
+    /// than hold the pump back).
+    pub live: Option<tokio::sync::broadcast::Sender<OutputChunk>>,
+}
+
 /// A container's log file: `<pod log dir>/<relative>` at `path`, and whether it is new.
 #[derive(Debug, Clone)]
 pub struct LogFile {
@@ -385,6 +395,7 @@ struct Pump {
     open: Option<OpenRecord>,
     tap_source: Option<TapSource>,
     tap: Option<mpsc::UnboundedSender<OutputChunk>>,
+    live: Option<tokio::sync::broadcast::Sender<OutputChunk>>,
 }
 
 impl Pump {
@@ -399,6 +410,9 @@ impl Pump {
             }
             if let Some(tap) = &self.tap {
                 let _ = tap.send((s.stream, s.buf[s.tapped..n].to_vec()));
+            }
+            if let Some(live) = self.live.as_ref().filter(|l| l.receiver_count() > 0) {
+                let _ = live.send((s.stream, s.buf[s.tapped..n].to_vec()));
             }
             s.tapped = n;
         }
@@ -486,7 +500,7 @@ fn discard(pipe: &OwnedFd, mut len: usize) -> std::io::Result<()> {
 /// Copies both pipes into the log file until both reach end of stream, continuing the
 /// file where an earlier pump stopped; tapped chunks go to `tap` too. Returns when the
 /// container's last writer has closed its pipes and everything is in the file.
-pub async fn pump(log: LogFile, stdout: OwnedFd, stderr: OwnedFd, tap_source: Option<TapSource>) {
+pub async fn pump(log: LogFile, stdout: OwnedFd, stderr: OwnedFd, taps: Taps) {
     let log_path = &log.path;
     let (writer, open) = match LogWriter::open(&log) {
         Ok((w, open)) => (Some(w), open),
@@ -508,8 +522,9 @@ pub async fn pump(log: LogFile, stdout: OwnedFd, stderr: OwnedFd, tap_source: Op
     let mut pump = Pump {
         writer,
         open,
-        tap_source,
+        tap_source: taps.source,
         tap: None,
+        live: taps.live,
     };
     while !(out.peek.done && err.peek.done) {
         // A torn record of one stream is finished before the other stream writes.
@@ -667,7 +682,12 @@ mod tests {
         let log = dir.path().join("c/0.log");
         let (out_r, out_w) = nix::unistd::pipe().expect("pipe");
         let (err_r, err_w) = nix::unistd::pipe().expect("pipe");
-        let task = tokio::spawn(pump(new_file(dir.path(), "c/0.log"), out_r, err_r, None));
+        let task = tokio::spawn(pump(
+            new_file(dir.path(), "c/0.log"),
+            out_r,
+            err_r,
+            Taps::default(),
+        ));
         write_pipe(&out_w, b"one\ntw");
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         write_pipe(&err_w, b"oops\n");
@@ -717,7 +737,7 @@ mod tests {
             }),
             ..new_file(dir.path(), "c/0.log")
         };
-        let task = tokio::spawn(pump(log, out_r, err_r, None));
+        let task = tokio::spawn(pump(log, out_r, err_r, Taps::default()));
         // Lines in bursts across several seconds, so several rotations get distinct names.
         let mut next = 0;
         for _ in 0..5 {
@@ -784,7 +804,12 @@ mod tests {
         drop((out_w, err_w));
         tokio::time::timeout(
             std::time::Duration::from_secs(5),
-            pump(continued(dir.path(), "0.log"), out_r, err_r, None),
+            pump(
+                continued(dir.path(), "0.log"),
+                out_r,
+                err_r,
+                Taps::default(),
+            ),
         )
         .await
         .expect("pump ends");
@@ -816,7 +841,12 @@ mod tests {
         drop((out_w, err_w));
         tokio::time::timeout(
             std::time::Duration::from_secs(5),
-            pump(continued(dir.path(), "0.log"), out_r, err_r, None),
+            pump(
+                continued(dir.path(), "0.log"),
+                out_r,
+                err_r,
+                Taps::default(),
+            ),
         )
         .await
         .expect("pump ends");

@@ -18,6 +18,7 @@
 //! with a private zygote (`ironlet ctr`, tests) it only reads the records, since an agent
 //! may own the root meanwhile.
 
+mod attach;
 pub mod cleanup;
 mod container;
 mod exec;
@@ -26,6 +27,7 @@ pub mod record;
 mod recover;
 mod sandbox;
 
+pub use attach::PtyMaster;
 pub use recover::Recovery;
 
 use std::collections::HashMap;
@@ -106,6 +108,8 @@ struct Entry {
     logs_written: watch::Sender<bool>,
     /// Raw output subscribers, registered before start.
     tap: Option<mpsc::UnboundedSender<OutputChunk>>,
+    /// Its stdio for attach, while a log pump runs.
+    io: Option<Arc<attach::ContainerIo>>,
     /// Our zygote runs it (created or re-adopted here), so its exit arrives as an event;
     /// otherwise another process's zygote does and the exit is read from its record.
     owned: bool,
@@ -118,6 +122,7 @@ impl Entry {
             exited,
             logs_written: watch::Sender::new(true),
             tap: None,
+            io: None,
             owned,
         }
     }
@@ -613,6 +618,14 @@ impl Runtime for LocalRuntime {
         request: &ExecRequest,
     ) -> Result<ExecSession, RuntimeError> {
         self.inner.exec(id, request).await
+    }
+
+    async fn attach(
+        &self,
+        id: &ContainerId,
+        request: &ExecRequest,
+    ) -> Result<ExecSession, RuntimeError> {
+        self.inner.attach(id, request).await
     }
 
     fn subscribe(&self) -> broadcast::Receiver<RuntimeEvent> {

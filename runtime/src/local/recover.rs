@@ -188,8 +188,8 @@ impl Inner {
                 continue;
             };
             match self.zygote.take_logs(id).await {
-                Ok((stdout, stderr)) => {
-                    self.spawn_log_pump(&cid, log, stdout, stderr);
+                Ok(stdio) => {
+                    self.spawn_log_pump(&cid, log, stdio);
                     resumed += 1;
                 }
                 Err(err) => {

@@ -64,6 +64,10 @@ pub(crate) fn env(
     let mut env = Env::default();
     env.apply(DEFAULT_PATH_ENV);
     env.apply(&format!("HOSTNAME={hostname}"));
+    if container.tty {
+        // As containerd does for a container with a terminal; the image or pod may override it.
+        env.apply("TERM=xterm");
+    }
     for entry in &image.env {
         if entry.contains('\0') || entry.starts_with('=') || entry.is_empty() {
             return Err(SpecError::invalid(

@@ -7,7 +7,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use nix::unistd::{fork, ForkResult};
 
 use super::protocol::{raw_fds, Reply, Request, WireExit};
-use super::server::Server;
+use super::server::{HeldStdio, Server};
 use super::sys;
 use super::worker::{self, Stdio, WorkerResult};
 
@@ -29,10 +29,14 @@ pub(super) struct Worker {
 
 /// What to do with a worker's success.
 enum WorkerKind {
-    /// Watch the new container init; keep and hand out these log pipe read ends.
+    /// Watch the new container init; keep and hand out these log pipe read ends and its
+    /// input (stdin write end or pty master).
     Create {
         id: String,
         pipes: Vec<OwnedFd>,
+        input: Option<OwnedFd>,
+        /// With a tty: the stdout pipe's write end, which the relay fills from the master.
+        relay_pipe: Option<OwnedFd>,
     },
     Exec {
         id: String,
@@ -61,39 +65,23 @@ impl Server {
             )?,
             _ => None,
         };
-        let (stdin_r, mut stdin_w) = match &request {
-            Request::Exec { stdin: true, .. } => {
-                let (r, w) = sys::pipe().map_err(|e| format!("pipe: {e}"))?;
-                (Some(r), Some(w))
-            }
-            _ => (None, None),
-        };
-        let (mut pipes, stdio) = if wants_stdio {
-            let (out_r, out_w) = sys::pipe().map_err(|e| format!("pipe: {e}"))?;
-            let (err_r, err_w) = sys::pipe().map_err(|e| format!("pipe: {e}"))?;
-            sys::grow_pipe(&out_r);
-            sys::grow_pipe(&err_r);
-            (
-                vec![out_r, err_r],
-                Some(Stdio {
-                    stdin: stdin_r,
-                    stdout: out_w,
-                    stderr: err_w,
-                }),
-            )
+        let (mut pipes, stdio, input, relay_pipe) = if wants_stdio {
+            stdio_for(&request)?
         } else {
-            (Vec::new(), None)
+            (Vec::new(), None, None, None)
         };
         let kind = match &request {
             Request::Create { id, .. } => WorkerKind::Create {
                 id: id.clone(),
                 pipes: std::mem::take(&mut pipes),
+                input,
+                relay_pipe,
             },
             Request::Exec { id, exec_id, .. } => WorkerKind::Exec {
                 id: id.clone(),
                 exec_id: exec_id.clone(),
                 pipes: std::mem::take(&mut pipes),
-                stdin: stdin_w.take(),
+                stdin: input,
             },
             _ => WorkerKind::Plain,
         };
@@ -249,16 +237,38 @@ impl Server {
         };
         match (kind, pid) {
             (WorkerKind::Plain, _) => self.reply(seq, Reply::Done, &[]),
-            (WorkerKind::Create { id, pipes }, Some(pid)) => {
+            (
+                WorkerKind::Create {
+                    id,
+                    pipes,
+                    input,
+                    relay_pipe,
+                },
+                Some(pid),
+            ) => {
                 let start_time = sys::process_start_time(pid).unwrap_or(0);
+                let relay = match (relay_pipe, input.as_ref().map(OwnedFd::try_clone)) {
+                    (Some(pipe), Some(Ok(master))) => {
+                        match super::tty::Relay::new(id.clone(), master, pipe) {
+                            Ok(relay) => Some(relay),
+                            Err(message) => {
+                                self.reply(seq, Reply::Failed { message }, &[]);
+                                return;
+                            }
+                        }
+                    }
+                    _ => None,
+                };
                 match self.watch(id.clone(), None, pid, Vec::new(), parent) {
                     Ok(()) => {
-                        let fds = raw_fds(&pipes);
+                        let mut fds = raw_fds(&pipes);
+                        fds.extend(input.as_ref().map(AsRawFd::as_raw_fd));
                         self.reply(seq, Reply::Created { pid, start_time }, &fds);
                         let mut pipes = pipes.into_iter();
                         if let (Some(out), Some(err)) = (pipes.next(), pipes.next()) {
-                            self.logs.insert(id, [out, err]);
+                            self.logs.insert(id, HeldStdio { out, err, input });
                         }
+                        self.relays.extend(relay);
                     }
                     Err(message) => self.reply(seq, Reply::Failed { message }, &[]),
                 }
@@ -314,4 +324,60 @@ impl Server {
             Err(message) => tracing::warn!(pid, %message, "cannot watch an orphaned process"),
         }
     }
+}
+
+/// The descriptors of a create or exec: the pipes the zygote reads (stdout and stderr read
+/// ends, or for an exec with a tty the pty master and an empty stderr), what the worker
+/// hands to the process, its input (stdin write end or pty master) and, for a container
+/// with a tty, the stdout pipe's write end its relay fills.
+type StdioPlan = (
+    Vec<OwnedFd>,
+    Option<Stdio>,
+    Option<OwnedFd>,
+    Option<OwnedFd>,
+);
+
+fn stdio_for(request: &Request) -> Result<StdioPlan, String> {
+    let (stdin, tty, exec) = match request {
+        Request::Create { stdin, tty, .. } => (*stdin, *tty, false),
+        Request::Exec { stdin, tty, .. } => (*stdin, *tty, true),
+        _ => (false, false, false),
+    };
+    let pipe = || sys::pipe().map_err(|e| format!("pipe: {e}"));
+    let dup = |fd: &OwnedFd| fd.try_clone().map_err(|e| format!("dup: {e}"));
+    if tty {
+        let (master, slave) = super::tty::open_pair()?;
+        let stdio = Stdio {
+            stdin: Some(dup(&slave)?),
+            stdout: dup(&slave)?,
+            stderr: slave,
+            terminal: true,
+        };
+        // Everything goes to the terminal: stderr's pipe ends at once.
+        let (err_r, _err_w) = pipe()?;
+        if exec {
+            let input = if stdin { Some(dup(&master)?) } else { None };
+            return Ok((vec![master, err_r], Some(stdio), input, None));
+        }
+        let (out_r, out_w) = pipe()?;
+        sys::grow_pipe(&out_r);
+        return Ok((vec![out_r, err_r], Some(stdio), Some(master), Some(out_w)));
+    }
+    let (stdin_r, stdin_w) = if stdin {
+        let (r, w) = pipe()?;
+        (Some(r), Some(w))
+    } else {
+        (None, None)
+    };
+    let (out_r, out_w) = pipe()?;
+    let (err_r, err_w) = pipe()?;
+    sys::grow_pipe(&out_r);
+    sys::grow_pipe(&err_r);
+    let stdio = Stdio {
+        stdin: stdin_r,
+        stdout: out_w,
+        stderr: err_w,
+        terminal: false,
+    };
+    Ok((vec![out_r, err_r], Some(stdio), stdin_w, None))
 }

@@ -41,9 +41,29 @@ pub struct ExecProcess {
     pub cwd: Option<PathBuf>,
     /// Give the process a stdin pipe (else it reads `/dev/null`).
     pub stdin: bool,
+    /// Run it on a new terminal (see [`ExecHandle`]).
+    pub tty: bool,
 }
 
-/// The pipes and pid of a started exec process.
+/// How a container's stdio is set up at create.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CreateStdio {
+    /// Keep a stdin pipe open that attach can write to (else it reads `/dev/null`).
+    pub stdin: bool,
+    /// Run on a terminal whose output goes to the stdout log pipe.
+    pub tty: bool,
+}
+
+/// What the zygote hands out of a container's stdio: the log pipes' read ends, and the
+/// pty master (tty) or stdin write end (stdin), if any.
+pub struct ContainerStdio {
+    pub stdout: OwnedFd,
+    pub stderr: OwnedFd,
+    pub input: Option<OwnedFd>,
+}
+
+/// The pipes and pid of a started exec process. With a tty, `stdout` is the pty master,
+/// `stdin` (when asked for) a copy of it and `stderr` ends at once.
 pub struct ExecHandle {
     pub pid: i32,
     /// The write end of its stdin, when asked for.
@@ -113,23 +133,33 @@ impl ZygoteClient {
         }
     }
 
-    /// Creates a container; returns its init pid, start time and the stdout/stderr read ends.
+    /// Creates a container; returns its init pid, start time and its stdio.
     pub async fn create(
         &self,
         id: &str,
         bundle: PathBuf,
         state_root: PathBuf,
-    ) -> Result<(i32, u64, OwnedFd, OwnedFd), ZygoteError> {
+        stdio: CreateStdio,
+    ) -> Result<(i32, u64, ContainerStdio), ZygoteError> {
         let (reply, fds) = self
             .call(Request::Create {
                 id: id.to_owned(),
                 bundle,
                 state_root,
+                stdin: stdio.stdin,
+                tty: stdio.tty,
             })
             .await?;
-        match (reply, two_fds(fds)) {
-            (Reply::Created { pid, start_time }, Some((out, err))) => {
-                Ok((pid, start_time, out, err))
+        match (reply, container_stdio(fds)) {
+            (Reply::Created { pid, start_time }, Some(got)) => {
+                let has_tty = got.input.as_ref().is_some_and(super::tty::is_terminal);
+                if (stdio.tty && !has_tty) || (stdio.stdin && got.input.is_none()) {
+                    return Err(ZygoteError::Unexpected(format!(
+                        "container {id} started without the stdin or tty asked for (supervisor \
+                         too old: restart it to upgrade)"
+                    )));
+                }
+                Ok((pid, start_time, got))
             }
             (other, _) => Err(ZygoteError::Unexpected(format!("{other:?}"))),
         }
@@ -179,12 +209,14 @@ impl ZygoteClient {
             env,
             cwd,
             stdin,
+            tty,
         } = process;
         let (reply, fds) = self
             .call(Request::Exec {
                 id: id.to_owned(),
                 exec_id,
                 stdin,
+                tty,
                 state_root,
                 bundle,
                 args,
@@ -200,6 +232,11 @@ impl ZygoteClient {
                     // A zygote from before stdin pipes: the process reads /dev/null.
                     return Err(ZygoteError::Unexpected(format!(
                         "exec process {pid} started without the stdin pipe asked for (zygote too old)"
+                    )));
+                }
+                if tty && !super::tty::is_terminal(&stdout) {
+                    return Err(ZygoteError::Unexpected(format!(
+                        "exec process {pid} started without the tty asked for (zygote too old)"
                     )));
                 }
                 Ok(ExecHandle {
@@ -255,13 +292,21 @@ impl ZygoteClient {
         }
     }
 
-    /// Copies of container `id`'s stdout and stderr read ends, which the zygote holds.
-    pub async fn take_logs(&self, id: &str) -> Result<(OwnedFd, OwnedFd), ZygoteError> {
+    /// Copies of container `id`'s stdout and stderr read ends (and its pty master or stdin
+    /// write end), which the zygote holds.
+    pub async fn take_logs(&self, id: &str) -> Result<ContainerStdio, ZygoteError> {
         let (reply, fds) = self.call(Request::TakeLogs { id: id.to_owned() }).await?;
-        match (reply, two_fds(fds)) {
-            (Reply::Logs, Some(pair)) => Ok(pair),
+        match (reply, container_stdio(fds)) {
+            (Reply::Logs, Some(stdio)) => Ok(stdio),
             (other, _) => Err(ZygoteError::Unexpected(format!("{other:?}"))),
         }
+    }
+
+    /// Lets the zygote close its copy of container `id`'s stdin pipe (`stdinOnce`).
+    pub async fn close_stdin(&self, id: &str) -> Result<(), ZygoteError> {
+        self.call(Request::CloseStdin { id: id.to_owned() })
+            .await
+            .map(drop)
     }
 
     /// Lets the zygote close its copies of container `id`'s log pipes (drained or removed).
@@ -272,9 +317,13 @@ impl ZygoteClient {
     }
 }
 
-fn two_fds(fds: Vec<OwnedFd>) -> Option<(OwnedFd, OwnedFd)> {
+fn container_stdio(fds: Vec<OwnedFd>) -> Option<ContainerStdio> {
     let mut it = fds.into_iter();
-    Some((it.next()?, it.next()?))
+    Some(ContainerStdio {
+        stdout: it.next()?,
+        stderr: it.next()?,
+        input: it.next(),
+    })
 }
 
 async fn read_loop(

@@ -21,12 +21,13 @@ mod reaper;
 pub mod seccomp;
 pub(crate) mod server;
 pub(crate) mod sys;
+pub mod tty;
 mod userns;
 mod worker;
 
 use std::os::fd::OwnedFd;
 
-pub use client::{ExecHandle, ExecProcess, ZygoteClient};
+pub use client::{ContainerStdio, CreateStdio, ExecHandle, ExecProcess, ZygoteClient};
 pub use protocol::{Event, Hello, LiveProcess, WireExit, PROTOCOL_VERSION};
 pub use sys::process_start_time;
 

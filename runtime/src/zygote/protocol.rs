@@ -35,11 +35,20 @@ pub const PROTOCOL_VERSION: u32 = 2;
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum Request {
     /// Create a container from a bundle (libcontainer `as_init().build()`); its init waits
-    /// for `Start`. Reply: [`Reply::Created`] with the read ends of stdout and stderr pipes.
+    /// for `Start`. Reply: [`Reply::Created`] with the read ends of stdout and stderr pipes,
+    /// then, with `tty`, the pty master (the container's output reaches the stdout pipe
+    /// through the zygote's relay; stderr ends at once), else with `stdin` the write end
+    /// of its stdin pipe. The zygote keeps its own copies (see [`Request::TakeLogs`]).
     Create {
         id: String,
         bundle: PathBuf,
         state_root: PathBuf,
+        /// Added after version 2 without a version change (an older zygote ignores them and
+        /// replies with two descriptors, which the client reports as unsupported).
+        #[serde(default)]
+        stdin: bool,
+        #[serde(default)]
+        tty: bool,
     },
     /// Let a created container's init exec the user process.
     Start { id: String, state_root: PathBuf },
@@ -54,7 +63,8 @@ pub enum Request {
     /// Run a process in a running container (libcontainer tenant). Reply: [`Reply::Execd`]
     /// with the stdout and stderr read ends and, with `stdin`, the write end of the
     /// process's stdin (else it reads `/dev/null`); the exit arrives as an
-    /// [`Event::Exited`] with `exec_id`.
+    /// [`Event::Exited`] with `exec_id`. With `tty` the process runs on a new terminal:
+    /// "stdout" is its pty master, "stderr" ends at once, "stdin" is the master again.
     Exec {
         id: String,
         exec_id: String,
@@ -62,6 +72,9 @@ pub enum Request {
         /// replies with two descriptors, which the client reports as unsupported.
         #[serde(default)]
         stdin: bool,
+        /// Added like `stdin`; an older zygote's stdout is then not a terminal.
+        #[serde(default)]
+        tty: bool,
         state_root: PathBuf,
         /// The container's bundle, for its precompiled seccomp profile.
         bundle: PathBuf,
@@ -90,11 +103,15 @@ pub enum Request {
     /// started for an earlier connection has finished, so the answer is a settled state.
     Hello,
     /// A copy of the read ends of container `id`'s stdout and stderr pipes, which the zygote
-    /// keeps until [`Request::ReleaseLogs`]. Reply: [`Reply::Logs`] with two descriptors.
+    /// keeps until [`Request::ReleaseLogs`]. Reply: [`Reply::Logs`] with two descriptors,
+    /// and a third for a container created with a tty (its master) or stdin (the write end).
     TakeLogs { id: String },
     /// The caller has drained container `id`'s output to end of stream (or removed the
     /// container): the zygote closes its copies of the log pipes.
     ReleaseLogs { id: String },
+    /// Close the zygote's copy of container `id`'s stdin write end (`stdinOnce` after the
+    /// first attach): once the callers close theirs, the container reads end-of-file.
+    CloseStdin { id: String },
 }
 
 /// The zygote's answer to one request.

@@ -141,13 +141,16 @@ impl Server {
     }
 
     pub(super) fn take_logs(&mut self, seq: u64, id: &str) {
-        let copies = self.logs.get(id).map(|[out, err]| {
-            out.try_clone()
-                .and_then(|out| err.try_clone().map(|err| [out, err]))
+        let copies = self.logs.get(id).map(|held| {
+            [Some(&held.out), Some(&held.err), held.input.as_ref()]
+                .into_iter()
+                .flatten()
+                .map(OwnedFd::try_clone)
+                .collect::<std::io::Result<Vec<OwnedFd>>>()
         });
         match copies {
             Some(Ok(fds)) => {
-                let raw = [fds[0].as_raw_fd(), fds[1].as_raw_fd()];
+                let raw: Vec<_> = fds.iter().map(AsRawFd::as_raw_fd).collect();
                 self.reply(seq, Reply::Logs, &raw);
             }
             Some(Err(e)) => self.reply(

@@ -306,14 +306,24 @@ fn architecture(arch: Arch) -> Option<ScmpArch> {
 /// executor.
 #[derive(Clone)]
 pub(crate) struct SeccompExecutor {
-    pub program: std::sync::Arc<Vec<libc::sock_filter>>,
+    pub program: Option<std::sync::Arc<Vec<libc::sock_filter>>>,
+    /// Stdin is a pty slave to make the controlling terminal first (see `zygote::tty`).
+    pub terminal: bool,
 }
 
 impl Executor for SeccompExecutor {
     fn exec(&self, spec: &Spec) -> Result<(), ExecutorError> {
+        if self.terminal {
+            super::tty::make_controlling().map_err(|e| {
+                ExecutorError::Other(format!("making the pty the controlling terminal: {e}"))
+            })?;
+        }
+        let Some(program) = &self.program else {
+            return libcontainer::workload::default::get_executor().exec(spec);
+        };
         let prog = libc::sock_fprog {
-            len: self.program.len() as u16,
-            filter: self.program.as_ptr() as *mut libc::sock_filter,
+            len: program.len() as u16,
+            filter: program.as_ptr() as *mut libc::sock_filter,
         };
         // SAFETY: prog points at a live, well-formed program for the duration of the call.
         let rc = unsafe {

@@ -57,8 +57,11 @@ pub(super) struct Server {
     pub(super) pending_hello: Option<u64>,
     pub(super) workers: Vec<Worker>,
     pub(super) watched: Vec<Watched>,
-    /// Read ends of containers' stdout and stderr pipes, by container id.
-    pub(super) logs: std::collections::HashMap<String, [OwnedFd; 2]>,
+    /// Read ends of containers' stdout and stderr pipes (and their stdin or terminal), by
+    /// container id.
+    pub(super) logs: std::collections::HashMap<String, HeldStdio>,
+    /// Terminal output on its way to the stdout log pipes (containers with a tty).
+    pub(super) relays: Vec<super::tty::Relay>,
     pub(super) exit_dir: Option<PathBuf>,
     pub(super) filters: super::seccomp::FilterCache,
     supervisor: Option<Supervisor>,
@@ -109,7 +112,18 @@ enum Source {
     WorkerExit(usize),
     WorkerResult(usize),
     Watched(usize),
+    Relay(usize),
     Supervisor(SupervisorSource),
+}
+
+/// What the zygote holds of one container's stdio.
+pub(super) struct HeldStdio {
+    /// Read ends of the stdout and stderr log pipes.
+    pub(super) out: OwnedFd,
+    pub(super) err: OwnedFd,
+    /// The pty master of a container with a tty, else the write end of its stdin pipe
+    /// (until `CloseStdin`), else nothing.
+    pub(super) input: Option<OwnedFd>,
 }
 
 impl Server {
@@ -125,6 +139,7 @@ impl Server {
             workers: Vec::new(),
             watched: Vec::new(),
             logs: std::collections::HashMap::new(),
+            relays: Vec::new(),
             exit_dir,
             filters: super::seccomp::FilterCache::default(),
             supervisor,
@@ -138,6 +153,7 @@ impl Server {
     pub(super) fn forget_in_child(&mut self) {
         self.sock = None;
         self.logs.clear();
+        self.relays.clear();
         // Other workers' pipes, among them an exec's stdin write end: a copy held here (and
         // by a container init this child makes, until it execs) would keep that exec from
         // ever seeing end-of-file.
@@ -201,6 +217,11 @@ impl Server {
                 Source::WorkerExit(i) => self.reap_worker(i),
                 Source::WorkerResult(i) => self.read_worker(i),
                 Source::Watched(i) => self.reap_watched(i),
+                Source::Relay(i) => {
+                    if let Some(relay) = self.relays.get_mut(i) {
+                        relay.step();
+                    }
+                }
                 Source::Supervisor(source) => {
                     if let Some(supervisor) = self.supervisor.as_mut() {
                         supervisor.on_ready(source, Instant::now());
@@ -210,6 +231,12 @@ impl Server {
         }
         self.finish_workers();
         self.watched.retain(|w| w.pid != 0);
+        self.relays.retain(|r| {
+            if r.done {
+                tracing::debug!(container_id = %r.id, "terminal closed; its relay ends");
+            }
+            !r.done
+        });
         self.answer_pending_hello();
         Ok(())
     }
@@ -238,6 +265,13 @@ impl Server {
             }
             sources.push(Source::Watched(i));
             fds.push(PollFd::new(w.pidfd.as_fd(), PollFlags::POLLIN));
+        }
+        for (i, relay) in self.relays.iter().enumerate() {
+            sources.push(Source::Relay(i));
+            fds.push(match relay.wait() {
+                super::tty::RelayWait::Input(fd) => PollFd::new(fd, PollFlags::POLLIN),
+                super::tty::RelayWait::Output(fd) => PollFd::new(fd, PollFlags::POLLOUT),
+            });
         }
         if let Some(supervisor) = &self.supervisor {
             for (source, fd) in supervisor.poll_fds() {
@@ -320,6 +354,18 @@ impl Server {
             Request::TakeLogs { id } => self.take_logs(seq, &id),
             Request::ReleaseLogs { id } => {
                 self.logs.remove(&id);
+                self.reply(seq, Reply::Done, &[]);
+            }
+            Request::CloseStdin { id } => {
+                if let Some(held) = self.logs.get_mut(&id) {
+                    if held
+                        .input
+                        .as_ref()
+                        .is_some_and(|fd| !super::tty::is_terminal(fd))
+                    {
+                        held.input = None;
+                    }
+                }
                 self.reply(seq, Reply::Done, &[]);
             }
             request => {

@@ -38,6 +38,8 @@ pub(crate) struct Stdio {
     pub stdin: Option<OwnedFd>,
     pub stdout: OwnedFd,
     pub stderr: OwnedFd,
+    /// The three are a pty slave that becomes the process's controlling terminal.
+    pub terminal: bool,
 }
 
 /// Runs `request` and writes the result to `result_pipe`. Never returns.
@@ -121,6 +123,7 @@ fn perform(
             id,
             bundle,
             state_root,
+            ..
         } if plan.maps_ranges() => {
             let rootfs = super::userns::rootfs_of(&bundle).map_err(|e| e.to_string())?;
             let changed = crate::image::owners::apply_recorded(&rootfs).map_err(|e| {
@@ -144,6 +147,7 @@ fn perform(
             id,
             bundle,
             state_root,
+            ..
         } => create(&id, &bundle, &state_root, stdio, seccomp).map(Some),
         Request::Delete {
             id,
@@ -200,6 +204,7 @@ fn builder(
     let mut builder = ContainerBuilder::new(id.to_owned(), SyscallType::Linux)
         .with_root_path(state_root)
         .map_err(|e| format!("state root {}: {e}", state_root.display()))?;
+    let terminal = stdio.as_ref().is_some_and(|s| s.terminal);
     match stdio {
         Some(stdio) => {
             let stdin = match stdio.stdin {
@@ -213,8 +218,11 @@ fn builder(
         }
         None => builder = builder.with_stdin(dev_null()?),
     }
-    if let Some(program) = seccomp {
-        builder = builder.with_executor(super::seccomp::SeccompExecutor { program });
+    if seccomp.is_some() || terminal {
+        builder = builder.with_executor(super::seccomp::SeccompExecutor {
+            program: seccomp,
+            terminal,
+        });
     }
     Ok(builder)
 }

@@ -1,4 +1,4 @@
-//! `/exec/{namespace}/{pod}/{container}` over WebSocket, kubelet's remote command protocol
+//! `/exec/{namespace}/{pod}/{container}` and `/attach/…` over WebSocket, kubelet's remote command protocol
 //! as the v1.37 API server proxies it to a node that declares `ExtendWebSocketsToKubelet`
 //! (`k8s.io/apiserver/pkg/util/proxy/websocket.go`, `k8s.io/streaming/.../wsstream`).
 //!
@@ -23,7 +23,13 @@
 //! `base64.` variants (`base64.channel.k8s.io`, `v4.base64.channel.k8s.io`) send each
 //! message as text, the channel as an ASCII digit then the data in base64, both ways.
 //!
-//! No tty: a request with `tty=1` is refused (400) rather than served without one.
+//! With `tty=1` the process (or, for `/attach/…`, the container created with `tty`) runs on
+//! a terminal: its output is all on stdout, and the client's `[4 | {"Width":…,"Height":…}]`
+//! messages set the window size (`TIOCSWINSZ`; the process gets `SIGWINCH`). `/attach/…`
+//! takes the same streams without a command: stdin goes to the container's own stdin (or
+//! terminal), output is the container's from the moment of attaching; the session ends
+//! when the container's output ends, with a Success status (as kubelet's attach), and
+//! leaving it leaves the container running.
 
 use std::time::Duration;
 
@@ -116,8 +122,23 @@ pub struct ExecOptions {
 }
 
 impl ExecOptions {
-    /// Parses the query; the error is the 400's message.
+    /// Parses an exec's query; the error is the 400's message.
     pub fn parse(query: Option<&str>) -> Result<Self, String> {
+        let out = Self::parse_streams(query)?;
+        if out.command.is_empty() {
+            return Err("you must specify a command".into());
+        }
+        Ok(out)
+    }
+
+    /// Parses an attach's query: the same streams, no command.
+    pub fn parse_attach(query: Option<&str>) -> Result<Self, String> {
+        let mut out = Self::parse_streams(query)?;
+        out.command.clear();
+        Ok(out)
+    }
+
+    fn parse_streams(query: Option<&str>) -> Result<Self, String> {
         let mut out = Self::default();
         for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
             let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
@@ -133,11 +154,12 @@ impl ExecOptions {
                 _ => {}
             }
         }
-        if out.command.is_empty() {
-            return Err("you must specify a command".into());
-        }
         if !(out.stdin || out.stdout || out.stderr) {
             return Err("you must specify at least 1 of stdin, stdout, stderr".into());
+        }
+        // kubelet (remotecommand.NewOptions): a terminal merges stderr into stdout.
+        if out.tty && out.stderr {
+            out.stderr = false;
         }
         Ok(out)
     }
@@ -238,6 +260,20 @@ pub fn parse_inbound(protocol: Protocol, message: &[u8]) -> Inbound<'_> {
         [RESIZE, data @ ..] => Inbound::Resize(data),
         _ => Inbound::Ignored,
     }
+}
+
+/// A resize message (`remotecommand.TerminalSize`, `{"Width":80,"Height":24}`) as
+/// `(width, height)`; `None` for one that does not parse (kubelet logs and skips it).
+pub fn parse_size(json: &[u8]) -> Option<(u16, u16)> {
+    #[derive(serde::Deserialize)]
+    struct TerminalSize {
+        #[serde(rename = "Width")]
+        width: u16,
+        #[serde(rename = "Height")]
+        height: u16,
+    }
+    let size: TerminalSize = serde_json::from_slice(json).ok()?;
+    Some((size.width, size.height))
 }
 
 /// The `metav1.Status` sent on the error channel for an exit code (the API server's
@@ -345,8 +381,9 @@ where
         stdout,
         stderr,
         mut exit,
+        resize,
     } = session;
-    let client = read_client(source, protocol, stdin);
+    let client = read_client(source, protocol, stdin, resize);
     let outputs = async {
         tokio::join!(
             pump(stdout, protocol, STDOUT, opts.stdout.then_some(tx)),
@@ -391,6 +428,7 @@ async fn read_client<S>(
     source: &mut Source<S>,
     protocol: Protocol,
     mut stdin: Option<ironlet_runtime::types::ExecWriter>,
+    resize: Option<ironlet_runtime::types::Resize>,
 ) where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -417,8 +455,15 @@ async fn read_client<S>(
                     let _ = pipe.shutdown().await;
                 }
             }
+            Inbound::Resize(json) => {
+                if let (Some(resize), Some((width, height))) = (&resize, parse_size(json)) {
+                    if let Err(err) = resize(width, height) {
+                        tracing::debug!(%err, "resizing the terminal failed");
+                    }
+                }
+            }
             Inbound::Malformed => return,
-            Inbound::Close(_) | Inbound::Resize(_) | Inbound::Ignored => {}
+            Inbound::Close(_) | Inbound::Ignored => {}
         }
     }
 }
@@ -558,6 +603,40 @@ mod tests {
     }
 
     #[test]
+    fn attach_takes_no_command_and_a_tty_drops_stderr_as_kubelet_does() {
+        let attach = ExecOptions::parse_attach(Some("stdin=1&stdout=1&stderr=1&tty=1"))
+            .expect("an attach query");
+        assert_eq!(
+            attach,
+            ExecOptions {
+                command: Vec::new(),
+                stdin: true,
+                stdout: true,
+                stderr: false,
+                tty: true,
+            }
+        );
+        assert!(
+            ExecOptions::parse(Some("stdout=1&tty=1")).is_err(),
+            "exec needs a command"
+        );
+        assert!(
+            ExecOptions::parse_attach(Some("tty=1")).is_err(),
+            "no stream"
+        );
+        let exec = ExecOptions::parse(Some("command=sh&stdout=1&stderr=1")).expect("exec");
+        assert!(exec.stderr && !exec.tty);
+    }
+
+    #[test]
+    fn resize_messages_carry_width_and_height() {
+        assert_eq!(parse_size(br#"{"Width":120,"Height":40}"#), Some((120, 40)));
+        assert_eq!(parse_size(br#"{"Width":120}"#), None);
+        assert_eq!(parse_size(b"not json"), None);
+        assert_eq!(parse_size(br#"{"Width":70000,"Height":1}"#), None);
+    }
+
+    #[test]
     fn inbound_messages_split_into_stdin_close_and_resize() {
         assert_eq!(
             parse_inbound(Protocol::V5, b"\x00data"),
@@ -674,6 +753,7 @@ mod session_tests {
             stdout: Box::new(stdout_r),
             stderr: Box::new(stderr_r),
             exit: ExecExit::new(code_rx, move || killed.store(true, Ordering::SeqCst)),
+            resize: None,
         }
     }
 
@@ -764,6 +844,31 @@ mod session_tests {
             !killed.load(Ordering::SeqCst),
             "a finished process is not killed"
         );
+    }
+
+    #[tokio::test]
+    async fn a_resize_message_reaches_the_session_s_terminal() {
+        let killed = Arc::new(AtomicBool::new(false));
+        let mut session = cat_session(killed);
+        let sizes = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = sizes.clone();
+        session.resize = Some(Box::new(move |w, h| {
+            seen.lock().expect("sizes").push((w, h));
+            Ok(())
+        }));
+        let (mut ws, served) = connect(async { Ok(session) }).await;
+        ws.send(Message::binary(frame(
+            RESIZE,
+            br#"{"Width":90,"Height":25}"#,
+        )))
+        .await
+        .expect("send resize");
+        ws.send(Message::binary(vec![CLOSE, STDIN]))
+            .await
+            .expect("send close");
+        let _ = receive_all(&mut ws).await;
+        assert_eq!(served.await.expect("serve task"), Some(3));
+        assert_eq!(*sizes.lock().expect("sizes"), [(90, 25)]);
     }
 
     #[tokio::test]
@@ -918,6 +1023,7 @@ mod session_tests {
             stdout: Box::new(stdout_r),
             stderr: Box::new(stderr_r),
             exit: ExecExit::new(code_rx, || {}),
+            resize: None,
         }
     }
 }

@@ -7,7 +7,8 @@
 //!             ──► authenticate: client cert subject, else Bearer token → TokenReview  (401)
 //!             ──► authorize: SubjectAccessReview on nodes/<subresource>               (403)
 //!             ──► /containerLogs/…  streamed (logs)
-//!                 /exec/…  upgraded to WebSocket, the process's stdio (exec)
+//!                 /exec/… /attach/…  upgraded to WebSocket, the process's or the
+//!                   container's stdio, with a terminal for tty=1 (exec)
 //!                 /portForward/…  SPDY/3.1, plain or tunnelled in WebSocket (portforward)
 //!                 /stats/summary /metrics/resource  (stats, from the StatsProvider)
 //!                 /metrics/probes  (prober_probe_total of the probe workers)
@@ -285,8 +286,9 @@ async fn connection(
                 }
             }
         }
-        ["exec", namespace, pod, container] => {
-            let target = exec_target(namespace, pod, container, &request, services);
+        [verb @ ("exec" | "attach"), namespace, pod, container] => {
+            let attach = *verb == "attach";
+            let target = exec_target(namespace, pod, container, &request, services, attach);
             match target {
                 Err(response) => respond(&mut writer, response).await,
                 Ok((id, opts, head, protocol)) => {
@@ -299,11 +301,18 @@ async fn connection(
                     let exec = ExecRequest {
                         cmd: opts.command.clone(),
                         stdin: opts.stdin,
+                        tty: opts.tty,
                     };
-                    let start =
-                        async move { runtime.exec(&id, &exec).await.map_err(|e| e.to_string()) };
+                    let start = async move {
+                        let session = if attach {
+                            runtime.attach(&id, &exec).await
+                        } else {
+                            runtime.exec(&id, &exec).await
+                        };
+                        session.map_err(|e| e.to_string())
+                    };
                     let code = exec::serve(stream, protocol, &opts, start).await;
-                    tracing::debug!(?code, command = ?opts.command, "exec ended");
+                    tracing::debug!(?code, command = ?opts.command, attach, tty = opts.tty, "exec ended");
                 }
             }
         }
@@ -548,26 +557,26 @@ fn container_logs(
 
 type ExecTarget = (ContainerId, exec::ExecOptions, Vec<u8>, exec::Protocol);
 
-/// The running container an exec goes to, its options and the upgrade answer; else the
-/// error response (kubelet's codes: 400 bad request, 404 unknown pod or container).
+/// The running container an exec (or attach) goes to, its options and the upgrade answer;
+/// else the error response (kubelet's codes: 400 bad request, 404 unknown pod or container).
 fn exec_target(
     namespace: &str,
     pod_name: &str,
     container: &str,
     request: &Request,
     services: &Services,
+    attach: bool,
 ) -> Result<ExecTarget, Response> {
     if request.method != "GET" && request.method != "POST" {
         return Err(Response::text(405, "method not allowed\n"));
     }
-    let opts = exec::ExecOptions::parse(request.query.as_deref())
-        .map_err(|e| Response::text(400, format!("{e}\n")))?;
-    if opts.tty {
-        return Err(Response::text(
-            400,
-            "a tty is not supported by this node yet; run without -t\n",
-        ));
+    let query = request.query.as_deref();
+    let opts = if attach {
+        exec::ExecOptions::parse_attach(query)
+    } else {
+        exec::ExecOptions::parse(query)
     }
+    .map_err(|e| Response::text(400, format!("{e}\n")))?;
     let pod = find_pod(&*services.view, namespace, pod_name)
         .ok_or_else(|| Response::text(404, "pod does not exist\n"))?;
     let id = pod
