@@ -9,166 +9,19 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use support::rootless::StopOnDrop;
+use support::rootless::{text, StopOnDrop, TestUser};
 
 fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
 }
 
 /// The first subordinate id of the test users' range: above what `useradd` hands out by
 /// default (100000 + 65536 per user), distinct per test process.
 fn range_start() -> u32 {
     400_000 + (std::process::id() % 512) * 65536
-}
-
-/// An unprivileged user made for one test (`useradd` without automatic subordinate ids, then
-/// exactly the range asked for), removed with its home and ranges on drop.
-struct TestUser {
-    name: String,
-    uid: u32,
-    range: Option<(u32, u32)>,
-    work: tempfile::TempDir,
-}
-
-impl TestUser {
-    /// `range`: the subordinate uid and gid range `(start, count)`, or none.
-    fn new(tag: &str, range: Option<(u32, u32)>) -> Self {
-        let name = format!("irl-{tag}-{}", std::process::id());
-        let made = Command::new("useradd")
-            .args(["-K", "SUB_UID_COUNT=0", "-K", "SUB_GID_COUNT=0"])
-            .args(["--create-home", "--shell", "/bin/sh", &name])
-            .status()
-            .expect("useradd runs");
-        assert!(made.success(), "useradd {name}");
-        // From here on the user is removed however the test ends.
-        let uid = Command::new("id")
-            .args(["-u", &name])
-            .output()
-            .ok()
-            .and_then(|o| text(&o.stdout).trim().parse().ok());
-        let work = tempfile::Builder::new()
-            .prefix("ironlet-subid-")
-            .tempdir()
-            .expect("temp dir");
-        let user = Self {
-            name,
-            uid: uid.unwrap_or(u32::MAX),
-            range,
-            work,
-        };
-        assert_ne!(user.uid, u32::MAX, "uid of {}", user.name);
-        if let Some((start, count)) = range {
-            let ids = format!("{start}-{}", start + count - 1);
-            let added = Command::new("usermod")
-                .args(["--add-subuids", &ids, "--add-subgids", &ids, &user.name])
-                .status()
-                .expect("usermod runs");
-            assert!(added.success(), "usermod --add-subuids {ids}");
-        }
-        let work = user.work.path();
-        std::fs::set_permissions(work, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-            .expect("chmod work");
-        std::fs::copy(env!("CARGO_BIN_EXE_ironlet"), work.join("ironlet")).expect("copy binary");
-        let out = ironlet_runtime::testkit::test_images().expect("test images");
-        for image in ["busybox", "nonroot"] {
-            let cp = Command::new("cp")
-                .arg("-a")
-                .arg(out.join(image))
-                .arg(work.join(image))
-                .status()
-                .expect("cp runs");
-            assert!(cp.success(), "copy {image}");
-        }
-        let chown = Command::new("chown")
-            .arg("-R")
-            .arg(format!("{0}:{0}", user.uid))
-            .arg(work)
-            .status()
-            .expect("chown runs");
-        assert!(chown.success());
-        user
-    }
-
-    fn root_dir(&self) -> PathBuf {
-        self.work.path().join("root")
-    }
-
-    /// `ironlet --root-dir <work>/root ARGS` as the user.
-    fn cmd(&self, args: &[&str]) -> Command {
-        let work = self.work.path();
-        let mut cmd = Command::new("setpriv");
-        cmd.args(["--reuid", &self.uid.to_string()])
-            .args(["--regid", &self.uid.to_string(), "--init-groups", "--"])
-            .arg(work.join("ironlet"))
-            .arg("--root-dir")
-            .arg(self.root_dir())
-            .args(args)
-            .env("HOME", work)
-            .env_remove("XDG_RUNTIME_DIR")
-            .env_remove("IRONLET_LOG")
-            .stdin(Stdio::null());
-        cmd
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        self.cmd(args).output().expect("setpriv runs")
-    }
-
-    fn import(&self, image: &str) {
-        let layout = self.work.path().join(image);
-        let out = self.run(&["images", "import", &layout.to_string_lossy()]);
-        assert!(out.status.success(), "import: {}", text(&out.stderr));
-    }
-
-    /// `ctr run --rm IMAGE [FLAGS] -- sh -c SCRIPT`.
-    fn sh(&self, image: &str, flags: &[&str], script: &str) -> Output {
-        let mut args = vec!["ctr", "run", "--rm"];
-        args.extend_from_slice(flags);
-        args.extend_from_slice(&[image, "--", "sh", "-c", script]);
-        self.run(&args)
-    }
-
-    /// What `--rm` must have left: no container directory, no libcontainer state.
-    fn assert_no_containers(&self) {
-        for dir in ["containers", "libcontainer"] {
-            let left: Vec<_> = std::fs::read_dir(self.root_dir().join(dir))
-                .into_iter()
-                .flatten()
-                .flatten()
-                .map(|e| e.file_name())
-                .collect();
-            assert!(left.is_empty(), "{dir} left behind: {left:?}");
-        }
-    }
-}
-
-impl Drop for TestUser {
-    fn drop(&mut self) {
-        // Processes of the user and of the ids the tests run as (left only by a failed
-        // test), then the work dir (as root), then the user with its home and ranges.
-        let mut uids = vec![self.uid];
-        if let Some((start, _)) = self.range {
-            uids.extend([start + 999, start + 1233]);
-        }
-        for uid in uids {
-            let _ = Command::new("pkill")
-                .args(["-KILL", "-U", &uid.to_string()])
-                .status();
-        }
-        std::thread::sleep(Duration::from_millis(200));
-        let _ = std::fs::remove_dir_all(self.work.path());
-        let _ = Command::new("userdel")
-            .args(["--remove", &self.name])
-            .stderr(Stdio::null())
-            .status();
-    }
 }
 
 /// The mapping lines of `/proc/self/uid_map` output, whitespace-normalised.

@@ -31,6 +31,8 @@ use tokio::io::AsyncWriteExt;
 use ironlet::kubelet::CTR_NAMESPACE;
 
 #[derive(Debug, Subcommand)]
+// Parsed once per process: the size of `RunArgs` costs nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum CtrCommand {
     /// Run a container: in the foreground (exits with the container's exit code), or with
     /// -d in the background (prints its id).

@@ -164,30 +164,10 @@ impl Inner {
         Ok(())
     }
 
-    /// Stops a rootless pod's namespace holder (it stops and reaps pasta) and waits until it
-    /// has ended; idempotent, a no-op without one.
+    /// Stops a rootless pod's namespace holder, if it has one.
     pub(super) async fn stop_holder(&self, rec: &SandboxRecord) {
-        let Some(holder) = rec.holder else {
-            return;
-        };
-        let Ok(pidfd) = crate::zygote::sys::pidfd_open(holder.pid) else {
-            return;
-        };
-        // Checked after opening the pidfd: the pid cannot be reused under us from here on.
-        if !holder.alive() {
-            return;
-        }
-        for (signal, wait) in [(libc::SIGTERM, 10), (libc::SIGKILL, 5)] {
-            let _ = crate::zygote::sys::pidfd_send_signal(&pidfd, signal);
-            let gone = super::container::wait_process_gone(holder.pid, holder.start_time);
-            if tokio::time::timeout(Duration::from_secs(wait), gone)
-                .await
-                .is_ok()
-            {
-                return;
-            }
-            tracing::warn!(sandbox_id = %rec.id, pid = holder.pid, signal,
-                "the pod's namespace holder did not end in time");
+        if let Some(holder) = rec.holder {
+            stop_holder(rec.id.as_str(), holder).await;
         }
     }
 
@@ -302,5 +282,33 @@ fn pod_ref(rec: &SandboxRecord) -> PodRef<'_> {
         name: &rec.config.name,
         uid: &rec.config.pod_uid,
         ports: &rec.config.port_mappings,
+    }
+}
+
+/// Stops a rootless pod's namespace holder (it stops and reaps pasta) and waits until it has
+/// ended: SIGTERM, SIGKILL after 10 s. Idempotent.
+pub(super) async fn stop_holder(what: &str, holder: record::NamespaceHolder) {
+    let Ok(pidfd) = crate::zygote::sys::pidfd_open(holder.pid) else {
+        return;
+    };
+    // Checked after opening the pidfd: the pid cannot be reused under us from here on.
+    if !holder.alive() {
+        return;
+    }
+    for (signal, wait) in [(libc::SIGTERM, 10), (libc::SIGKILL, 5)] {
+        let _ = crate::zygote::sys::pidfd_send_signal(&pidfd, signal);
+        let gone = super::container::wait_process_gone(holder.pid, holder.start_time);
+        if tokio::time::timeout(Duration::from_secs(wait), gone)
+            .await
+            .is_ok()
+        {
+            return;
+        }
+        tracing::warn!(
+            sandbox = what,
+            pid = holder.pid,
+            signal,
+            "the pod's namespace holder did not end in time"
+        );
     }
 }
