@@ -14,7 +14,7 @@ use std::net::{TcpListener, TcpStream};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use support::rootless::{text, StopOnDrop, TestUser};
+use support::rootless::{text, TestUser};
 
 fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
@@ -215,30 +215,9 @@ fn a_rootless_pods_host_port_and_ip_survive_an_agent_crash_and_go_with_the_pod()
     }
     let user = TestUser::new("netpod", Some((range_start(1), 65536)));
     user.import("busybox");
-    let manifests = user.work.path().join("manifests");
-    std::fs::create_dir(&manifests).expect("manifest dir");
-    let log_path = user.work.path().join("agent.log");
-    let log = std::fs::File::create(&log_path).expect("agent log");
-    let child = user
-        .cmd(&[
-            "run",
-            "--manifests",
-            &manifests.to_string_lossy(),
-            "--node-name",
-            "rootless-net",
-            "--file-check-frequency",
-            "1s",
-            "--eviction-hard=memory.available<100Mi",
-        ])
-        .stdout(log.try_clone().expect("log fd"))
-        .stderr(log)
-        .spawn()
-        .expect("rootless agent starts");
-    let supervisor = child.id();
-    let agent = StopOnDrop {
-        agent: child,
-        manifests: manifests.clone(),
-    };
+    let (agent, log_path) = user.start_agent("rootless-net");
+    let manifests = agent.manifests.clone();
+    let supervisor = agent.agent.id();
     let agent_log = || std::fs::read_to_string(&log_path).unwrap_or_default();
     let host_port = free_port();
     let manifest = manifests.join("web.yaml");

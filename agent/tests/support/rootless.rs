@@ -128,6 +128,36 @@ impl TestUser {
         cmd
     }
 
+    /// `ironlet run` as the user on `<work>/manifests` (created) as node `node_name`,
+    /// logging to `<work>/agent.log` (returned). The agent stops when dropped.
+    pub fn start_agent(&self, node_name: &str) -> (StopOnDrop, PathBuf) {
+        let manifests = self.work.path().join("manifests");
+        std::fs::create_dir(&manifests).expect("manifest dir");
+        let log_path = self.work.path().join("agent.log");
+        let log = std::fs::File::create(&log_path).expect("agent log");
+        let child = self
+            .cmd(&[
+                "run",
+                "--manifests",
+                &manifests.to_string_lossy(),
+                "--node-name",
+                node_name,
+                "--file-check-frequency",
+                "1s",
+                // kubelet's disk thresholds may hold on the shared CI disk (DiskPressure).
+                "--eviction-hard=memory.available<100Mi",
+            ])
+            .stdout(log.try_clone().expect("log fd"))
+            .stderr(log)
+            .spawn()
+            .expect("rootless agent starts");
+        let agent = StopOnDrop {
+            agent: child,
+            manifests,
+        };
+        (agent, log_path)
+    }
+
     pub fn run(&self, args: &[&str]) -> Output {
         self.cmd(args).output().expect("setpriv runs")
     }

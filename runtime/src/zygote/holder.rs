@@ -27,15 +27,13 @@
 
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use nix::sched::CloneFlags;
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{fork, ForkResult, Pid};
-
-use crate::spec::IdMapping;
 
 /// Ends the zygote id of a holder (`<sandbox id><suffix>`): its exit is not recorded.
 pub(crate) const HOLDER_ID_SUFFIX: &str = ".pod-network";
@@ -50,16 +48,8 @@ const PASTA_READY_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long pasta gets to exit after SIGTERM before SIGKILL.
 const PASTA_STOP_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// What the holder is asked to make.
-pub(crate) struct HolderSpec {
-    pub dir: PathBuf,
-    pub hostname: String,
-    pub uids: Vec<IdMapping>,
-    pub gids: Vec<IdMapping>,
-    pub ipc: bool,
-    /// pasta's argv without the target pid.
-    pub pasta: Vec<String>,
-}
+/// What the holder is asked to make (pasta's argv without the target pid).
+pub(crate) use crate::network::rootless::HolderRequest as HolderSpec;
 
 /// Forks the holder from the (single-threaded) worker; returns its pid once the pod's
 /// network is up, or the reason it is not (the holder has then exited).

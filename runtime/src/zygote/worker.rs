@@ -182,14 +182,15 @@ fn perform(
             uts,
         } => create_namespaces(&dir, &hostname, net, ipc, uts).map(|()| None),
         Request::CreatePodNetwork {
+            id,
             dir,
             hostname,
             uids,
             gids,
             ipc,
             pasta,
-            ..
         } => super::holder::start(&super::holder::HolderSpec {
+            id,
             dir,
             hostname,
             uids: uids.into_iter().map(id_mapping).collect(),
