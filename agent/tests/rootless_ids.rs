@@ -13,7 +13,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use support::is_root;
-use support::rootless::{range_start, text, StopOnDrop, TestUser};
+use support::rootless::{range_start, text, TestUser};
 
 /// The mapping lines of `/proc/self/uid_map` output, whitespace-normalised.
 fn map_lines(out: &str) -> Vec<String> {
@@ -159,30 +159,8 @@ fn a_rootless_pod_runs_as_run_as_user_with_fs_group_and_a_writable_empty_dir() {
     let start = range_start() + 65536 * 600;
     let user = TestUser::new("pod", Some((start, 65536)));
     user.import("busybox");
-    let manifests = user.work.path().join("manifests");
-    std::fs::create_dir(&manifests).expect("manifest dir");
-    let log_path = user.work.path().join("agent.log");
-    let log = std::fs::File::create(&log_path).expect("agent log");
-    let child = user
-        .cmd(&[
-            "run",
-            "--manifests",
-            &manifests.to_string_lossy(),
-            "--node-name",
-            "rootless-ids",
-            "--file-check-frequency",
-            "1s",
-            // kubelet's disk thresholds may hold on the shared CI disk (DiskPressure).
-            "--eviction-hard=memory.available<100Mi",
-        ])
-        .stdout(log.try_clone().expect("log fd"))
-        .stderr(log)
-        .spawn()
-        .expect("rootless agent starts");
-    let agent = StopOnDrop {
-        agent: child,
-        manifests: manifests.clone(),
-    };
+    let (agent, log_path) = user.start_agent("rootless-ids");
+    let manifests = agent.manifests.clone();
     let manifest = manifests.join("ids.yaml");
     std::fs::write(
         &manifest,

@@ -88,6 +88,39 @@ pub struct PodSandboxConfig {
     pub cgroup_parent: Option<String>,
     pub labels: BTreeMap<String, String>,
     pub annotations: BTreeMap<String, String>,
+    /// Host ports published to the pod (`hostPort`, `ctr run -p`): CNI's `portMappings`
+    /// as root, pasta's forwards rootless.
+    #[serde(default)]
+    pub port_mappings: Vec<PortMapping>,
+}
+
+/// Transport of a published port.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    #[default]
+    Tcp,
+    Udp,
+}
+
+impl Protocol {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Tcp => "tcp",
+            Self::Udp => "udp",
+        }
+    }
+}
+
+/// One published port: `host_ip:host_port` on the host reaches `container_port` in the pod
+/// (CRI's `PortMapping`). An empty `host_ip` means every host address.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct PortMapping {
+    pub protocol: Protocol,
+    pub container_port: u16,
+    pub host_port: u16,
+    #[serde(default)]
+    pub host_ip: String,
 }
 
 /// A bind mount into a container.

@@ -401,6 +401,7 @@ fn served_to_the_host(env: &Env) -> Result<()> {
             namespace: &record.config.namespace,
             name: &record.config.name,
             uid: &record.config.pod_uid,
+            ports: &record.config.port_mappings,
         };
         network.check(&pod, &netns, attachment).await?;
         cleanup(rt, &sandbox).await

@@ -23,7 +23,7 @@ use clap::{Args, Subcommand};
 use ironlet_runtime::local::logs::LogStream;
 use ironlet_runtime::types::{
     ContainerConfig, ContainerFilter, ContainerId, ContainerState, ContainerStatus, ExecRequest,
-    LinuxResources, Mount, PodSandboxConfig, SandboxId,
+    LinuxResources, Mount, PodSandboxConfig, PortMapping, SandboxId,
 };
 use ironlet_runtime::{LocalRuntime, LocalRuntimeConfig, Runtime};
 use tokio::io::AsyncWriteExt;
@@ -32,6 +32,8 @@ use tokio::io::AsyncWriteExt;
 use ironlet::kubelet::CTR_NAMESPACE;
 
 #[derive(Debug, Subcommand)]
+// Parsed once per process: the size of `RunArgs` costs nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum CtrCommand {
     /// Run a container: in the foreground (exits with the container's exit code), or with
     /// -d in the background (prints its id).
@@ -123,6 +125,9 @@ pub struct RunArgs {
     /// Use the host's network namespace.
     #[arg(long = "net-host")]
     pub net_host: bool,
+    /// Publish a container port on the host: [IP:]HOST:CTR[/tcp|udp].
+    #[arg(short = 'p', long = "publish", value_parser = flags::parse_publish)]
+    pub publish: Vec<PortMapping>,
     /// Override the image's entrypoint.
     #[arg(long)]
     pub entrypoint: Option<String>,
@@ -179,8 +184,7 @@ fn run_here(
             root_dir: root_dir.clone(),
             rootless,
             default_cgroup_parent: (!rootless).then(|| "/ironlet".to_owned()),
-            // One-off containers keep a loopback-only network namespace.
-            cni: None,
+            cni: pod_network(&cmd, rootless),
             log_rotation: Default::default(),
         };
         let runtime = LocalRuntime::new(config, zygote, images)
@@ -207,6 +211,18 @@ fn run_here(
             CtrCommand::Rm { force, ids } => rm(&runtime, force, ids).await,
         }
     })
+}
+
+/// Whether `ctr` containers get a pod network: rootless always (pasta; `--net-host` opts
+/// out), as root only with `-p` (the node's CNI network, its `portmap` publishing), else a
+/// loopback-only namespace. Commands that may remove a sandbox (`rm`, `stop`) keep the CNI
+/// settings so that a root container's address and port rules are released.
+fn pod_network(cmd: &CtrCommand, rootless: bool) -> Option<ironlet_runtime::network::CniConfig> {
+    let wanted = match cmd {
+        CtrCommand::Run(args) => rootless || !args.publish.is_empty(),
+        _ => true,
+    };
+    wanted.then(ironlet_runtime::network::CniConfig::default)
 }
 
 fn warn_rootless_limits() {
@@ -270,12 +286,16 @@ async fn run_container(
     } else {
         PathBuf::from("/var/log/pods")
     };
+    if args.net_host && !args.publish.is_empty() {
+        bail!("-p publishes ports of the container's own network; with --net-host its ports are the host's already");
+    }
     let sandbox_config = PodSandboxConfig {
         pod_uid: pod_uid.clone(),
         name: name.clone(),
         namespace: CTR_NAMESPACE.to_owned(),
         hostname: name.clone(),
         host_network: args.net_host,
+        port_mappings: args.publish.clone(),
         log_directory: log_root.join(format!("{CTR_NAMESPACE}_{name}_{pod_uid}")),
         ..PodSandboxConfig::default()
     };

@@ -146,7 +146,7 @@ pub struct RunArgs {
     /// no configuration).
     #[arg(long = "pod-cidr", default_value = "10.85.0.0/16")]
     pub pod_cidr: String,
-    /// Run pods without a network beyond loopback (no CNI).
+    /// Run pods without a network beyond loopback (no CNI; rootless, no pasta).
     #[arg(long = "no-pod-network")]
     pub no_pod_network: bool,
     /// IP addresses of the cluster DNS servers for ClusterFirst pods (repeatable or
@@ -506,7 +506,8 @@ fn run_agent(
             Ok(report) => tracing::info!(?report, "image store cleaned at start-up"),
             Err(err) => tracing::warn!(%err, "image store clean-up at start-up failed"),
         });
-        let cni = (!rootless && !args.no_pod_network)
+        // Rootless, pods are connected by pasta instead (runtime/src/network/rootless.rs).
+        let cni = (!args.no_pod_network)
             .then(|| cni_config(&args.cni_conf_dir, &args.cni_bin_dir, &args.pod_cidr));
         let runtime_config = LocalRuntimeConfig {
             root_dir: root_dir.clone(),

@@ -138,6 +138,7 @@ impl NodeSyncer {
             cgroup_parent: cgroup.map(|c| c.as_str().to_owned()),
             labels: meta.labels.clone().unwrap_or_default(),
             annotations: Default::default(),
+            port_mappings: host_ports(pod),
         }
     }
 
@@ -560,4 +561,27 @@ pub(crate) fn running_containers(
         .containers
         .iter()
         .filter(|c| c.state == ContainerState::Running)
+}
+
+/// The pod's `hostPort`s, as kubelet hands them to the runtime (its containers' ports with a
+/// host port; SCTP is not published).
+fn host_ports(pod: &Pod) -> Vec<ironlet_runtime::types::PortMapping> {
+    use ironlet_runtime::types::{PortMapping, Protocol};
+    let containers = pod.spec.iter().flat_map(|s| s.containers.iter());
+    containers
+        .flat_map(|c| c.ports.iter().flatten())
+        .filter_map(|p| {
+            let protocol = match p.protocol.as_deref() {
+                None | Some("TCP") => Protocol::Tcp,
+                Some("UDP") => Protocol::Udp,
+                Some(_) => return None,
+            };
+            Some(PortMapping {
+                protocol,
+                container_port: u16::try_from(p.container_port).ok()?,
+                host_port: u16::try_from(p.host_port?).ok().filter(|port| *port > 0)?,
+                host_ip: p.host_ip.clone().unwrap_or_default(),
+            })
+        })
+        .collect()
 }

@@ -1,5 +1,5 @@
-//! Rootless tests: unprivileged users the tests create (with or without a subordinate id
-//! range) and the agents they run as such a user.
+//! Unprivileged users made by the tests (with or without a subordinate id range), and
+//! rootless agents of the tests that run `ironlet run` as such a user.
 
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
@@ -132,6 +132,36 @@ impl TestUser {
             .env_remove("IRONLET_LOG")
             .stdin(Stdio::null());
         cmd
+    }
+
+    /// `ironlet run` as the user on `<work>/manifests` (created) as node `node_name`,
+    /// logging to `<work>/agent.log` (returned). The agent stops when dropped.
+    pub fn start_agent(&self, node_name: &str) -> (StopOnDrop, PathBuf) {
+        let manifests = self.work.path().join("manifests");
+        std::fs::create_dir(&manifests).expect("manifest dir");
+        let log_path = self.work.path().join("agent.log");
+        let log = std::fs::File::create(&log_path).expect("agent log");
+        let child = self
+            .cmd(&[
+                "run",
+                "--manifests",
+                &manifests.to_string_lossy(),
+                "--node-name",
+                node_name,
+                "--file-check-frequency",
+                "1s",
+                // kubelet's disk thresholds may hold on the shared CI disk (DiskPressure).
+                "--eviction-hard=memory.available<100Mi",
+            ])
+            .stdout(log.try_clone().expect("log fd"))
+            .stderr(log)
+            .spawn()
+            .expect("rootless agent starts");
+        let agent = StopOnDrop {
+            agent: child,
+            manifests,
+        };
+        (agent, log_path)
     }
 
     pub fn run(&self, args: &[&str]) -> Output {

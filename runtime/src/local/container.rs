@@ -136,10 +136,22 @@ impl Inner {
                 namespaces.pid = self.target_pid_namespace(target, &rec.sandbox_id)?;
             }
         }
-        let user_namespace = self
-            .config
-            .rootless
-            .then(crate::spec::subids::rootless_user_namespace);
+        let user_namespace = self.config.rootless.then(|| {
+            let mut userns = crate::spec::subids::rootless_user_namespace();
+            // A pod with a network: its holder's user namespace, which owns the network's.
+            if let Some(holder) = sandbox.holder.filter(|_| userns.made_by_worker) {
+                userns.path = Some(holder.ns_path("user"));
+            }
+            userns
+        });
+        if let Some(holder) = &sandbox.holder {
+            if !holder.alive() {
+                return Err(RuntimeError::InvalidConfig(format!(
+                    "the pod's network namespace is gone (its holder, pid {}, ended)",
+                    holder.pid
+                )));
+            }
+        }
         let hostname = if sandbox.config.hostname.is_empty() {
             sandbox.config.name.clone()
         } else {
@@ -532,6 +544,22 @@ pub(super) async fn wait_process_gone(pid: i32, start_time: u64) {
 }
 
 fn sandbox_namespaces(sandbox: &super::record::SandboxRecord) -> SandboxNamespaces {
+    if let Some(holder) = &sandbox.holder {
+        return SandboxNamespaces {
+            net: NamespaceMode::Join(holder.ns_path("net")),
+            uts: NamespaceMode::Join(holder.ns_path("uts")),
+            ipc: if sandbox.config.host_ipc {
+                NamespaceMode::Host
+            } else {
+                NamespaceMode::Join(holder.ns_path("ipc"))
+            },
+            pid: if sandbox.config.host_pid {
+                NamespaceMode::Host
+            } else {
+                NamespaceMode::New
+            },
+        };
+    }
     let pick = |shared: bool, host: bool, kind: &str| match (&sandbox.namespace_dir, shared, host) {
         (Some(dir), true, _) => NamespaceMode::Join(dir.join(kind)),
         (_, _, true) => NamespaceMode::Host,

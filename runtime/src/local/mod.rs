@@ -59,7 +59,8 @@ pub struct LocalRuntimeConfig {
     /// Cgroup parent for containers whose sandbox names none; `None`: `/ironlet` as root
     /// (rootless on cgroup v1: no cgroup at all).
     pub default_cgroup_parent: Option<String>,
-    /// CNI pod networking; `None` (and always when rootless): pods get loopback only.
+    /// Pod networking: CNI as root, pasta rootless (`network/rootless.rs`; the CNI settings
+    /// are then unused); `None`: pods get loopback only.
     pub cni: Option<crate::network::CniConfig>,
     /// Container log rotation (`--container-log-max-size`, `--container-log-max-files`).
     pub log_rotation: logs::LogRotation,
@@ -211,11 +212,8 @@ impl LocalRuntime {
         let (events, _) = broadcast::channel(4096);
         let network = match (&config.cni, config.rootless) {
             (Some(cni), false) => Some(crate::network::Network::new(cni.clone(), &config.root_dir)),
-            (Some(_), true) => {
-                tracing::info!("rootless: no CNI networking, pods get loopback only");
-                None
-            }
-            (None, _) => None,
+            // Rootless pods are connected by pasta (see `sandbox.rs`).
+            (Some(_), true) | (None, _) => None,
         };
         let inner = Arc::new_cyclic(|this| Inner {
             this: this.clone(),

@@ -157,6 +157,30 @@ pub struct SandboxRecord {
     /// The CNI attachment ADD made, kept for DEL; `None` without CNI networking.
     #[serde(default)]
     pub network: Option<crate::network::NetworkAttachment>,
+    /// Rootless with a network: the process holding the pod's user, network, IPC and UTS
+    /// namespaces, with pasta (`zygote/holder.rs`); the containers join them.
+    #[serde(default)]
+    pub holder: Option<NamespaceHolder>,
+}
+
+/// The process holding a rootless pod's namespaces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NamespaceHolder {
+    pub pid: i32,
+    /// Clock ticks since boot, the pid reuse guard.
+    pub start_time: u64,
+}
+
+impl NamespaceHolder {
+    /// `/proc/<pid>/ns/<kind>`.
+    pub fn ns_path(&self, kind: &str) -> PathBuf {
+        PathBuf::from(format!("/proc/{}/ns/{kind}", self.pid))
+    }
+
+    /// Whether the holder still runs (same pid and start time).
+    pub fn alive(&self) -> bool {
+        crate::zygote::process_start_time(self.pid).ok() == Some(self.start_time)
+    }
 }
 
 impl SandboxRecord {
@@ -167,11 +191,14 @@ impl SandboxRecord {
             state: self.state,
             created_at: self.created_at,
             ip: self.ip.clone(),
-            netns_path: self
-                .namespace_dir
-                .as_ref()
-                .filter(|_| self.net)
-                .map(|dir| dir.join("net")),
+            netns_path: match &self.holder {
+                Some(holder) => Some(holder.ns_path("net")),
+                None => self
+                    .namespace_dir
+                    .as_ref()
+                    .filter(|_| self.net)
+                    .map(|dir| dir.join("net")),
+            },
         }
     }
 }

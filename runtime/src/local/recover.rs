@@ -118,6 +118,7 @@ impl Inner {
             }
         }
         report.torn_removed = self.remove_torn().await;
+        self.recover_holders(hello).await;
         tracing::info!(
             running = report.running,
             exited_while_down = report.exited_while_down,
@@ -163,6 +164,67 @@ impl Inner {
                 status,
                 SystemTime::UNIX_EPOCH + Duration::from_nanos(at_unix_nanos as u64),
             )),
+        }
+    }
+
+    /// Rootless pod networks (`zygote/holder.rs`): a holder the supervisor still watches
+    /// goes on; one that outlived a supervisor restart is adopted; a sandbox whose holder is
+    /// gone is NotReady (the pod worker makes a new one, as after a lost network namespace);
+    /// a holder whose sandbox is unknown (a creation torn before its record) is stopped.
+    async fn recover_holders(&self, hello: &Hello) {
+        let sandboxes: Vec<_> = self
+            .lock()
+            .sandboxes
+            .values()
+            .filter(|s| s.holder.is_some())
+            .cloned()
+            .collect();
+        let mut known = HashSet::new();
+        for mut rec in sandboxes {
+            let Some(holder) = rec.holder else { continue };
+            let id = crate::zygote::holder_id(rec.id.as_str());
+            known.insert(id.clone());
+            let watched = hello
+                .live
+                .iter()
+                .any(|p| p.id == id && p.pid == holder.pid && p.start_time == holder.start_time);
+            if watched {
+                continue;
+            }
+            if holder.alive() {
+                match self.zygote.adopt(&id, holder.pid, holder.start_time).await {
+                    Ok(()) => {
+                        tracing::info!(sandbox_id = %rec.id, pid = holder.pid, "adopted the pod's network holder");
+                        continue;
+                    }
+                    Err(err) => {
+                        tracing::debug!(sandbox_id = %rec.id, %err, "adopting the pod's network holder failed")
+                    }
+                }
+            }
+            if rec.state == crate::types::SandboxState::Ready {
+                tracing::warn!(sandbox_id = %rec.id, pid = holder.pid,
+                    "the pod's network namespace holder is gone; the sandbox is NotReady");
+                rec.state = crate::types::SandboxState::NotReady;
+                let dir = self.config.sandboxes_dir().join(rec.id.as_str());
+                if let Err(err) = record::save(&dir, &rec) {
+                    tracing::warn!(sandbox_id = %rec.id, %err, "saving the sandbox record failed");
+                }
+                self.lock().sandboxes.insert(rec.id.clone(), rec);
+            }
+        }
+        for orphan in hello
+            .live
+            .iter()
+            .filter(|p| p.id.ends_with(crate::zygote::holder_id("").as_str()))
+            .filter(|p| !known.contains(&p.id))
+        {
+            tracing::info!(pid = orphan.pid, id = %orphan.id, "stopping the network holder of an unknown sandbox");
+            let holder = record::NamespaceHolder {
+                pid: orphan.pid,
+                start_time: orphan.start_time,
+            };
+            super::sandbox::stop_holder(&orphan.id, holder).await;
         }
     }
 

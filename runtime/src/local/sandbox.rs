@@ -50,11 +50,13 @@ impl Inner {
             uts,
             ip: None,
             network: None,
+            holder: None,
         };
         let log_dir = &config.log_directory;
         let log_dir_existed = log_dir.as_os_str().is_empty() || log_dir.exists();
         let result = self.make_sandbox(&mut rec).await;
         if let Err(original) = result {
+            self.stop_holder(&rec).await;
             let cleanup = match self.detach_network(&rec).await {
                 Ok(()) => self.destroy_sandbox_files(&rec),
                 Err(e) => self.destroy_sandbox_files(&rec).and(Err(e)),
@@ -113,7 +115,60 @@ impl Inner {
                 rec.network = attached;
             }
         }
+        if self.config.rootless && !rec.config.host_network && self.config.cni.is_some() {
+            self.start_rootless_network(rec, &dir).await?;
+        }
         record::save(&dir, rec).map_err(|e| RuntimeError::io("save sandbox record", &dir, e))
+    }
+
+    /// Rootless: starts the holder of the pod's namespaces with pasta (`zygote/holder.rs`,
+    /// `network/rootless.rs`). Without pasta, `/dev/net/tun` or an id range the pod keeps
+    /// a loopback-only network (one warning per process says why).
+    async fn start_rootless_network(
+        &self,
+        rec: &mut SandboxRecord,
+        dir: &std::path::Path,
+    ) -> Result<(), RuntimeError> {
+        use crate::network::rootless;
+        let userns = crate::spec::subids::rootless_user_namespace();
+        let Some(pasta) = rootless::usable(userns.made_by_worker) else {
+            return Ok(());
+        };
+        let hostname = if rec.config.hostname.is_empty() {
+            rec.config.name.clone()
+        } else {
+            rec.config.hostname.clone()
+        };
+        let request = rootless::HolderRequest {
+            id: crate::zygote::holder_id(rec.id.as_str()),
+            dir: dir.to_owned(),
+            hostname,
+            uids: userns.uid_mappings.clone(),
+            gids: userns.gid_mappings.clone(),
+            ipc: !rec.config.host_ipc,
+            pasta: rootless::pasta_args(&pasta, dir, &rec.config.port_mappings),
+        };
+        let started = std::time::Instant::now();
+        let (pid, start_time) =
+            self.zygote
+                .create_pod_network(request)
+                .await
+                .map_err(|e| RuntimeError::Network {
+                    sandbox_id: rec.id.clone(),
+                    source: Box::new(crate::network::NetworkError::Rootless(e.to_string())),
+                })?;
+        rec.holder = Some(record::NamespaceHolder { pid, start_time });
+        rec.ip = rootless::read_pod_ip(dir);
+        tracing::debug!(sandbox_id = %rec.id, pid, ip = ?rec.ip,
+            elapsed_ms = started.elapsed().as_millis() as u64, "rootless pod network up (pasta)");
+        Ok(())
+    }
+
+    /// Stops a rootless pod's namespace holder, if it has one.
+    pub(super) async fn stop_holder(&self, rec: &SandboxRecord) {
+        if let Some(holder) = rec.holder {
+            stop_holder(rec.id.as_str(), holder).await;
+        }
     }
 
     fn sandbox_containers(&self, id: &SandboxId) -> Vec<ContainerId> {
@@ -143,6 +198,8 @@ impl Inner {
         };
         let dir = self.config.sandboxes_dir().join(id.as_str());
         record::save(&dir, &rec).map_err(|e| RuntimeError::io("save sandbox record", &dir, e))?;
+        // A rootless pod's network goes with its containers (pasta stops with the holder).
+        self.stop_holder(&rec).await;
         if rec.network.is_none() {
             return Ok(());
         }
@@ -172,6 +229,7 @@ impl Inner {
             if let Err(err) = self.detach_network(&rec).await {
                 tracing::warn!(sandbox_id = %id, %err, "CNI DEL failed; removing the sandbox anyway");
             }
+            self.stop_holder(&rec).await;
             self.destroy_sandbox_files(&rec)?;
         }
         Ok(())
@@ -223,5 +281,34 @@ fn pod_ref(rec: &SandboxRecord) -> PodRef<'_> {
         namespace: &rec.config.namespace,
         name: &rec.config.name,
         uid: &rec.config.pod_uid,
+        ports: &rec.config.port_mappings,
+    }
+}
+
+/// Stops a rootless pod's namespace holder (it stops and reaps pasta) and waits until it has
+/// ended: SIGTERM, SIGKILL after 10 s. Idempotent.
+pub(super) async fn stop_holder(what: &str, holder: record::NamespaceHolder) {
+    let Ok(pidfd) = crate::zygote::sys::pidfd_open(holder.pid) else {
+        return;
+    };
+    // Checked after opening the pidfd: the pid cannot be reused under us from here on.
+    if !holder.alive() {
+        return;
+    }
+    for (signal, wait) in [(libc::SIGTERM, 10), (libc::SIGKILL, 5)] {
+        let _ = crate::zygote::sys::pidfd_send_signal(&pidfd, signal);
+        let gone = super::container::wait_process_gone(holder.pid, holder.start_time);
+        if tokio::time::timeout(Duration::from_secs(wait), gone)
+            .await
+            .is_ok()
+        {
+            return;
+        }
+        tracing::warn!(
+            sandbox = what,
+            pid = holder.pid,
+            signal,
+            "the pod's namespace holder did not end in time"
+        );
     }
 }

@@ -34,6 +34,8 @@ pub enum NetworkError {
     },
     #[error("pod network masquerade: {command}: {reason}")]
     Masquerade { command: String, reason: String },
+    #[error("{0}")]
+    Rootless(String),
     #[error("CNI plugin {plugin:?} not found in {dirs:?}")]
     PluginNotFound { plugin: String, dirs: Vec<PathBuf> },
 

@@ -29,6 +29,7 @@ mod config;
 mod error;
 mod masquerade;
 mod result;
+pub mod rootless;
 
 /// Spawning a plugin binary that was just written (ETXTBSY retried); credential
 /// provider plugins are spawned the same way.
@@ -59,6 +60,8 @@ pub struct PodRef<'a> {
     pub namespace: &'a str,
     pub name: &'a str,
     pub uid: &'a str,
+    /// Published ports: the `portMappings` capability (the `portmap` plugin's).
+    pub ports: &'a [crate::types::PortMapping],
 }
 
 impl PodRef<'_> {
@@ -73,6 +76,28 @@ impl PodRef<'_> {
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .collect()
+    }
+
+    /// The capability arguments (`runtimeConfig`) as containerd sends them: `portMappings`
+    /// when the pod publishes ports.
+    fn capabilities(&self) -> Map<String, Value> {
+        let mut out = Map::new();
+        if !self.ports.is_empty() {
+            let mappings = self
+                .ports
+                .iter()
+                .map(|p| {
+                    serde_json::json!({
+                        "hostPort": p.host_port,
+                        "containerPort": p.container_port,
+                        "protocol": p.protocol.as_str(),
+                        "hostIP": p.host_ip,
+                    })
+                })
+                .collect();
+            out.insert("portMappings".into(), Value::Array(mappings));
+        }
+        out
     }
 }
 
@@ -162,7 +187,7 @@ impl Network {
         };
         self.ensure_masquerade(&list).await?;
         let args = pod.cni_args();
-        let capabilities = Map::new();
+        let capabilities = pod.capabilities();
         let at = Attachment {
             container_id: pod.sandbox_id,
             netns: Some(netns),
@@ -213,7 +238,7 @@ impl Network {
         attachment: &NetworkAttachment,
     ) -> Result<(), NetworkError> {
         let args = pod.cni_args();
-        let capabilities = Map::new();
+        let capabilities = pod.capabilities();
         let at = Attachment {
             container_id: pod.sandbox_id,
             netns: Some(netns),
@@ -235,7 +260,7 @@ impl Network {
         attachment: &NetworkAttachment,
     ) -> Result<(), NetworkError> {
         let args = pod.cni_args();
-        let capabilities = Map::new();
+        let capabilities = pod.capabilities();
         let at = Attachment {
             container_id: pod.sandbox_id,
             netns: is_netns(netns).then_some(netns),
@@ -313,6 +338,7 @@ mod tests {
             namespace: "default",
             name: "web",
             uid: "u-1",
+            ports: &[],
         };
         let args = pod.cni_args();
         let keys: Vec<_> = args.iter().map(|(k, v)| format!("{k}={v}")).collect();
@@ -343,6 +369,7 @@ mod tests {
             namespace: "ns",
             name: "n",
             uid: "u",
+            ports: &[],
         };
         let got = network
             .attach(&pod, Path::new("/nonexistent"))

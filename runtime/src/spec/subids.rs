@@ -216,14 +216,18 @@ pub const UID_MAP_ANNOTATION: &str = "io.ironlet.userns.uid-map";
 /// The worker's gid mappings, `container:host:size,…`.
 pub const GID_MAP_ANNOTATION: &str = "io.ironlet.userns.gid-map";
 
+/// The user namespace the worker joins instead of making one (a rootless pod's, held by
+/// `zygote/holder.rs` with the same mappings): a `/proc/<pid>/ns/user` path.
+pub const JOIN_ANNOTATION: &str = "io.ironlet.userns.join";
+
 /// Whether `key` is one of the mapping annotations (which a container's own annotations may
 /// not set).
 pub fn is_map_annotation(key: &str) -> bool {
-    key == UID_MAP_ANNOTATION || key == GID_MAP_ANNOTATION
+    key == UID_MAP_ANNOTATION || key == GID_MAP_ANNOTATION || key == JOIN_ANNOTATION
 }
 
-/// The mapping annotations of `userns`.
-pub fn map_annotations(userns: &UserNamespace) -> [(String, String); 2] {
+/// The mapping annotations of `userns`, and the namespace to join if it has a path.
+pub fn map_annotations(userns: &UserNamespace) -> Vec<(String, String)> {
     let encode = |mappings: &[IdMapping]| {
         mappings
             .iter()
@@ -231,10 +235,17 @@ pub fn map_annotations(userns: &UserNamespace) -> [(String, String); 2] {
             .collect::<Vec<_>>()
             .join(",")
     };
-    [
+    let mut out = vec![
         (UID_MAP_ANNOTATION.to_owned(), encode(&userns.uid_mappings)),
         (GID_MAP_ANNOTATION.to_owned(), encode(&userns.gid_mappings)),
-    ]
+    ];
+    if let Some(path) = &userns.path {
+        out.push((
+            JOIN_ANNOTATION.to_owned(),
+            path.to_string_lossy().into_owned(),
+        ));
+    }
+    out
 }
 
 /// The mappings of one annotation value; `None` if any part is malformed or empty.
@@ -344,7 +355,7 @@ mod tests {
             unprivileged: true,
             made_by_worker: true,
         };
-        let [(uk, uv), (gk, gv)] = map_annotations(&userns);
+        let [(uk, uv), (gk, gv)] = <[_; 2]>::try_from(map_annotations(&userns)).unwrap();
         assert!(is_map_annotation(&uk) && is_map_annotation(&gk));
         assert_eq!(uv, "0:1001:1,1:100000:65536");
         assert_eq!(parse_map_annotation(&uv), Some(userns.uid_mappings.clone()));

@@ -46,6 +46,10 @@ enum WorkerKind {
         /// process sees end-of-file once the client closes it).
         stdin: Option<OwnedFd>,
     },
+    /// Watch the pod namespace holder; it counts as started (never killed as unstarted).
+    Holder {
+        id: String,
+    },
     Plain,
 }
 
@@ -83,6 +87,7 @@ impl Server {
                 pipes: std::mem::take(&mut pipes),
                 stdin: input,
             },
+            Request::CreatePodNetwork { id, .. } => WorkerKind::Holder { id: id.clone() },
             _ => WorkerKind::Plain,
         };
         let (result_r, result_w) = sys::pipe().map_err(|e| format!("pipe: {e}"))?;
@@ -273,6 +278,16 @@ impl Server {
                     Err(message) => self.reply(seq, Reply::Failed { message }, &[]),
                 }
             }
+            (WorkerKind::Holder { id }, Some(pid)) => {
+                let start_time = sys::process_start_time(pid).unwrap_or(0);
+                match self.watch(id.clone(), None, pid, Vec::new(), parent) {
+                    Ok(()) => {
+                        self.started(&id);
+                        self.reply(seq, Reply::Created { pid, start_time }, &[]);
+                    }
+                    Err(message) => self.reply(seq, Reply::Failed { message }, &[]),
+                }
+            }
             (
                 WorkerKind::Exec {
                     id,
@@ -310,7 +325,7 @@ impl Server {
             return;
         };
         let (id, exec_id) = match kind {
-            WorkerKind::Create { id, .. } => (id, None),
+            WorkerKind::Create { id, .. } | WorkerKind::Holder { id } => (id, None),
             WorkerKind::Exec { id, exec_id, .. } => (id, Some(exec_id)),
             WorkerKind::Plain => return,
         };

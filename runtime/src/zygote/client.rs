@@ -269,6 +269,34 @@ impl ZygoteClient {
         .map(drop)
     }
 
+    /// Starts a rootless pod's namespace holder and pasta (see `holder.rs`); returns the
+    /// holder's pid and start time once the pod's network is configured.
+    pub async fn create_pod_network(
+        &self,
+        request: crate::network::rootless::HolderRequest,
+    ) -> Result<(i32, u64), ZygoteError> {
+        let map = |m: &[crate::spec::IdMapping]| {
+            m.iter()
+                .map(|m| (m.container_id, m.host_id, m.size))
+                .collect()
+        };
+        let reply = self
+            .call(Request::CreatePodNetwork {
+                id: request.id,
+                dir: request.dir,
+                hostname: request.hostname,
+                uids: map(&request.uids),
+                gids: map(&request.gids),
+                ipc: request.ipc,
+                pasta: request.pasta,
+            })
+            .await?;
+        match reply {
+            (Reply::Created { pid, start_time }, _) => Ok((pid, start_time)),
+            (other, _) => Err(ZygoteError::Unexpected(format!("{other:?}"))),
+        }
+    }
+
     pub async fn adopt(&self, id: &str, pid: i32, start_time: u64) -> Result<(), ZygoteError> {
         self.call(Request::Adopt {
             id: id.to_owned(),

@@ -16,6 +16,7 @@ mod calls;
 pub mod cgroup_view;
 mod client;
 pub mod exits;
+mod holder;
 pub(crate) mod protocol;
 mod reaper;
 pub mod seccomp;
@@ -28,6 +29,7 @@ mod worker;
 use std::os::fd::OwnedFd;
 
 pub use client::{ContainerStdio, CreateStdio, ExecHandle, ExecProcess, ZygoteClient};
+pub use holder::holder_id;
 pub use protocol::{Event, Hello, LiveProcess, WireExit, PROTOCOL_VERSION};
 pub use sys::process_start_time;
 

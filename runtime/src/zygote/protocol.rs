@@ -29,7 +29,7 @@ pub(crate) const MAX_MESSAGE: usize = 256 * 1024;
 const MAX_FDS: usize = 4;
 
 /// The version of this protocol; see the module docs.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// What the agent asks of the zygote.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -89,6 +89,21 @@ pub enum Request {
         net: bool,
         ipc: bool,
         uts: bool,
+    },
+    /// Rootless: start the process holding a pod's user, network, IPC and UTS namespaces,
+    /// with pasta connecting the network (see `holder.rs`). Reply: [`Reply::Created`] once
+    /// pasta has configured the namespace; the holder is watched like a started container.
+    CreatePodNetwork {
+        id: String,
+        /// The sandbox directory: pasta's pid file and log, the pod's address (`pod-ip`).
+        dir: PathBuf,
+        hostname: String,
+        /// `(container id, host id, size)` of the user namespace's uid and gid maps.
+        uids: Vec<(u32, u32, u32)>,
+        gids: Vec<(u32, u32, u32)>,
+        ipc: bool,
+        /// pasta and its arguments, without the target pid (the holder appends its own).
+        pasta: Vec<String>,
     },
     /// Re-adopt a running container process (after a client restart): watch `pid` again if
     /// its start time still matches.

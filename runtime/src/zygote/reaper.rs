@@ -217,6 +217,11 @@ impl Server {
                 .unwrap_or_default(),
         };
         w.pid = 0; // removed after this round
+                   // A pod namespace holder's end is neither recorded nor sent: its sandbox stops it
+                   // and waits on its pid (an event nobody reads would make the client's close a reset).
+        if w.id.ends_with(super::holder::HOLDER_ID_SUFFIX) {
+            return;
+        }
         if w.exec_id.is_none() {
             self.record_exit(&event);
         }

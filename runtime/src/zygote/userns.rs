@@ -75,8 +75,9 @@ pub(crate) enum Plan {
         uids: Vec<IdMapping>,
         gids: Vec<IdMapping>,
     },
-    /// The namespace of the running process `pid` (a container's init).
-    Join(i32),
+    /// The namespace at this `/proc/<pid>/ns/user` path (a container's init, or the
+    /// holder of a rootless pod's namespaces, see `holder.rs`).
+    Join(PathBuf),
 }
 
 /// The mappings of a spec whose user namespace the worker makes: no user namespace listed,
@@ -103,11 +104,19 @@ fn load_spec(bundle: &Path) -> Result<Spec, UsernsError> {
     })
 }
 
-/// The plan of `create` for the bundle at `bundle`.
+/// The plan of `create` for the bundle at `bundle`: the pod's namespace when the spec names
+/// one to join, else a new one.
 pub(crate) fn plan_for_create(bundle: &Path) -> Result<Plan, UsernsError> {
-    Ok(match worker_made(&load_spec(bundle)?) {
-        Some((uids, gids)) => Plan::Ranges { uids, gids },
-        None => Plan::OwnIds,
+    let spec = load_spec(bundle)?;
+    let join = spec
+        .annotations()
+        .as_ref()
+        .and_then(|a| a.get(subids::JOIN_ANNOTATION))
+        .map(PathBuf::from);
+    Ok(match (worker_made(&spec), join) {
+        (Some(_), Some(path)) => Plan::Join(path),
+        (Some((uids, gids)), None) => Plan::Ranges { uids, gids },
+        (None, _) => Plan::OwnIds,
     })
 }
 
@@ -119,7 +128,9 @@ pub(crate) fn plan_for_existing(bundle: &Path, pid: Option<i32>) -> Plan {
         return Plan::OwnIds;
     };
     match pid {
-        Some(pid) if Path::new(&format!("/proc/{pid}/ns/user")).exists() => Plan::Join(pid),
+        Some(pid) if Path::new(&format!("/proc/{pid}/ns/user")).exists() => {
+            Plan::Join(PathBuf::from(format!("/proc/{pid}/ns/user")))
+        }
         _ => Plan::Ranges { uids, gids },
     }
 }
@@ -165,9 +176,8 @@ pub(crate) fn enter(plan: &Plan) -> Result<(), UsernsError> {
             map_with_helpers(uids, gids)?;
             drop_groups()
         }
-        Plan::Join(pid) => {
-            let path = format!("/proc/{pid}/ns/user");
-            let ns = std::fs::File::open(&path).map_err(|source| UsernsError::Io {
+        Plan::Join(path) => {
+            let ns = std::fs::File::open(path).map_err(|source| UsernsError::Io {
                 what: "open the container's user namespace",
                 source,
             })?;

@@ -185,7 +185,33 @@ fn perform(
             ipc,
             uts,
         } => create_namespaces(&dir, &hostname, net, ipc, uts).map(|()| None),
+        Request::CreatePodNetwork {
+            id,
+            dir,
+            hostname,
+            uids,
+            gids,
+            ipc,
+            pasta,
+        } => super::holder::start(&super::holder::HolderSpec {
+            id,
+            dir,
+            hostname,
+            uids: uids.into_iter().map(id_mapping).collect(),
+            gids: gids.into_iter().map(id_mapping).collect(),
+            ipc,
+            pasta,
+        })
+        .map(Some),
         other => Err(format!("not a worker request: {other:?}")),
+    }
+}
+
+fn id_mapping((container_id, host_id, size): (u32, u32, u32)) -> crate::spec::IdMapping {
+    crate::spec::IdMapping {
+        container_id,
+        host_id,
+        size,
     }
 }
 
@@ -435,7 +461,7 @@ fn create_namespaces(
 
 /// Brings `lo` up in the current network namespace (SIOCSIFFLAGS), so pods can talk to
 /// themselves on 127.0.0.1 without a CNI loopback plugin.
-fn loopback_up() -> Result<(), String> {
+pub(super) fn loopback_up() -> Result<(), String> {
     let sock = nix::sys::socket::socket(
         nix::sys::socket::AddressFamily::Inet,
         nix::sys::socket::SockType::Datagram,

@@ -1,17 +1,62 @@
 //! docker/podman flag values of `ironlet ctr run`, turned into the runtime's types:
 //! `-v HOST:CTR[:ro|rw]`, `-u UID[:GID]`, `-e KEY[=VALUE]`,
-//! `--cpus 1.5` and sizes (`--memory 64m`).
+//! `--cpus 1.5` and sizes (`--memory 64m`), `-p [IP:]HOST:CTR[/tcp|udp]`.
 //!
 //! Each parser refuses what docker refuses, with a message naming the flag, before any
 //! sandbox is made: a bad flag never leaves anything behind.
 
-use ironlet_runtime::types::Mount;
+use ironlet_runtime::types::{Mount, PortMapping, Protocol};
 
 /// The CFS period `--cpus` uses, as docker: 100 ms.
 pub const CPU_PERIOD_US: u64 = 100_000;
 
 /// The smallest CFS quota the kernel accepts (1 ms), so `--cpus` ≥ 0.01.
 const MIN_CPU_QUOTA_US: i64 = 1_000;
+
+/// `-p [IP:]HOST:CTR[/tcp|udp]` (docker's syntax; an IPv6 address in brackets). The host
+/// port is required: docker's random host port (`-p CTR`, `-p IP::CTR`) is refused.
+pub fn parse_publish(s: &str) -> Result<PortMapping, String> {
+    let (spec, protocol) = match s.rsplit_once('/') {
+        Some((spec, "tcp")) => (spec, Protocol::Tcp),
+        Some((spec, "udp")) => (spec, Protocol::Udp),
+        Some((_, other)) => return Err(format!("{s:?}: unknown protocol {other:?} (tcp or udp)")),
+        None => (s, Protocol::Tcp),
+    };
+    let (host_ip, ports) = match spec.strip_prefix('[') {
+        Some(rest) => {
+            let (ip, ports) = rest
+                .split_once("]:")
+                .ok_or_else(|| format!("{s:?}: expected [IPv6]:HOST:CTR"))?;
+            (ip.to_owned(), ports)
+        }
+        None => match spec.matches(':').count() {
+            1 => (String::new(), spec),
+            2 => {
+                let (ip, ports) = spec.split_once(':').unwrap_or_default();
+                (ip.to_owned(), ports)
+            }
+            _ => return Err(format!("{s:?}: expected [IP:]HOST:CTR[/tcp|udp]")),
+        },
+    };
+    if !host_ip.is_empty() && host_ip.parse::<std::net::IpAddr>().is_err() {
+        return Err(format!("{s:?}: {host_ip:?} is not an IP address"));
+    }
+    let (host, ctr) = ports
+        .split_once(':')
+        .ok_or_else(|| format!("{s:?}: a host port is required (HOST:CTR)"))?;
+    let port = |p: &str, what: &str| {
+        p.parse::<u16>()
+            .ok()
+            .filter(|n| *n > 0)
+            .ok_or_else(|| format!("{s:?}: {what} port {p:?} is not a port number (1-65535)"))
+    };
+    Ok(PortMapping {
+        protocol,
+        host_port: port(host, "host")?,
+        container_port: port(ctr, "container")?,
+        host_ip,
+    })
+}
 
 /// `--memory` and friends: bytes, or a number with a k, m or g suffix (binary units).
 pub fn parse_bytes(s: &str) -> Result<i64, String> {
@@ -220,5 +265,41 @@ mod tests {
         assert_eq!(parse_env("UNSET", host), Ok(None));
         assert_eq!(parse_env("E=", host), Ok(Some(("E".into(), String::new()))));
         assert!(parse_env("=x", host).is_err());
+    }
+
+    #[test]
+    fn publish_takes_dockers_forms_and_refuses_a_missing_host_port() {
+        let p = parse_publish("8080:80").unwrap();
+        assert_eq!(
+            (
+                p.host_ip.as_str(),
+                p.host_port,
+                p.container_port,
+                p.protocol
+            ),
+            ("", 8080, 80, Protocol::Tcp)
+        );
+        let p = parse_publish("127.0.0.1:5353:53/udp").unwrap();
+        assert_eq!(
+            (
+                p.host_ip.as_str(),
+                p.host_port,
+                p.container_port,
+                p.protocol
+            ),
+            ("127.0.0.1", 5353, 53, Protocol::Udp)
+        );
+        let p = parse_publish("[::1]:8443:443/tcp").unwrap();
+        assert_eq!((p.host_ip.as_str(), p.host_port), ("::1", 8443));
+        for bad in [
+            "80",
+            "1.2.3.4::80",
+            "x:80:80",
+            "8080:0",
+            "8080:80/sctp",
+            "70000:80",
+        ] {
+            assert!(parse_publish(bad).is_err(), "{bad} accepted");
+        }
     }
 }
