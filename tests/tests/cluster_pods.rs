@@ -738,6 +738,14 @@ fn last_output_line(env: &Env, pod: &str) -> String {
     text.lines().last().unwrap_or_default().to_owned()
 }
 
+/// Waits until the last line `pod`'s container printed ends with `want`.
+async fn wait_output(env: &Env, pod: &str, want: &str, timeout: Duration) -> Result<()> {
+    eventually(&format!("the container prints {want}"), timeout, || async {
+        Ok(last_output_line(env, pod).ends_with(want).then_some(()))
+    })
+    .await
+}
+
 /// Issue 17: a ConfigMap and a Secret mounted as volumes; both are updated; the container
 /// (printing both every 0.2 s) sees the new values within 10 s; deleting the pod stops the
 /// Secret's and the ConfigMap's watches.
@@ -784,14 +792,7 @@ fn live_volume_updates(env: &Env) -> Result<()> {
         create(&pods, &pod).await?;
         let result = async {
             wait_phase(&pods, POD, "Running").await?;
-            eventually(
-                "the container prints one/one",
-                Duration::from_secs(20),
-                || async {
-                    Ok((last_output_line(env, POD).ends_with("cm=one secret=one")).then_some(()))
-                },
-            )
-            .await?;
+            wait_output(env, POD, "cm=one secret=one", Duration::from_secs(20)).await?;
             anyhow::ensure!(
                 secret_watches(env)? >= before + 1.0,
                 "no Secret watch while the pod runs"
@@ -811,14 +812,7 @@ fn live_volume_updates(env: &Env) -> Result<()> {
                     &Patch::Merge(json!({ "stringData": { "v": "two" } })),
                 )
                 .await?;
-            eventually(
-                "the container prints two/two",
-                Duration::from_secs(10),
-                || async {
-                    Ok((last_output_line(env, POD).ends_with("cm=two secret=two")).then_some(()))
-                },
-            )
-            .await?;
+            wait_output(env, POD, "cm=two secret=two", Duration::from_secs(10)).await?;
             eprintln!(
                 "ConfigMap/Secret updated -> seen in the container: {:?}",
                 updated.elapsed()
