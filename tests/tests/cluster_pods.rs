@@ -7,7 +7,11 @@
 //! once it exists; pods keep running through a 60 s apiserver outage (SIGSTOP) and status
 //! converges within 10 s after it; a pod filling its emptyDir beyond `sizeLimit` is evicted;
 //! a non-root container writes its termination message at a custom path; a running pod whose
-//! `activeDeadlineSeconds` is shortened ends `DeadlineExceeded`.
+//! `activeDeadlineSeconds` is shortened ends `DeadlineExceeded`. ConfigMaps and Secrets are
+//! watched (issue 17): a pod waiting for a missing ConfigMap runs within 4 s of its creation
+//! (the failed-sync back-off alone is 10 s); an update of a mounted ConfigMap and Secret is
+//! seen in the container within 10 s (kubelet's bound is its 60 s sync period); deleting the
+//! pod stops both watches.
 //!
 //! One control plane and one agent (node `e2e-cluster-<pid>`) serve every test of this
 //! binary; the tests use distinct pod names. Needs root (containers, cgroups, CNI).
@@ -19,7 +23,7 @@ use anyhow::{Context, Result};
 use ironlet_e2e::{
     block_on, create_pod as create, eventually, is_selected, ClusterAgent, ControlPlane,
 };
-use k8s_openapi::api::core::v1::{ConfigMap, Event, Node, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Node, Pod, Secret};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::Client;
 use libtest_mimic::{Arguments, Failed, Trial};
@@ -55,6 +59,14 @@ const TESTS: &[(&str, TestFn)] = &[
     (
         "a_pod_waiting_for_a_missing_config_map_gets_an_event_and_starts_once_it_exists",
         missing_config_map,
+    ),
+    (
+        "a_pod_waiting_for_a_missing_config_map_runs_within_4_s_of_its_creation_through_a_watch",
+        config_map_watch_starts_waiting_pod,
+    ),
+    (
+        "mounted_config_map_and_secret_updates_reach_the_container_and_deleting_the_pod_stops_the_watches",
+        live_volume_updates,
     ),
     (
         "a_pod_scheduled_by_the_kube_scheduler_runs_on_the_node",
@@ -616,6 +628,211 @@ fn missing_config_map(env: &Env) -> Result<()> {
         pods.delete("needs-config", &DeleteParams::default().grace_period(1))
             .await?;
         wait_gone(&pods, "needs-config", Duration::from_secs(30)).await
+    })
+}
+
+/// Issue 17: the pod fails its first sync (Warning event) and would retry only after the
+/// 10 s error back-off; the ConfigMap's watch resyncs it as soon as the ConfigMap exists.
+fn config_map_watch_starts_waiting_pod(env: &Env) -> Result<()> {
+    const POD: &str = "waits-for-late-map";
+    block_on(async {
+        let client = admin(env).await?;
+        let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+        let events: Api<Event> = Api::namespaced(client.clone(), "default");
+        let maps: Api<ConfigMap> = Api::namespaced(client, "default");
+        let mut pod = busybox_pod(POD, &env.agent.node_name, &["sleep", "3607"], "Always")?;
+        if let Some(c) = pod.spec.as_mut().and_then(|s| s.containers.first_mut()) {
+            c.env = Some(vec![serde_json::from_value(json!({
+                "name": "LATE", "valueFrom": { "configMapKeyRef": { "name": "late-map", "key": "k" } },
+            }))?]);
+        }
+        create(&pods, &pod).await?;
+        event_about(&events, POD, "the pod's failed-sync warning", |e| {
+            e.type_.as_deref() == Some("Warning")
+        })
+        .await?;
+        anyhow::ensure!(
+            env.agent
+                .plain_log()
+                .contains("watching ConfigMap default/late-map"),
+            "the agent did not start a watch of default/late-map"
+        );
+        let map: ConfigMap = serde_json::from_value(json!({
+            "metadata": { "name": "late-map", "namespace": "default" },
+            "data": { "k": "v" },
+        }))?;
+        let created = std::time::Instant::now();
+        maps.create(&PostParams::default(), &map).await?;
+        let running = wait_phase(&pods, POD, "Running").await;
+        let latency = created.elapsed();
+        eprintln!("ConfigMap created -> pod Running: {latency:?}");
+        pods.delete(POD, &DeleteParams::default().grace_period(1))
+            .await?;
+        wait_gone(&pods, POD, Duration::from_secs(30)).await?;
+        maps.delete("late-map", &DeleteParams::default()).await?;
+        running?;
+        anyhow::ensure!(
+            latency < Duration::from_secs(4),
+            "the pod ran {latency:?} after its ConfigMap was created"
+        );
+        eventually(
+            "the watch of default/late-map stopped",
+            Duration::from_secs(10),
+            || async {
+                Ok(env
+                    .agent
+                    .plain_log()
+                    .contains("stopped watching ConfigMap default/late-map")
+                    .then_some(()))
+            },
+        )
+        .await
+    })
+}
+
+/// `GET /metrics` on the agent's local socket.
+fn agent_metrics(env: &Env) -> Result<String> {
+    use std::io::{Read, Write};
+    let socket = env.agent.root.join("ironlet.sock");
+    let mut stream = std::os::unix::net::UnixStream::connect(&socket)
+        .with_context(|| format!("connecting to {}", socket.display()))?;
+    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")?;
+    let mut out = String::new();
+    stream.read_to_string(&mut out)?;
+    Ok(out)
+}
+
+/// The value of `ironlet_object_watches{kind="secret"}` (no other test references Secrets).
+fn secret_watches(env: &Env) -> Result<f64> {
+    let metrics = agent_metrics(env)?;
+    let value = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("ironlet_object_watches{kind=\"secret\"} "))
+        .unwrap_or("0");
+    Ok(value.trim().parse()?)
+}
+
+/// The last line the pod's container printed (from its log file on the node).
+fn last_output_line(env: &Env, pod: &str) -> String {
+    let prefix = format!("default_{pod}_");
+    let Ok(dirs) = std::fs::read_dir(env.agent.root.join("logs")) else {
+        return String::new();
+    };
+    let mut text = String::new();
+    for dir in dirs.flatten() {
+        if dir.file_name().to_string_lossy().starts_with(&prefix) {
+            let main = dir.path().join("main");
+            for file in std::fs::read_dir(main).into_iter().flatten().flatten() {
+                text = std::fs::read_to_string(file.path()).unwrap_or_default();
+            }
+        }
+    }
+    text.lines().last().unwrap_or_default().to_owned()
+}
+
+/// Waits until the last line `pod`'s container printed ends with `want`.
+async fn wait_output(env: &Env, pod: &str, want: &str, timeout: Duration) -> Result<()> {
+    eventually(&format!("the container prints {want}"), timeout, || async {
+        Ok(last_output_line(env, pod).ends_with(want).then_some(()))
+    })
+    .await
+}
+
+/// Issue 17: a ConfigMap and a Secret mounted as volumes; both are updated; the container
+/// (printing both every 0.2 s) sees the new values within 10 s; deleting the pod stops the
+/// Secret's and the ConfigMap's watches.
+fn live_volume_updates(env: &Env) -> Result<()> {
+    const POD: &str = "live-volumes";
+    block_on(async {
+        let client = admin(env).await?;
+        let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+        let maps: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+        let secrets: Api<Secret> = Api::namespaced(client, "default");
+        let map: ConfigMap = serde_json::from_value(json!({
+            "metadata": { "name": "live-map", "namespace": "default" },
+            "data": { "v": "one" },
+        }))?;
+        let secret: Secret = serde_json::from_value(json!({
+            "metadata": { "name": "live-secret", "namespace": "default" },
+            "stringData": { "v": "one" },
+        }))?;
+        maps.create(&PostParams::default(), &map).await?;
+        secrets.create(&PostParams::default(), &secret).await?;
+        let before = secret_watches(env)?;
+        let mut pod = busybox_pod(
+            POD,
+            &env.agent.node_name,
+            &[
+                "sh",
+                "-c",
+                "while true; do echo \"cm=$(cat /cm/v) secret=$(cat /secret/v)\"; sleep 0.2; done",
+            ],
+            "Always",
+        )?;
+        if let Some(spec) = pod.spec.as_mut() {
+            spec.volumes = Some(serde_json::from_value(json!([
+                { "name": "cm", "configMap": { "name": "live-map" } },
+                { "name": "secret", "secret": { "secretName": "live-secret" } },
+            ]))?);
+            if let Some(c) = spec.containers.first_mut() {
+                c.volume_mounts = Some(serde_json::from_value(json!([
+                    { "name": "cm", "mountPath": "/cm" },
+                    { "name": "secret", "mountPath": "/secret" },
+                ]))?);
+            }
+        }
+        create(&pods, &pod).await?;
+        let result = async {
+            wait_phase(&pods, POD, "Running").await?;
+            wait_output(env, POD, "cm=one secret=one", Duration::from_secs(20)).await?;
+            anyhow::ensure!(
+                secret_watches(env)? >= before + 1.0,
+                "no Secret watch while the pod runs"
+            );
+            let patch = PatchParams::default();
+            let updated = std::time::Instant::now();
+            maps.patch(
+                "live-map",
+                &patch,
+                &Patch::Merge(json!({ "data": { "v": "two" } })),
+            )
+            .await?;
+            secrets
+                .patch(
+                    "live-secret",
+                    &patch,
+                    &Patch::Merge(json!({ "stringData": { "v": "two" } })),
+                )
+                .await?;
+            wait_output(env, POD, "cm=two secret=two", Duration::from_secs(10)).await?;
+            eprintln!(
+                "ConfigMap/Secret updated -> seen in the container: {:?}",
+                updated.elapsed()
+            );
+            Ok(())
+        }
+        .await;
+        pods.delete(POD, &DeleteParams::default().grace_period(1))
+            .await?;
+        wait_gone(&pods, POD, Duration::from_secs(30)).await?;
+        maps.delete("live-map", &DeleteParams::default()).await?;
+        secrets
+            .delete("live-secret", &DeleteParams::default())
+            .await?;
+        result?;
+        eventually(
+            "the Secret watch stopped",
+            Duration::from_secs(10),
+            || async { Ok((secret_watches(env)? <= before).then_some(())) },
+        )
+        .await?;
+        anyhow::ensure!(
+            env.agent
+                .plain_log()
+                .contains("stopped watching ConfigMap default/live-map"),
+            "the ConfigMap watch did not stop"
+        );
+        Ok(())
     })
 }
 

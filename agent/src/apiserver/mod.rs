@@ -7,18 +7,21 @@
 //!  StatusStore ──subscribe──► StatusManager ──► PATCH pods/<p>/status (mirror pod for static)
 //!  housekeeping ──ApiCommand──► StatusManager ──► create/delete mirror pods, final DELETE
 //!  EventRecorder ──► ApiRecorder ──► POST events (rate-limited)
+//!  pod added/removed ──► ObjectWatches (watch per ConfigMap/Secret) ──changed──► resync pods
 //! ```
 //!
 //! Where to start: [`Kubelet::start_with_api`](crate::kubelet::Kubelet::start_with_api), which
 //! wires these together from one node client; [`StatusManager`] for what is written back.
 
 mod events;
+mod object_watch;
 mod objects;
 mod pod_source;
 mod services;
 mod status_manager;
 
 pub use events::{pod_event, ApiRecorder};
+pub use object_watch::{referenced_objects, ObjectKind, ObjectWatches, Watched};
 pub use objects::{ApiObjectSource, LayeredObjects, CACHE_TTL};
 pub use pod_source::run_pod_source;
 pub use services::ApiServices;

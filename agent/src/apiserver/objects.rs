@@ -1,11 +1,13 @@
-//! [`ApiObjectSource`]: ConfigMaps and Secrets read from the API with a short-lived cache,
+//! [`ApiObjectSource`]: ConfigMaps and Secrets read from their watches
+//! ([`ObjectWatches`], kubelet's watch-based manager) or, when not watched (yet), from the API
+//! with a short-lived cache,
 //! service-account tokens requested through TokenRequest (bound to the pod, reused until 80 %
 //! of their lifetime as kubelet's token manager does, at most 24 h), and [`LayeredObjects`],
 //! which consults the static pods' files first and the API second.
 //!
-//! Guarantees: a cached answer (including "not found") is at most [`CACHE_TTL`] old, so a
-//! ConfigMap created for a waiting pod is seen on its next sync after that; a failed read is
-//! an error (never "not found"). Secrets come back with `stringData` merged into `data`.
+//! Guarantees: a watched object is answered from its watch (as fresh as the watch); an
+//! unwatched one from a read at most [`CACHE_TTL`] old (including "not found"); a failed read
+//! is an error (never "not found"). Secrets come back with `stringData` merged into `data`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -16,6 +18,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::ByteString;
 use kube::{Api, Client};
 
+use super::object_watch::{ObjectKind, ObjectWatches, Watched};
 use crate::objects::{ObjectError, ObjectSource, TokenRequestFor};
 
 /// How long a read is reused.
@@ -35,15 +38,18 @@ fn token_reuse_period(expiration_seconds: i64) -> Duration {
 /// Reads objects from the API.
 pub struct ApiObjectSource {
     client: Client,
+    watches: Option<Arc<ObjectWatches>>,
     config_maps: Cache<ConfigMap>,
     secrets: Cache<Secret>,
     tokens: TokenCache,
 }
 
 impl ApiObjectSource {
-    pub fn new(client: Client) -> Self {
+    /// Reads through `client`, answering from `watches` what they watch.
+    pub fn new(client: Client, watches: Option<Arc<ObjectWatches>>) -> Self {
         Self {
             client,
+            watches,
             config_maps: Mutex::new(HashMap::new()),
             secrets: Mutex::new(HashMap::new()),
             tokens: Mutex::new(HashMap::new()),
@@ -97,11 +103,19 @@ impl ObjectSource for ApiObjectSource {
         namespace: &str,
         name: &str,
     ) -> Result<Option<ConfigMap>, ObjectError> {
-        read(&self.client, &self.config_maps, namespace, name).await
+        match self.watched(ObjectKind::ConfigMap, namespace, name) {
+            Some(Some(Watched::ConfigMap(map))) => Ok(Some(map)),
+            Some(_) => Ok(None),
+            None => read(&self.client, &self.config_maps, namespace, name).await,
+        }
     }
 
     async fn secret(&self, namespace: &str, name: &str) -> Result<Option<Secret>, ObjectError> {
-        let secret = read(&self.client, &self.secrets, namespace, name).await?;
+        let secret = match self.watched(ObjectKind::Secret, namespace, name) {
+            Some(Some(Watched::Secret(secret))) => Some(secret),
+            Some(_) => None,
+            None => read(&self.client, &self.secrets, namespace, name).await?,
+        };
         Ok(secret.map(merge_string_data))
     }
 
@@ -167,6 +181,13 @@ impl ObjectSource for ApiObjectSource {
         tokens.retain(|_, (at, _)| Instant::now() < *at);
         tokens.insert(key, (until, token.clone()));
         Ok(Some(token))
+    }
+}
+
+impl ApiObjectSource {
+    fn watched(&self, kind: ObjectKind, namespace: &str, name: &str) -> Option<Option<Watched>> {
+        let key = (kind, namespace.to_owned(), name.to_owned());
+        self.watches.as_ref().and_then(|w| w.get(&key))
     }
 }
 

@@ -103,6 +103,10 @@ pub struct Kubelet {
     rejected: HashMap<String, Arc<Pod>>,
     /// Requests to the API status manager; `None` without an API server.
     api_commands: Option<mpsc::UnboundedSender<crate::apiserver::ApiCommand>>,
+    /// Watches of the ConfigMaps and Secrets API pods reference; `None` without an API server.
+    object_watches: Option<Arc<crate::apiserver::ObjectWatches>>,
+    /// UIDs of pods whose watched ConfigMaps/Secrets changed (to resync now).
+    object_changes: mpsc::UnboundedReceiver<Vec<String>>,
     /// Image garbage collection and the node's image list; node-level disk reclaim of the
     /// eviction manager removes unused images through it.
     image_gc: Arc<image_gc::ImageGc>,
@@ -173,6 +177,15 @@ impl Kubelet {
             cgroups.as_ref().map(|c| c.hierarchy().clone()),
         );
 
+        let metrics = Arc::new(Metrics::new());
+        let (object_changes_tx, object_changes) = mpsc::unbounded_channel();
+        let object_watches = api.as_ref().map(|client| {
+            Arc::new(crate::apiserver::ObjectWatches::new(
+                client.clone(),
+                object_changes_tx,
+                metrics.clone(),
+            ))
+        });
         let mut objects: Arc<dyn crate::objects::ObjectSource> = match &config.manifest_path {
             Some(dir) => Arc::new(crate::objects::FileObjectSource::new(dir.clone())),
             None => Arc::new(crate::objects::NoObjects),
@@ -180,12 +193,14 @@ impl Kubelet {
         if let Some(client) = &api {
             objects = Arc::new(crate::apiserver::LayeredObjects(vec![
                 objects,
-                Arc::new(crate::apiserver::ApiObjectSource::new(client.clone())),
+                Arc::new(crate::apiserver::ApiObjectSource::new(
+                    client.clone(),
+                    object_watches.clone(),
+                )),
             ]));
         }
         let (probes, probe_updates) = crate::probes::ProbeManager::new(runtime.clone());
         let statuses = Arc::new(StatusStore::load(&config.pods_dir()));
-        let metrics = Arc::new(Metrics::new());
         let events: Arc<dyn EventRecorder> = match &api {
             Some(client) => Arc::new(crate::apiserver::ApiRecorder::start(
                 client.clone(),
@@ -303,6 +318,8 @@ impl Kubelet {
             probe_updates,
             rejected: HashMap::new(),
             api_commands,
+            object_watches,
+            object_changes,
             image_gc,
             pressure: tokio::sync::watch::channel(crate::node::Pressure::default()).0,
             reclaim_requests,
@@ -424,6 +441,11 @@ impl Kubelet {
                 },
                 Some(event) = self.pleg_events.recv() => self.handle_pleg_event(event),
                 Some(update) = self.probe_updates.recv() => self.on_probe_update(&update),
+                Some(uids) = self.object_changes.recv() => {
+                    for uid in uids {
+                        self.sync_uid(&uid);
+                    }
+                }
                 _ = housekeeping.tick() => {
                     if self.pod_config.all_sources_ready() {
                         // A source is marked ready once its first set is *queued*: take the
@@ -473,6 +495,7 @@ impl Kubelet {
                         self.lock_manager().add_pod(pod);
                         continue;
                     }
+                    self.watch_objects_of(&pod);
                     self.handle_add(Arc::new(pod));
                 }
             }
@@ -482,6 +505,7 @@ impl Kubelet {
                         self.lock_manager().update_pod(pod);
                         continue;
                     }
+                    self.watch_objects_of(&pod);
                     let pod = Arc::new(pod);
                     if self.rejected.contains_key(pod_uid(&pod)) {
                         continue;
@@ -495,6 +519,9 @@ impl Kubelet {
                 for pod in update.pods {
                     let uid = pod_uid(&pod).to_owned();
                     self.lock_manager().remove_pod(&pod);
+                    if let Some(watches) = &self.object_watches {
+                        watches.unregister_pod(&uid);
+                    }
                     if is_mirror_pod(&pod) {
                         continue;
                     }
@@ -524,6 +551,15 @@ impl Kubelet {
                         .update_pod(UpdatePodOptions::new(UpdateType::Update, Arc::new(pod)));
                 }
             }
+        }
+    }
+
+    /// kubelet's secret/configMap manager `RegisterPod` (from the pod manager): an API
+    /// pod's ConfigMaps and Secrets are watched while it exists.
+    fn watch_objects_of(&self, pod: &Pod) {
+        let from_api = crate::config::pod_source(pod) == Some(crate::config::ConfigSource::Api);
+        if let (Some(watches), true) = (&self.object_watches, from_api) {
+            watches.register_pod(pod);
         }
     }
 

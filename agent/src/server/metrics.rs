@@ -58,6 +58,9 @@ pub struct Metrics {
     /// `kubelet_evictions{eviction_signal}`: pods evicted, by signal (`memory.available`,
     /// …, `emptydirfs.limit`).
     pub evictions: Family<Counter, 1>,
+    /// `ironlet_object_watches{kind}`: running watches of ConfigMaps (`configmap`) and
+    /// Secrets (`secret`) referenced by pods (kubelet has no such metric).
+    pub object_watches: Family<Gauge, 1>,
 }
 
 impl Default for Metrics {
@@ -151,12 +154,18 @@ impl Metrics {
                 ["eviction_signal"],
                 (),
             ),
+            object_watches: Family::new(
+                "ironlet_object_watches",
+                "Number of running watches of ConfigMaps and Secrets referenced by pods, by kind",
+                ["kind"],
+                (),
+            ),
         }
     }
 
     /// The Prometheus text exposition of every metric, process metrics last.
     pub fn render(&self) -> String {
-        let collectors: [&dyn Collect; 15] = [
+        let collectors: [&dyn Collect; 16] = [
             &self.running_pods,
             &self.running_containers,
             &self.desired_pods,
@@ -172,6 +181,7 @@ impl Metrics {
             &self.started_containers_errors_total,
             &self.restarted_pods_total,
             &self.evictions,
+            &self.object_watches,
         ];
         let mut out = String::with_capacity(8 * 1024);
         for c in collectors {
