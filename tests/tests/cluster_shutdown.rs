@@ -23,9 +23,11 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use ironlet_e2e::{block_on, eventually, run_suite, ClusterAgent, ControlPlane, SuiteTest};
+use ironlet_e2e::{
+    block_on, create_pod, eventually, run_suite, ClusterAgent, ControlPlane, SuiteTest,
+};
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, DeleteParams};
 use serde_json::json;
 
 const TEST: &str =
@@ -206,8 +208,8 @@ fn graceful_shutdown((): &()) -> Result<()> {
                 )],
             }),
         )?;
-        default.create(&PostParams::default(), &regular).await?;
-        system.create(&PostParams::default(), &critical).await?;
+        create_pod(&default, &regular).await?;
+        create_pod(&system, &critical).await?;
         for (api, name) in [(&default, "regular"), (&system, "critical")] {
             eventually(
                 &format!("{name} running"),
@@ -313,7 +315,7 @@ fn graceful_shutdown((): &()) -> Result<()> {
             &dir,
             json!({"containers": [container("c", "sleep 3600", None)]}),
         )?;
-        default.create(&PostParams::default(), &late).await?;
+        create_pod(&default, &late).await?;
         let rejected = eventually(
             "the late pod is rejected",
             Duration::from_secs(30),
