@@ -67,7 +67,7 @@ pub fn run_suite<E: Send + Sync + 'static>(
 }
 
 /// Runs `f` on a fresh current-thread tokio runtime.
-pub fn block_on<F: std::future::Future<Output = Result<()>>>(f: F) -> Result<()> {
+pub fn block_on<T, F: std::future::Future<Output = Result<T>>>(f: F) -> Result<T> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?

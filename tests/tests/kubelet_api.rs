@@ -38,7 +38,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use ironlet_e2e::{eventually, routable_host_ip, run_suite, ClusterAgent, ControlPlane, SuiteTest};
+use ironlet_e2e::{
+    block_on, eventually, routable_host_ip, run_suite, ClusterAgent, ControlPlane, SuiteTest,
+};
 use ironlet_runtime::testkit::processes_with_cmdline;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, PostParams};
@@ -195,14 +197,6 @@ fn start() -> Result<Env> {
             Err(err)
         }
     }
-}
-
-fn block_on<T, F: std::future::Future<Output = Result<T>>>(f: F) -> Result<T> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("building the tokio runtime")?
-        .block_on(f)
 }
 
 /// A busybox pod on the test node running `script` with `sh -c`.

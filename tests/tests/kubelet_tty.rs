@@ -19,7 +19,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use ironlet_e2e::{eventually, routable_host_ip, run_suite, ClusterAgent, ControlPlane, SuiteTest};
+use ironlet_e2e::{
+    block_on, eventually, routable_host_ip, run_suite, ClusterAgent, ControlPlane, SuiteTest,
+};
 use ironlet_runtime::testkit::pty::PtyChild;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, PostParams};
@@ -63,14 +65,6 @@ fn start() -> Result<Env> {
     let slot = 100 + (std::process::id() + 77) % 150;
     let agent = ClusterAgent::start_on(&kubeconfig, &node, slot, &[], node_ip)?;
     Ok(Env { plane, agent })
-}
-
-fn block_on<T, F: std::future::Future<Output = Result<T>>>(f: F) -> Result<T> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("building the tokio runtime")?
-        .block_on(f)
 }
 
 /// A busybox pod on the test node running `command`, with `stdin`/`tty` as given.
