@@ -1309,6 +1309,13 @@ fn ctr_run_it_and_ctr_exec_it_drive_a_shell_on_a_terminal() {
     shell
         .expect("tty-2\r\n", wait)
         .expect("the exec runs on a terminal");
+    // The exec's terminal is one of the container's own ptys, with a name inside it.
+    shell
+        .send("[ -c \"$(tty)\" ] && echo named-$((3+4)) $(tty)\r")
+        .expect("typing");
+    shell
+        .expect("named-7 /dev/pts/", wait)
+        .expect("the exec's terminal exists in the container's /dev/pts");
     shell_reports_size(&mut shell, "25 90");
     shell.send("exit 4\r").expect("typing");
     let status = shell.wait(wait).expect("wait").expect("ctr exec ends");

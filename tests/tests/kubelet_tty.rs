@@ -148,6 +148,9 @@ fn exec_it(env: &Env) -> Result<()> {
             );
             kubectl.send("echo hello-$((6*7))\r")?;
             kubectl.expect("hello-42\r\n", ANSWER)?;
+            // The terminal is one of the container's own ptys, as runc gives.
+            kubectl.send("[ -c \"$(tty)\" ] && echo named-$((3+4)) $(tty)\r")?;
+            kubectl.expect("named-7 /dev/pts/", ANSWER)?;
             // The size kubectl started with, then a resize (kubectl's SIGWINCH handler).
             kubectl.send("stty size; echo size-$((1+1))\r")?;
             let before = kubectl.expect("size-2\r\n", ANSWER)?;

@@ -70,7 +70,29 @@ impl Server {
             _ => None,
         };
         let (mut pipes, stdio, input, relay_pipe) = if wants_stdio {
-            stdio_for(&request)?
+            // An exec's terminal comes from the container's devpts, reached through its
+            // init process.
+            let container_pid = match &request {
+                Request::Exec {
+                    id,
+                    tty: true,
+                    state_root,
+                    ..
+                } => self
+                    .watched
+                    .iter()
+                    .find(|w| w.id == *id && w.exec_id.is_none() && w.pid != 0)
+                    .map(|w| w.pid)
+                    // A container another zygote created (`ctr exec`): its saved state.
+                    .or_else(|| {
+                        worker::load(state_root, id)
+                            .ok()
+                            .and_then(|c| c.pid())
+                            .map(|p| p.as_raw())
+                    }),
+                _ => None,
+            };
+            stdio_for(&request, container_pid)?
         } else {
             (Vec::new(), None, None, None)
         };
@@ -352,7 +374,7 @@ type StdioPlan = (
     Option<OwnedFd>,
 );
 
-fn stdio_for(request: &Request) -> Result<StdioPlan, String> {
+fn stdio_for(request: &Request, container_pid: Option<i32>) -> Result<StdioPlan, String> {
     let (stdin, tty, exec) = match request {
         Request::Create { stdin, tty, .. } => (*stdin, *tty, false),
         Request::Exec { stdin, tty, .. } => (*stdin, *tty, true),
@@ -361,7 +383,10 @@ fn stdio_for(request: &Request) -> Result<StdioPlan, String> {
     let pipe = || sys::pipe().map_err(|e| format!("pipe: {e}"));
     let dup = |fd: &OwnedFd| fd.try_clone().map_err(|e| format!("dup: {e}"));
     if tty {
-        let (master, slave) = super::tty::open_pair()?;
+        let (master, slave) = match container_pid {
+            Some(pid) => super::tty::open_pair_in_container(pid)?,
+            None => super::tty::open_pair()?,
+        };
         let stdio = Stdio {
             stdin: Some(dup(&slave)?),
             stdout: dup(&slave)?,

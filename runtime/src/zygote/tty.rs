@@ -42,6 +42,64 @@ pub(crate) fn open_pair() -> Result<(OwnedFd, OwnedFd), String> {
     Ok((pty.master, pty.slave))
 }
 
+/// For an exec with a tty into the container whose init is `container_pid`: a pair from the
+/// container's own devpts instance, so the process's terminal is a `/dev/pts/N` that exists
+/// inside the container (`tty`, `ps`, `script` name it), as runc's console socket gives.
+/// Falls back to a host pair when the container's `/dev/pts` is not a devpts (or is gone).
+pub(crate) fn open_pair_in_container(container_pid: i32) -> Result<(OwnedFd, OwnedFd), String> {
+    match open_container_pair(container_pid) {
+        Ok(pair) => Ok(pair),
+        Err(err) => {
+            tracing::debug!(container_pid, %err, "exec terminal from the host's devpts");
+            open_pair()
+        }
+    }
+}
+
+fn open_container_pair(container_pid: i32) -> std::io::Result<(OwnedFd, OwnedFd)> {
+    use nix::fcntl::{OFlag, OpenHow, ResolveFlag};
+    use std::os::fd::FromRawFd;
+    let root = nix::fcntl::open(
+        format!("/proc/{container_pid}/root").as_str(),
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )?;
+    // SAFETY: `open` returned a fresh descriptor that nothing else owns.
+    let root = unsafe { OwnedFd::from_raw_fd(root) };
+    // Resolved as if the container's root were `/`: a symlinked /dev/pts cannot reach a host
+    // path.
+    let how = OpenHow::new()
+        .flags(OFlag::O_RDWR | OFlag::O_NOCTTY | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)
+        .resolve(ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+    let master = nix::fcntl::openat2(root.as_raw_fd(), "dev/pts/ptmx", how)?;
+    // SAFETY: `openat2` returned a fresh descriptor that nothing else owns.
+    let master = unsafe { OwnedFd::from_raw_fd(master) };
+    // Only the multiplexer of a devpts instance hands out ptys; anything else the container
+    // put there is refused.
+    let fs = nix::sys::statfs::fstatfs(&master)?;
+    if fs.filesystem_type() != nix::sys::statfs::DEVPTS_SUPER_MAGIC {
+        return Err(std::io::Error::other("/dev/pts/ptmx is not on a devpts"));
+    }
+    let unlock: libc::c_int = 0;
+    // SAFETY: TIOCSPTLCK reads an int from a valid pointer; TIOCGPTPEER takes open flags and
+    // returns a new descriptor for the pair's slave (Linux ≥ 4.13), without a path lookup.
+    let slave = unsafe {
+        if libc::ioctl(master.as_raw_fd(), libc::TIOCSPTLCK, &unlock) < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let fd = libc::ioctl(
+            master.as_raw_fd(),
+            libc::TIOCGPTPEER,
+            libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC,
+        );
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        OwnedFd::from_raw_fd(fd)
+    };
+    Ok((master, slave))
+}
+
 /// In the container process, just before `execve`: makes the terminal on stdin the
 /// controlling terminal of the process's session (it is the session leader: libcontainer
 /// called `setsid`). Does nothing when stdin is not a terminal.

@@ -295,7 +295,7 @@ pub(crate) fn start_in_zygote(id: &str, state_root: &Path) -> Result<(), String>
     result
 }
 
-fn load(state_root: &Path, id: &str) -> Result<Container, String> {
+pub(super) fn load(state_root: &Path, id: &str) -> Result<Container, String> {
     Container::load(state_root.join(id)).map_err(|e| format!("load state of {id}: {e}"))
 }
 
