@@ -5,7 +5,9 @@
 //! plugin (a shell script) through `--image-credential-provider-config`/`-bin-dir`, and
 //! a bad plugin config refused by `images pull` and `run` before anything starts. A pull
 //! `kill -9`ed in the middle of a large layer (a throttling relay in front of the registry)
-//! registers nothing, and the next pull removes its staging and gets the same digests.
+//! registers nothing, and the next pull removes its staging and gets the same digests. A
+//! pull into a data root on a small, full tmpfs fails with "no space left on device",
+//! leaves nothing, and succeeds once space is freed.
 
 use std::process::{Command, Output};
 
@@ -368,4 +370,72 @@ fn a_pull_killed_in_the_middle_of_a_layer_registers_nothing_and_the_next_one_cle
     }
     let ls = ironlet(&root, &["images", "ls", "-q"]);
     assert_eq!(text(&ls.stdout).trim(), big.config);
+}
+
+#[test]
+fn a_pull_into_a_full_data_root_fails_with_no_space_left_and_succeeds_once_space_is_freed() {
+    use ironlet_runtime::testkit::smallfs::SmallFs;
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipping: needs root to mount a small tmpfs");
+        return;
+    }
+    let reg = TestRegistry::start(RegistryOptions::default()).expect("start docker-registry");
+    let work = tempfile::tempdir().unwrap();
+    let big =
+        ironlet_runtime::testkit::registry::make_large_layout(&work.path().join("big"), 6 << 20, 5)
+            .unwrap();
+    reg.push(&work.path().join("big"), "big:1", &["--preserve-digests"])
+        .unwrap();
+    let config = work.path().join("registries.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "configs:\n  \"{}\":\n    tls:\n      ca_file: {}\n",
+            reg.host(),
+            reg.ca_file().display()
+        ),
+    )
+    .unwrap();
+    let fs = SmallFs::mount(20 << 20).unwrap();
+    let root = fs.path().join("root");
+    let reference = format!("{}/big:1", reg.host());
+    let config = config.to_string_lossy().into_owned();
+    let pull = || {
+        ironlet(
+            &root,
+            &["images", "pull", "--registry-config", &config, &reference],
+        )
+    };
+    // The blob and the unpacked layer need 12 MiB.
+    fs.fill_leaving(8 << 20).unwrap();
+    let out = pull();
+    assert!(!out.status.success(), "{}", text(&out.stdout));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains(&format!("pulling {reference}"))
+            && stderr.contains("no space left on device"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let ls = ironlet(&root, &["images", "ls", "-q"]);
+    assert_eq!(text(&ls.stdout), "", "no image after the failed pull");
+    assert_eq!(dir_sizes(&root.join("images/ingest")), []);
+    assert_eq!(dir_sizes(&root.join("images/snapshots")), []);
+    assert_eq!(
+        dir_sizes(&root.join("images/blobs/sha256")),
+        [],
+        "no blob: not the layer's, not the config or manifest"
+    );
+    fs.free_filler().unwrap();
+    let out = pull();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let ls = ironlet(&root, &["images", "ls", "-q"]);
+    assert_eq!(text(&ls.stdout).trim(), big.config);
+    let layer_blob = root
+        .join("images/blobs/sha256")
+        .join(&big.layer["sha256:".len()..]);
+    assert_eq!(
+        std::fs::metadata(&layer_blob).map(|m| m.len()).ok(),
+        Some(big.layer_size)
+    );
 }

@@ -2,7 +2,8 @@
 //! htpasswd basic auth), filled with skopeo from the test images: single- and multi-arch,
 //! gzip/zstd/uncompressed layers, wrong passwords, tampered and truncated blobs, shared
 //! layers and concurrent pulls; a connection cut in the middle of a blob (a relay in front
-//! of the registry).
+//! of the registry); a store on a small full tmpfs (the blob, or the unpacked layer, runs
+//! out of space).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -13,8 +14,10 @@ use ironlet_runtime::image::{
 };
 use ironlet_runtime::testkit::proxy::{ProxySettings, TcpProxy};
 use ironlet_runtime::testkit::registry::{
-    make_large_layout, make_multi_arch_layout, RegistryOptions, TestRegistry,
+    make_empty_files_layout, make_large_layout, make_multi_arch_layout, LargeImage,
+    RegistryOptions, TestRegistry,
 };
+use ironlet_runtime::testkit::smallfs::SmallFs;
 use ironlet_runtime::testkit::test_images;
 use ironlet_runtime::ImageService;
 
@@ -488,4 +491,110 @@ async fn a_connection_dropped_in_the_middle_of_a_blob_registers_nothing_and_a_re
         .join(&big.layer["sha256:".len()..]);
     assert_eq!(std::fs::metadata(&blob).unwrap().len(), big.layer_size);
     assert_clean_staging(tmp.path());
+}
+
+/// Pulls `reference` (one layer, `image`) into `svc`'s store on `fs` with `free` bytes
+/// left: it must fail with a disk-full error naming a path under `expect_under`, leave
+/// no image, blob, snapshot or staging and give all the space back; with the filler gone
+/// the same pull must succeed and store the registry's blob.
+async fn full_then_freed(
+    fs: &SmallFs,
+    svc: &LocalImageService,
+    reference: &str,
+    image: &LargeImage,
+    free: u64,
+    expect_under: &Path,
+) {
+    let root = fs.path().join("store");
+    let blobs_before = blob_count(&root);
+    let snapshots_before = std::fs::read_dir(root.join("snapshots")).unwrap().count();
+    fs.fill_leaving(free).unwrap();
+    let before = fs.available().unwrap();
+    let err = svc
+        .pull_image(reference, PullRequest::default())
+        .await
+        .unwrap_err();
+    let ImageError::DiskFull { path } = &err else {
+        panic!("{reference}: not a disk-full error: {err:?}");
+    };
+    assert!(path.starts_with(expect_under), "{reference}: {err}");
+    assert!(err.to_string().contains("no space left on device"), "{err}");
+    assert_eq!(err.kubelet_reason(), "ErrImagePull");
+    // Nothing registered, no new blob (layer, config, manifest) or snapshot, no staging,
+    // and all the space given back.
+    assert!(svc.get_image(reference).await.unwrap().is_none());
+    assert_eq!(blob_count(&root), blobs_before, "{reference}");
+    let snapshots = std::fs::read_dir(root.join("snapshots")).unwrap().count();
+    assert_eq!(snapshots, snapshots_before, "{reference}");
+    assert_clean_staging(&root);
+    let after = fs.available().unwrap();
+    assert!(
+        after + (64 << 10) >= before,
+        "{reference}: the failed pull kept {} bytes",
+        before - after
+    );
+    fs.free_filler().unwrap();
+    let report = svc
+        .pull_image(reference, PullRequest::default())
+        .await
+        .unwrap();
+    assert_eq!(report.image.id, image.config);
+    assert_eq!(report.manifest, image.manifest);
+    let blob = root
+        .join("blobs/sha256")
+        .join(&image.layer["sha256:".len()..]);
+    assert_eq!(
+        format!("sha256:{}", sha256_file(&blob)),
+        image.layer,
+        "the stored blob is the registry's"
+    );
+    assert_clean_staging(&root);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pull_into_a_full_disk_fails_naming_it_leaves_nothing_and_succeeds_once_space_is_freed() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipping: needs root to mount a small tmpfs");
+        return;
+    }
+    let reg = registry(false);
+    let work = tempfile::tempdir().unwrap();
+    // 8 MiB of data: the store needs the blob and the unpacked file, 16 MiB; the unpacked
+    // file runs out first (the unpacker writes bigger pieces).
+    let big = make_large_layout(&work.path().join("big"), 8 << 20, 11).unwrap();
+    reg.push(&work.path().join("big"), "big:1", &["--preserve-digests"])
+        .unwrap();
+    // 6144 empty files: a 3 MiB blob, nothing to store unpacked but inodes: the blob
+    // download runs out.
+    let empty = make_empty_files_layout(&work.path().join("empty"), 6144).unwrap();
+    reg.push(
+        &work.path().join("empty"),
+        "empty:1",
+        &["--preserve-digests"],
+    )
+    .unwrap();
+    let fs = SmallFs::mount(24 << 20).unwrap();
+    let root = fs.path().join("store");
+    let svc = LocalImageService::with_pull_config(
+        Arc::new(ImageStore::open(&root).unwrap()),
+        reg.pull_config(&reg.host()).unwrap(),
+    );
+    let host = reg.host();
+    full_then_freed(
+        &fs,
+        &svc,
+        &format!("{host}/empty:1"),
+        &empty,
+        2 << 20,
+        &root.join("ingest"),
+    )
+    .await;
+    full_then_freed(&fs, &svc, &format!("{host}/big:1"), &big, 12 << 20, &root).await;
+}
+
+fn sha256_file(path: &Path) -> String {
+    use sha2::Digest as _;
+    let mut h = sha2::Sha256::new();
+    std::io::copy(&mut std::fs::File::open(path).unwrap(), &mut h).unwrap();
+    hex::encode(h.finalize())
 }

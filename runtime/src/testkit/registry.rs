@@ -326,20 +326,54 @@ pub fn make_multi_arch_layout(layout: &Path, out: &Path) -> Result<MultiArch> {
 /// uncompressed tar of one file of `size` pseudo-random (incompressible) bytes from
 /// `seed`: a pull of it takes long enough to be interrupted in the middle of the layer.
 pub fn make_large_layout(out: &Path, size: u64, seed: u64) -> Result<LargeImage> {
+    single_layer_layout(out, |builder| {
+        let mut header = tar::Header::new_gnu();
+        header.set_size(size);
+        header.set_mode(0o644);
+        header.set_mtime(0);
+        header.set_entry_type(tar::EntryType::Regular);
+        header.set_cksum();
+        builder.append_data(&mut header, "big", Noise(seed | 1).take(size))
+    })
+}
+
+/// Like [`make_large_layout`], but the layer is `count` empty files (`d/<n>`): its blob
+/// is 512 bytes a file while unpacked it takes no data blocks, so on a small file system
+/// the blob runs out of space before the unpacked layer does.
+pub fn make_empty_files_layout(out: &Path, count: u64) -> Result<LargeImage> {
+    single_layer_layout(out, |builder| {
+        let mut dir = tar::Header::new_gnu();
+        dir.set_size(0);
+        dir.set_mode(0o755);
+        dir.set_mtime(0);
+        dir.set_entry_type(tar::EntryType::Directory);
+        dir.set_cksum();
+        builder.append_data(&mut dir, "d/", std::io::empty())?;
+        for n in 0..count {
+            let mut header = tar::Header::new_gnu();
+            header.set_size(0);
+            header.set_mode(0o644);
+            header.set_mtime(0);
+            header.set_entry_type(tar::EntryType::Regular);
+            header.set_cksum();
+            builder.append_data(&mut header, format!("d/{n}"), std::io::empty())?;
+        }
+        Ok(())
+    })
+}
+
+/// An OCI layout of one image (`big:latest`) whose single uncompressed layer is the tar
+/// `fill` writes.
+fn single_layer_layout(
+    out: &Path,
+    fill: impl FnOnce(&mut tar::Builder<std::io::BufWriter<std::fs::File>>) -> std::io::Result<()>,
+) -> Result<LargeImage> {
     let blobs = out.join("blobs/sha256");
     std::fs::create_dir_all(&blobs).map_err(|e| io("creating", &blobs, e))?;
     let staging = out.join("layer.tar");
     let file = std::fs::File::create(&staging).map_err(|e| io("creating", &staging, e))?;
     let mut builder = tar::Builder::new(std::io::BufWriter::new(file));
-    let mut header = tar::Header::new_gnu();
-    header.set_size(size);
-    header.set_mode(0o644);
-    header.set_mtime(0);
-    header.set_entry_type(tar::EntryType::Regular);
-    header.set_cksum();
-    builder
-        .append_data(&mut header, "big", Noise(seed | 1).take(size))
-        .map_err(|e| io("writing", &staging, e))?;
+    fill(&mut builder).map_err(|e| io("writing", &staging, e))?;
     builder
         .into_inner()
         .and_then(|w| w.into_inner().map_err(|e| e.into_error()))
@@ -395,7 +429,8 @@ pub fn dir_sizes(dir: &Path) -> Vec<(PathBuf, u64)> {
         .unwrap_or_default()
 }
 
-/// What [`make_large_layout`] made (digests as `sha256:<hex>`).
+/// What [`make_large_layout`] or [`make_empty_files_layout`] made (digests as
+/// `sha256:<hex>`).
 #[derive(Debug, Clone)]
 pub struct LargeImage {
     pub manifest: String,

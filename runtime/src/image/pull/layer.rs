@@ -26,6 +26,7 @@ use crate::image::error::ImageError;
 use crate::image::index::LayerRecord;
 use crate::image::oci::Descriptor;
 use crate::image::store::ImageStore;
+use crate::image::sys::is_disk_full;
 
 /// How many chunks (of reqwest's ~8-16 KiB) may wait between download and unpack.
 const CHANNEL_CHUNKS: usize = 64;
@@ -83,6 +84,7 @@ impl ImageStore {
             blob: Some(self.blobs.begin()?),
             read: 0,
             limit: layer.size,
+            disk_full: None,
         });
         let drain = |t: &mut Tee<_>| {
             // The decoder may stop before the end (gzip trailer, padding): hash it all.
@@ -110,6 +112,12 @@ impl ImageStore {
         let Err(err) = result else {
             return Ok(());
         };
+        // The blob's disk filled up: the decompressor or the unpacker saw that as a read
+        // error of the layer stream; it is the store's disk that failed.
+        if let Some(path) = tee.borrow_mut().disk_full.take() {
+            tracing::warn!(%location, path = %path.display(), first_error = %err, "no space left for the layer blob");
+            return Err(ImageError::DiskFull { path });
+        }
         // A corrupt blob usually breaks the decompressor or the tar reader first: when all
         // the bytes came and do not match the digest, that is the error to report (a
         // dropped connection, with bytes missing, keeps its own error).
@@ -143,6 +151,8 @@ struct Tee<R> {
     blob: Option<BlobIngest>,
     read: u64,
     limit: u64,
+    /// The blob's temp file, when writing it failed for want of space.
+    disk_full: Option<std::path::PathBuf>,
 }
 
 impl<R: Read> Read for Tee<R> {
@@ -159,7 +169,12 @@ impl<R: Read> Read for Tee<R> {
             ));
         }
         if let Some(blob) = self.blob.as_mut() {
-            blob.write_all(&buf[..n])?;
+            if let Err(e) = blob.write_all(&buf[..n]) {
+                if is_disk_full(&e) {
+                    self.disk_full = Some(blob.path().to_path_buf());
+                }
+                return Err(e);
+            }
         }
         Ok(n)
     }
