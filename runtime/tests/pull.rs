@@ -2,7 +2,7 @@
 //! htpasswd basic auth), filled with skopeo from the test images: single- and multi-arch,
 //! gzip/zstd/uncompressed layers, wrong passwords, tampered and truncated blobs, shared
 //! layers and concurrent pulls; a connection cut in the middle of a blob (a relay in front
-//! of the registry); a store on a small full tmpfs (the blob, or the unpacked layer, runs
+//! of the registry) resumed with a Range request, the digest checked over the whole blob; a store on a small full tmpfs (the blob, or the unpacked layer, runs
 //! out of space).
 
 use std::path::Path;
@@ -443,7 +443,7 @@ async fn a_mirror_that_is_down_falls_back_and_a_rewrite_maps_the_repository() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_connection_dropped_in_the_middle_of_a_blob_registers_nothing_and_a_repull_completes() {
+async fn a_connection_dropped_in_the_middle_of_a_blob_is_resumed_and_the_whole_blob_verified() {
     let reg = registry(false);
     let work = tempfile::tempdir().unwrap();
     let big = make_large_layout(&work.path().join("big"), 8 << 20, 7).unwrap();
@@ -451,45 +451,56 @@ async fn a_connection_dropped_in_the_middle_of_a_blob_registers_nothing_and_a_re
         .unwrap();
     // The first connection to carry 2 MiB is cut: the manifest and config are small, so
     // the cut lands in the layer blob.
-    let proxy = TcpProxy::start(
-        &reg.host(),
-        ProxySettings {
-            cut_once_after: Some(2 << 20),
-            ..ProxySettings::default()
-        },
-    )
-    .unwrap();
+    let cut = ProxySettings {
+        cut_once_after: Some(2 << 20),
+        ..ProxySettings::default()
+    };
+    let proxy = TcpProxy::start(&reg.host(), cut).unwrap();
     let tmp = tempfile::tempdir().unwrap();
     let svc = LocalImageService::with_pull_config(
         Arc::new(ImageStore::open(tmp.path()).unwrap()),
         reg.pull_config(&proxy.host()).unwrap(),
     );
     let reference = format!("{}/big:1", proxy.host());
+    let hex = &big.layer["sha256:".len()..];
+    // A byte of the registry's blob past the cut is flipped: only the resumed response
+    // carries it, and the digest over the whole blob catches it.
+    let data = reg.blob_file(hex);
+    let whole = std::fs::read(&data).unwrap();
+    let mut tampered = whole.clone();
+    tampered[6 << 20] ^= 0xff;
+    std::fs::write(&data, &tampered).unwrap();
     let err = svc
         .pull_image(&reference, PullRequest::default())
         .await
         .unwrap_err();
     assert_eq!(proxy.cuts(), 1);
-    assert_eq!(err.kubelet_reason(), "ErrImagePull", "{err}");
+    assert!(matches!(err, ImageError::DigestMismatch { .. }), "{err:?}");
+    assert!(err.to_string().contains(hex), "{err}");
     assert!(svc.list_images().await.unwrap().is_empty());
-    assert!(!tmp
-        .path()
-        .join("blobs/sha256")
-        .join(&big.layer["sha256:".len()..])
-        .exists());
+    assert!(!tmp.path().join("blobs/sha256").join(hex).exists());
     assert_clean_staging(tmp.path());
+
+    // The registry's blob as pushed, cut once again: one pull, resumed, not restarted.
+    std::fs::write(&data, &whole).unwrap();
+    proxy.set(cut);
+    let relayed_before = proxy.bytes_down();
     let report = svc
         .pull_image(&reference, PullRequest::default())
         .await
         .unwrap();
+    assert_eq!(proxy.cuts(), 2, "the connection was cut in this pull too");
+    let relayed = proxy.bytes_down() - relayed_before;
+    assert!(
+        relayed < big.layer_size + (1 << 20),
+        "{relayed} bytes relayed for a {} byte blob: the download restarted",
+        big.layer_size
+    );
     assert_eq!(report.image.id, big.config);
     assert_eq!(report.manifest, big.manifest);
     assert_eq!(report.bytes_fetched, big.layer_size);
-    let blob = tmp
-        .path()
-        .join("blobs/sha256")
-        .join(&big.layer["sha256:".len()..]);
-    assert_eq!(std::fs::metadata(&blob).unwrap().len(), big.layer_size);
+    let blob = tmp.path().join("blobs/sha256").join(hex);
+    assert_eq!(sha256_file(&blob), hex, "the stored blob is the registry's");
     assert_clean_staging(tmp.path());
 }
 
