@@ -3,7 +3,7 @@
 //! gzip/zstd/uncompressed layers, wrong passwords, tampered and truncated blobs, shared
 //! layers and concurrent pulls; a connection cut in the middle of a blob (a relay in front
 //! of the registry) resumed with a Range request, the digest checked over the whole blob; a store on a small full tmpfs (the blob, or the unpacked layer, runs
-//! out of space).
+//! out of space); a registry requiring a client certificate (mutual TLS).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -501,6 +501,42 @@ async fn a_connection_dropped_in_the_middle_of_a_blob_is_resumed_and_the_whole_b
     assert_eq!(report.bytes_fetched, big.layer_size);
     let blob = tmp.path().join("blobs/sha256").join(hex);
     assert_eq!(sha256_file(&blob), hex, "the stored blob is the registry's");
+    assert_clean_staging(tmp.path());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_requiring_a_client_certificate_is_pulled_from_with_cert_file_and_key_file() {
+    let reg = TestRegistry::start(RegistryOptions {
+        client_auth: true,
+        ..RegistryOptions::default()
+    })
+    .expect("start docker-registry with client certificates required");
+    let layout = test_images().unwrap().join("busybox");
+    reg.push(&layout, "busybox:1", &[]).unwrap();
+    let reference = format!("{}/busybox:1", reg.host());
+    // Trusting the registry's CA is not enough: the TLS handshake fails without a
+    // client certificate.
+    let tmp = tempfile::tempdir().unwrap();
+    let svc = service(&reg, tmp.path());
+    let err = svc
+        .pull_image(&reference, PullRequest::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ImageError::Registry { .. }), "{err:?}");
+    assert!(err.to_string().contains(&reg.host()), "{err}");
+    assert_eq!(blob_count(tmp.path()), 0);
+    // registries.yaml's configs.<host>.tls.cert_file/key_file.
+    let tmp = tempfile::tempdir().unwrap();
+    let svc = LocalImageService::with_pull_config(
+        Arc::new(ImageStore::open(tmp.path()).unwrap()),
+        reg.pull_config(&reg.host()).unwrap(),
+    );
+    let report = svc
+        .pull_image(&reference, PullRequest::default())
+        .await
+        .unwrap();
+    assert_eq!(report.image.id, imported_id(&layout));
+    assert_eq!(report.layers_fetched, 1);
     assert_clean_staging(tmp.path());
 }
 

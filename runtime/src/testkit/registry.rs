@@ -6,6 +6,7 @@
 //! ```text
 //!  TestRegistry::start ── openssl: ca.crt, server.crt (SAN 127.0.0.1, localhost)
 //!                      ── htpasswd -B (when auth is on)
+//!                      ── client.cert/.key signed by the CA (mutual TLS, when asked)
 //!                      ── docker-registry serve config.yml  (storage in the temp dir)
 //!  push(layout, "busybox:1") ── skopeo copy oci:<layout> docker://127.0.0.1:<port>/busybox:1
 //!  drop ── kill + wait the registry, remove the temp dir: nothing left behind
@@ -52,6 +53,9 @@ pub struct RegistryOptions {
     pub basic_auth: Option<(String, String)>,
     /// distribution's `token` auth instead: clients get Bearer tokens from `realm`.
     pub token_auth: Option<TokenAuth>,
+    /// Mutual TLS: the registry requires a client certificate signed by the test CA
+    /// (`http.tls.clientcas`); one is made ([`TestRegistry::client_cert_file`]).
+    pub client_auth: bool,
 }
 
 /// distribution's `auth: token` settings: tokens are JWTs from `issuer` for `service`,
@@ -84,6 +88,9 @@ impl TestRegistry {
             .tempdir()
             .map_err(|source| io("creating", std::env::temp_dir(), source))?;
         make_certs(dir.path())?;
+        if options.client_auth {
+            make_client_cert(dir.path())?;
+        }
         if let Some((user, pass)) = &options.basic_auth {
             let out = run(Command::new("htpasswd").args(["-Bbn", user, pass]))?;
             write(&dir.path().join("htpasswd"), &out)?;
@@ -125,7 +132,12 @@ impl TestRegistry {
         let config = format!(
             "version: 0.1\nlog:\n  level: warn\n  accesslog:\n    disabled: true\n\
              storage:\n  filesystem:\n    rootdirectory: {storage}\n  delete:\n    enabled: true\n\
-             http:\n  addr: 127.0.0.1:{port}\n  tls:\n    certificate: {crt}\n    key: {key}\n{auth}",
+             http:\n  addr: 127.0.0.1:{port}\n  tls:\n    certificate: {crt}\n    key: {key}\n{clientcas}{auth}",
+            clientcas = if self.options.client_auth {
+                format!("    clientcas:\n      - {}\n", self.ca_file().display())
+            } else {
+                String::new()
+            },
             storage = d.join("storage").display(),
             crt = d.join("server.crt").display(),
             key = d.join("server.key").display(),
@@ -172,15 +184,23 @@ impl TestRegistry {
     }
 
     /// Pull settings that trust this registry's CA at `host` (its own, or a relay's in
-    /// front of it): `configs: {host: {tls: {ca_file}}}`.
+    /// front of it): `configs: {host: {tls: {ca_file}}}`, with the client certificate
+    /// (`cert_file`, `key_file`) when the registry requires one.
     pub fn pull_config(
         &self,
         host: &str,
     ) -> std::result::Result<crate::image::PullConfig, crate::image::ImageError> {
-        let yaml = format!(
+        let mut yaml = format!(
             "configs:\n  \"{host}\":\n    tls:\n      ca_file: {}\n",
             self.ca_file().display()
         );
+        if self.options.client_auth {
+            yaml += &format!(
+                "      cert_file: {}\n      key_file: {}\n",
+                self.client_cert_file().display(),
+                self.client_key_file().display()
+            );
+        }
         Ok(crate::image::PullConfig {
             registries: crate::image::RegistriesConfig::parse(&yaml, Path::new("testkit"))?,
             ..Default::default()
@@ -190,6 +210,17 @@ impl TestRegistry {
     /// The PEM file of the CA that signed the registry's certificate.
     pub fn ca_file(&self) -> PathBuf {
         self.dir.path().join("certs").join("ca.crt")
+    }
+
+    /// The client certificate (PEM) a registry with `client_auth` accepts; also in the
+    /// certs dir skopeo pushes with (`client.cert`, containers-certs.d's name).
+    pub fn client_cert_file(&self) -> PathBuf {
+        self.dir.path().join("certs").join("client.cert")
+    }
+
+    /// The client certificate's private key (PEM).
+    pub fn client_key_file(&self) -> PathBuf {
+        self.dir.path().join("certs").join("client.key")
     }
 
     /// The registry's storage root (`docker/registry/v2/blobs/sha256/<ab>/<hex>/data`).
@@ -570,6 +601,37 @@ fn make_certs(dir: &Path) -> Result<()> {
         .arg(&ext)
         .arg("-out")
         .arg(dir.join("server.crt")))?;
+    Ok(())
+}
+
+/// A client certificate (CN ironlet-test-client, extendedKeyUsage clientAuth) signed by
+/// the test CA, in `dir/certs/client.{cert,key}`.
+fn make_client_cert(dir: &Path) -> Result<()> {
+    let certs = dir.join("certs");
+    let ext = dir.join("client.ext");
+    write(
+        &ext,
+        b"basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=clientAuth\n",
+    )?;
+    run(Command::new("openssl")
+        .args(["req", "-nodes", "-subj", "/CN=ironlet-test-client"])
+        .args(["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"])
+        .arg("-keyout")
+        .arg(certs.join("client.key"))
+        .arg("-out")
+        .arg(dir.join("client.csr")))?;
+    run(Command::new("openssl")
+        .args(["x509", "-req", "-days", "2", "-CAcreateserial"])
+        .arg("-in")
+        .arg(dir.join("client.csr"))
+        .arg("-CA")
+        .arg(certs.join("ca.crt"))
+        .arg("-CAkey")
+        .arg(dir.join("ca.key"))
+        .arg("-extfile")
+        .arg(&ext)
+        .arg("-out")
+        .arg(certs.join("client.cert")))?;
     Ok(())
 }
 

@@ -64,6 +64,7 @@ impl Remote {
                     data: pem.clone(),
                 })
                 .collect(),
+            client_identity_pem: endpoint.client_identity_pem.clone(),
             connect_timeout: Some(std::time::Duration::from_secs(30)),
             read_timeout: Some(std::time::Duration::from_secs(60)),
             user_agent: concat!("ironlet/", env!("CARGO_PKG_VERSION")),
