@@ -22,6 +22,20 @@ fn ironlet(root: &std::path::Path, args: &[&str]) -> Output {
         .expect("ironlet runs")
 }
 
+/// `dir/registries.yaml` trusting `reg`'s CA at `host` (the registry's, or a relay's).
+fn registries_yaml(dir: &std::path::Path, host: &str, reg: &TestRegistry) -> std::path::PathBuf {
+    let path = dir.join("registries.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "configs:\n  \"{host}\":\n    tls:\n      ca_file: {}\n",
+            reg.ca_file().display()
+        ),
+    )
+    .unwrap();
+    path
+}
+
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
@@ -37,16 +51,7 @@ fn images_pull_prints_progress_lines_and_the_image_is_listed_and_a_wrong_passwor
     reg.push(&images.join("layered"), "cli/layered:2", &[])
         .unwrap();
     let root = tempfile::tempdir().unwrap();
-    let config = root.path().join("registries.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "configs:\n  \"{}\":\n    tls:\n      ca_file: {}\n",
-            reg.host(),
-            reg.ca_file().display()
-        ),
-    )
-    .unwrap();
+    let config = registries_yaml(root.path(), &reg.host(), &reg);
     let reference = format!("{}/cli/layered:2", reg.host());
     let config = config.to_string_lossy().into_owned();
     let pull = |creds: &str| {
@@ -145,16 +150,7 @@ fn images_pull_gets_credentials_from_a_credential_provider_plugin_and_a_bad_conf
     reg.push(&images.join("busybox"), "cli/busybox:1", &[])
         .unwrap();
     let root = tempfile::tempdir().unwrap();
-    let registries = root.path().join("registries.yaml");
-    std::fs::write(
-        &registries,
-        format!(
-            "configs:\n  \"{}\":\n    tls:\n      ca_file: {}\n",
-            reg.host(),
-            reg.ca_file().display()
-        ),
-    )
-    .unwrap();
+    let registries = registries_yaml(root.path(), &reg.host(), &reg);
     let plugin = tempfile::Builder::new()
         .prefix("pull2-cli-plugin-")
         .tempdir()
@@ -288,16 +284,7 @@ fn a_pull_killed_in_the_middle_of_a_layer_registers_nothing_and_the_next_one_cle
     )
     .unwrap();
     let root = work.path().join("root");
-    let config = work.path().join("registries.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "configs:\n  \"{}\":\n    tls:\n      ca_file: {}\n",
-            proxy.host(),
-            reg.ca_file().display()
-        ),
-    )
-    .unwrap();
+    let config = registries_yaml(work.path(), &proxy.host(), &reg);
     let reference = format!("{}/big:1", proxy.host());
     let pull_cmd = || {
         let mut c = Command::new(env!("CARGO_BIN_EXE_ironlet"));
@@ -386,16 +373,7 @@ fn a_pull_into_a_full_data_root_fails_with_no_space_left_and_succeeds_once_space
             .unwrap();
     reg.push(&work.path().join("big"), "big:1", &["--preserve-digests"])
         .unwrap();
-    let config = work.path().join("registries.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "configs:\n  \"{}\":\n    tls:\n      ca_file: {}\n",
-            reg.host(),
-            reg.ca_file().display()
-        ),
-    )
-    .unwrap();
+    let config = registries_yaml(work.path(), &reg.host(), &reg);
     let fs = SmallFs::mount(20 << 20).unwrap();
     let root = fs.path().join("root");
     let reference = format!("{}/big:1", reg.host());

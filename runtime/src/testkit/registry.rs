@@ -358,12 +358,7 @@ pub fn make_multi_arch_layout(layout: &Path, out: &Path) -> Result<MultiArch> {
 /// `seed`: a pull of it takes long enough to be interrupted in the middle of the layer.
 pub fn make_large_layout(out: &Path, size: u64, seed: u64) -> Result<LargeImage> {
     single_layer_layout(out, |builder| {
-        let mut header = tar::Header::new_gnu();
-        header.set_size(size);
-        header.set_mode(0o644);
-        header.set_mtime(0);
-        header.set_entry_type(tar::EntryType::Regular);
-        header.set_cksum();
+        let mut header = tar_header(tar::EntryType::Regular, 0o644, size);
         builder.append_data(&mut header, "big", Noise(seed | 1).take(size))
     })
 }
@@ -373,24 +368,25 @@ pub fn make_large_layout(out: &Path, size: u64, seed: u64) -> Result<LargeImage>
 /// the blob runs out of space before the unpacked layer does.
 pub fn make_empty_files_layout(out: &Path, count: u64) -> Result<LargeImage> {
     single_layer_layout(out, |builder| {
-        let mut dir = tar::Header::new_gnu();
-        dir.set_size(0);
-        dir.set_mode(0o755);
-        dir.set_mtime(0);
-        dir.set_entry_type(tar::EntryType::Directory);
-        dir.set_cksum();
+        let mut dir = tar_header(tar::EntryType::Directory, 0o755, 0);
         builder.append_data(&mut dir, "d/", std::io::empty())?;
         for n in 0..count {
-            let mut header = tar::Header::new_gnu();
-            header.set_size(0);
-            header.set_mode(0o644);
-            header.set_mtime(0);
-            header.set_entry_type(tar::EntryType::Regular);
-            header.set_cksum();
+            let mut header = tar_header(tar::EntryType::Regular, 0o644, 0);
             builder.append_data(&mut header, format!("d/{n}"), std::io::empty())?;
         }
         Ok(())
     })
+}
+
+/// A GNU tar header of `kind`, `mode` and `size`, mtime 0.
+fn tar_header(kind: tar::EntryType, mode: u32, size: u64) -> tar::Header {
+    let mut header = tar::Header::new_gnu();
+    header.set_size(size);
+    header.set_mode(mode);
+    header.set_mtime(0);
+    header.set_entry_type(kind);
+    header.set_cksum();
+    header
 }
 
 /// An OCI layout of one image (`big:latest`) whose single uncompressed layer is the tar
@@ -582,26 +578,13 @@ fn make_certs(dir: &Path) -> Result<()> {
         .arg(dir.join("ca.key"))
         .arg("-out")
         .arg(certs.join("ca.crt")))?;
-    run(Command::new("openssl")
-        .args(["req", "-nodes", "-subj", "/CN=127.0.0.1"])
-        .args(ec)
-        .arg("-keyout")
-        .arg(dir.join("server.key"))
-        .arg("-out")
-        .arg(dir.join("server.csr")))?;
-    run(Command::new("openssl")
-        .args(["x509", "-req", "-days", "2", "-CAcreateserial"])
-        .arg("-in")
-        .arg(dir.join("server.csr"))
-        .arg("-CA")
-        .arg(certs.join("ca.crt"))
-        .arg("-CAkey")
-        .arg(dir.join("ca.key"))
-        .arg("-extfile")
-        .arg(&ext)
-        .arg("-out")
-        .arg(dir.join("server.crt")))?;
-    Ok(())
+    issue(
+        dir,
+        "/CN=127.0.0.1",
+        &ext,
+        &dir.join("server.key"),
+        &dir.join("server.crt"),
+    )
 }
 
 /// A client certificate (CN ironlet-test-client, extendedKeyUsage clientAuth) signed by
@@ -613,25 +596,39 @@ fn make_client_cert(dir: &Path) -> Result<()> {
         &ext,
         b"basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=clientAuth\n",
     )?;
+    issue(
+        dir,
+        "/CN=ironlet-test-client",
+        &ext,
+        &certs.join("client.key"),
+        &certs.join("client.cert"),
+    )
+}
+
+/// A P-256 key in `key` and its certificate for `subject` with the extensions of file
+/// `ext`, signed by the test CA (`dir/ca.key`, `dir/certs/ca.crt`), in `cert`.
+fn issue(dir: &Path, subject: &str, ext: &Path, key: &Path, cert: &Path) -> Result<()> {
+    let csr = cert.with_extension("csr");
     run(Command::new("openssl")
-        .args(["req", "-nodes", "-subj", "/CN=ironlet-test-client"])
+        .args(["req", "-nodes", "-subj", subject])
         .args(["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"])
         .arg("-keyout")
-        .arg(certs.join("client.key"))
+        .arg(key)
         .arg("-out")
-        .arg(dir.join("client.csr")))?;
+        .arg(&csr))?;
     run(Command::new("openssl")
         .args(["x509", "-req", "-days", "2", "-CAcreateserial"])
         .arg("-in")
-        .arg(dir.join("client.csr"))
+        .arg(&csr)
         .arg("-CA")
-        .arg(certs.join("ca.crt"))
+        .arg(dir.join("certs").join("ca.crt"))
         .arg("-CAkey")
         .arg(dir.join("ca.key"))
         .arg("-extfile")
-        .arg(&ext)
+        .arg(ext)
         .arg("-out")
-        .arg(certs.join("client.cert")))?;
+        .arg(cert))?;
+    let _ = std::fs::remove_file(&csr);
     Ok(())
 }
 
