@@ -5,7 +5,9 @@
 //! plugin (a shell script) through `--image-credential-provider-config`/`-bin-dir`, and
 //! a bad plugin config refused by `images pull` and `run` before anything starts. A pull
 //! `kill -9`ed in the middle of a large layer (a throttling relay in front of the registry)
-//! registers nothing, and the next pull removes its staging and gets the same digests.
+//! registers nothing, and the next pull removes its staging and gets the same digests. A
+//! pull into a data root on a small, full tmpfs fails with "no space left on device",
+//! leaves nothing, and succeeds once space is freed.
 
 use std::process::{Command, Output};
 
@@ -18,6 +20,20 @@ fn ironlet(root: &std::path::Path, args: &[&str]) -> Output {
         .args(args)
         .output()
         .expect("ironlet runs")
+}
+
+/// `dir/registries.yaml` trusting `reg`'s CA at `host` (the registry's, or a relay's).
+fn registries_yaml(dir: &std::path::Path, host: &str, reg: &TestRegistry) -> std::path::PathBuf {
+    let path = dir.join("registries.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "configs:\n  \"{host}\":\n    tls:\n      ca_file: {}\n",
+            reg.ca_file().display()
+        ),
+    )
+    .unwrap();
+    path
 }
 
 fn text(b: &[u8]) -> String {
@@ -35,16 +51,7 @@ fn images_pull_prints_progress_lines_and_the_image_is_listed_and_a_wrong_passwor
     reg.push(&images.join("layered"), "cli/layered:2", &[])
         .unwrap();
     let root = tempfile::tempdir().unwrap();
-    let config = root.path().join("registries.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "configs:\n  \"{}\":\n    tls:\n      ca_file: {}\n",
-            reg.host(),
-            reg.ca_file().display()
-        ),
-    )
-    .unwrap();
+    let config = registries_yaml(root.path(), &reg.host(), &reg);
     let reference = format!("{}/cli/layered:2", reg.host());
     let config = config.to_string_lossy().into_owned();
     let pull = |creds: &str| {
@@ -143,16 +150,7 @@ fn images_pull_gets_credentials_from_a_credential_provider_plugin_and_a_bad_conf
     reg.push(&images.join("busybox"), "cli/busybox:1", &[])
         .unwrap();
     let root = tempfile::tempdir().unwrap();
-    let registries = root.path().join("registries.yaml");
-    std::fs::write(
-        &registries,
-        format!(
-            "configs:\n  \"{}\":\n    tls:\n      ca_file: {}\n",
-            reg.host(),
-            reg.ca_file().display()
-        ),
-    )
-    .unwrap();
+    let registries = registries_yaml(root.path(), &reg.host(), &reg);
     let plugin = tempfile::Builder::new()
         .prefix("pull2-cli-plugin-")
         .tempdir()
@@ -286,16 +284,7 @@ fn a_pull_killed_in_the_middle_of_a_layer_registers_nothing_and_the_next_one_cle
     )
     .unwrap();
     let root = work.path().join("root");
-    let config = work.path().join("registries.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "configs:\n  \"{}\":\n    tls:\n      ca_file: {}\n",
-            proxy.host(),
-            reg.ca_file().display()
-        ),
-    )
-    .unwrap();
+    let config = registries_yaml(work.path(), &proxy.host(), &reg);
     let reference = format!("{}/big:1", proxy.host());
     let pull_cmd = || {
         let mut c = Command::new(env!("CARGO_BIN_EXE_ironlet"));
@@ -368,4 +357,63 @@ fn a_pull_killed_in_the_middle_of_a_layer_registers_nothing_and_the_next_one_cle
     }
     let ls = ironlet(&root, &["images", "ls", "-q"]);
     assert_eq!(text(&ls.stdout).trim(), big.config);
+}
+
+#[test]
+fn a_pull_into_a_full_data_root_fails_with_no_space_left_and_succeeds_once_space_is_freed() {
+    use ironlet_runtime::testkit::smallfs::SmallFs;
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipping: needs root to mount a small tmpfs");
+        return;
+    }
+    let reg = TestRegistry::start(RegistryOptions::default()).expect("start docker-registry");
+    let work = tempfile::tempdir().unwrap();
+    let big =
+        ironlet_runtime::testkit::registry::make_large_layout(&work.path().join("big"), 6 << 20, 5)
+            .unwrap();
+    reg.push(&work.path().join("big"), "big:1", &["--preserve-digests"])
+        .unwrap();
+    let config = registries_yaml(work.path(), &reg.host(), &reg);
+    let fs = SmallFs::mount(20 << 20).unwrap();
+    let root = fs.path().join("root");
+    let reference = format!("{}/big:1", reg.host());
+    let config = config.to_string_lossy().into_owned();
+    let pull = || {
+        ironlet(
+            &root,
+            &["images", "pull", "--registry-config", &config, &reference],
+        )
+    };
+    // The blob and the unpacked layer need 12 MiB.
+    fs.fill_leaving(8 << 20).unwrap();
+    let out = pull();
+    assert!(!out.status.success(), "{}", text(&out.stdout));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains(&format!("pulling {reference}"))
+            && stderr.contains("no space left on device"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let ls = ironlet(&root, &["images", "ls", "-q"]);
+    assert_eq!(text(&ls.stdout), "", "no image after the failed pull");
+    assert_eq!(dir_sizes(&root.join("images/ingest")), []);
+    assert_eq!(dir_sizes(&root.join("images/snapshots")), []);
+    assert_eq!(
+        dir_sizes(&root.join("images/blobs/sha256")),
+        [],
+        "no blob: not the layer's, not the config or manifest"
+    );
+    fs.free_filler().unwrap();
+    let out = pull();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let ls = ironlet(&root, &["images", "ls", "-q"]);
+    assert_eq!(text(&ls.stdout).trim(), big.config);
+    let layer_blob = root
+        .join("images/blobs/sha256")
+        .join(&big.layer["sha256:".len()..]);
+    assert_eq!(
+        std::fs::metadata(&layer_blob).map(|m| m.len()).ok(),
+        Some(big.layer_size)
+    );
 }

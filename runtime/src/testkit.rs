@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 pub mod proxy;
 pub mod pty;
 pub mod registry;
+pub mod smallfs;
 
 /// `images/build` could not produce the test images.
 #[derive(Debug, thiserror::Error)]

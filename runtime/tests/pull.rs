@@ -2,7 +2,8 @@
 //! htpasswd basic auth), filled with skopeo from the test images: single- and multi-arch,
 //! gzip/zstd/uncompressed layers, wrong passwords, tampered and truncated blobs, shared
 //! layers and concurrent pulls; a connection cut in the middle of a blob (a relay in front
-//! of the registry).
+//! of the registry) resumed with a Range request, the digest checked over the whole blob; a store on a small full tmpfs (the blob, or the unpacked layer, runs
+//! out of space); a registry requiring a client certificate (mutual TLS).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -13,8 +14,10 @@ use ironlet_runtime::image::{
 };
 use ironlet_runtime::testkit::proxy::{ProxySettings, TcpProxy};
 use ironlet_runtime::testkit::registry::{
-    make_large_layout, make_multi_arch_layout, RegistryOptions, TestRegistry,
+    make_empty_files_layout, make_large_layout, make_multi_arch_layout, LargeImage,
+    RegistryOptions, TestRegistry,
 };
+use ironlet_runtime::testkit::smallfs::SmallFs;
 use ironlet_runtime::testkit::test_images;
 use ironlet_runtime::ImageService;
 
@@ -440,7 +443,7 @@ async fn a_mirror_that_is_down_falls_back_and_a_rewrite_maps_the_repository() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_connection_dropped_in_the_middle_of_a_blob_registers_nothing_and_a_repull_completes() {
+async fn a_connection_dropped_in_the_middle_of_a_blob_is_resumed_and_the_whole_blob_verified() {
     let reg = registry(false);
     let work = tempfile::tempdir().unwrap();
     let big = make_large_layout(&work.path().join("big"), 8 << 20, 7).unwrap();
@@ -448,44 +451,197 @@ async fn a_connection_dropped_in_the_middle_of_a_blob_registers_nothing_and_a_re
         .unwrap();
     // The first connection to carry 2 MiB is cut: the manifest and config are small, so
     // the cut lands in the layer blob.
-    let proxy = TcpProxy::start(
-        &reg.host(),
-        ProxySettings {
-            cut_once_after: Some(2 << 20),
-            ..ProxySettings::default()
-        },
-    )
-    .unwrap();
+    let cut = ProxySettings {
+        cut_once_after: Some(2 << 20),
+        ..ProxySettings::default()
+    };
+    let proxy = TcpProxy::start(&reg.host(), cut).unwrap();
     let tmp = tempfile::tempdir().unwrap();
     let svc = LocalImageService::with_pull_config(
         Arc::new(ImageStore::open(tmp.path()).unwrap()),
         reg.pull_config(&proxy.host()).unwrap(),
     );
     let reference = format!("{}/big:1", proxy.host());
+    let hex = &big.layer["sha256:".len()..];
+    // A byte of the registry's blob past the cut is flipped: only the resumed response
+    // carries it, and the digest over the whole blob catches it.
+    let data = reg.blob_file(hex);
+    let whole = std::fs::read(&data).unwrap();
+    let mut tampered = whole.clone();
+    tampered[6 << 20] ^= 0xff;
+    std::fs::write(&data, &tampered).unwrap();
     let err = svc
         .pull_image(&reference, PullRequest::default())
         .await
         .unwrap_err();
     assert_eq!(proxy.cuts(), 1);
-    assert_eq!(err.kubelet_reason(), "ErrImagePull", "{err}");
+    assert!(matches!(err, ImageError::DigestMismatch { .. }), "{err:?}");
+    assert!(err.to_string().contains(hex), "{err}");
     assert!(svc.list_images().await.unwrap().is_empty());
-    assert!(!tmp
-        .path()
-        .join("blobs/sha256")
-        .join(&big.layer["sha256:".len()..])
-        .exists());
+    assert!(!tmp.path().join("blobs/sha256").join(hex).exists());
     assert_clean_staging(tmp.path());
+
+    // The registry's blob as pushed, cut once again: one pull, resumed, not restarted.
+    std::fs::write(&data, &whole).unwrap();
+    proxy.set(cut);
+    let relayed_before = proxy.bytes_down();
     let report = svc
         .pull_image(&reference, PullRequest::default())
         .await
         .unwrap();
+    assert_eq!(proxy.cuts(), 2, "the connection was cut in this pull too");
+    let relayed = proxy.bytes_down() - relayed_before;
+    assert!(
+        relayed < big.layer_size + (1 << 20),
+        "{relayed} bytes relayed for a {} byte blob: the download restarted",
+        big.layer_size
+    );
     assert_eq!(report.image.id, big.config);
     assert_eq!(report.manifest, big.manifest);
     assert_eq!(report.bytes_fetched, big.layer_size);
-    let blob = tmp
-        .path()
-        .join("blobs/sha256")
-        .join(&big.layer["sha256:".len()..]);
-    assert_eq!(std::fs::metadata(&blob).unwrap().len(), big.layer_size);
+    let blob = tmp.path().join("blobs/sha256").join(hex);
+    assert_eq!(sha256_file(&blob), hex, "the stored blob is the registry's");
     assert_clean_staging(tmp.path());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_requiring_a_client_certificate_is_pulled_from_with_cert_file_and_key_file() {
+    let reg = TestRegistry::start(RegistryOptions {
+        client_auth: true,
+        ..RegistryOptions::default()
+    })
+    .expect("start docker-registry with client certificates required");
+    let layout = test_images().unwrap().join("busybox");
+    reg.push(&layout, "busybox:1", &[]).unwrap();
+    let reference = format!("{}/busybox:1", reg.host());
+    // Trusting the registry's CA is not enough: the TLS handshake fails without a
+    // client certificate.
+    let tmp = tempfile::tempdir().unwrap();
+    let svc = service(&reg, tmp.path());
+    let err = svc
+        .pull_image(&reference, PullRequest::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ImageError::Registry { .. }), "{err:?}");
+    assert!(err.to_string().contains(&reg.host()), "{err}");
+    assert_eq!(blob_count(tmp.path()), 0);
+    // registries.yaml's configs.<host>.tls.cert_file/key_file.
+    let tmp = tempfile::tempdir().unwrap();
+    let svc = LocalImageService::with_pull_config(
+        Arc::new(ImageStore::open(tmp.path()).unwrap()),
+        reg.pull_config(&reg.host()).unwrap(),
+    );
+    let report = svc
+        .pull_image(&reference, PullRequest::default())
+        .await
+        .unwrap();
+    assert_eq!(report.image.id, imported_id(&layout));
+    assert_eq!(report.layers_fetched, 1);
+    assert_clean_staging(tmp.path());
+}
+
+/// Pulls `reference` (one layer, `image`) into `svc`'s store on `fs` with `free` bytes
+/// left: it must fail with a disk-full error naming a path under `expect_under`, leave
+/// no image, blob, snapshot or staging and give all the space back; with the filler gone
+/// the same pull must succeed and store the registry's blob.
+async fn full_then_freed(
+    fs: &SmallFs,
+    svc: &LocalImageService,
+    reference: &str,
+    image: &LargeImage,
+    free: u64,
+    expect_under: &Path,
+) {
+    let root = fs.path().join("store");
+    let blobs_before = blob_count(&root);
+    let snapshots_before = std::fs::read_dir(root.join("snapshots")).unwrap().count();
+    fs.fill_leaving(free).unwrap();
+    let before = fs.available().unwrap();
+    let err = svc
+        .pull_image(reference, PullRequest::default())
+        .await
+        .unwrap_err();
+    let ImageError::DiskFull { path } = &err else {
+        panic!("{reference}: not a disk-full error: {err:?}");
+    };
+    assert!(path.starts_with(expect_under), "{reference}: {err}");
+    assert!(err.to_string().contains("no space left on device"), "{err}");
+    assert_eq!(err.kubelet_reason(), "ErrImagePull");
+    // Nothing registered, no new blob (layer, config, manifest) or snapshot, no staging,
+    // and all the space given back.
+    assert!(svc.get_image(reference).await.unwrap().is_none());
+    assert_eq!(blob_count(&root), blobs_before, "{reference}");
+    let snapshots = std::fs::read_dir(root.join("snapshots")).unwrap().count();
+    assert_eq!(snapshots, snapshots_before, "{reference}");
+    assert_clean_staging(&root);
+    let after = fs.available().unwrap();
+    assert!(
+        after + (64 << 10) >= before,
+        "{reference}: the failed pull kept {} bytes",
+        before - after
+    );
+    fs.free_filler().unwrap();
+    let report = svc
+        .pull_image(reference, PullRequest::default())
+        .await
+        .unwrap();
+    assert_eq!(report.image.id, image.config);
+    assert_eq!(report.manifest, image.manifest);
+    let blob = root
+        .join("blobs/sha256")
+        .join(&image.layer["sha256:".len()..]);
+    assert_eq!(
+        format!("sha256:{}", sha256_file(&blob)),
+        image.layer,
+        "the stored blob is the registry's"
+    );
+    assert_clean_staging(&root);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pull_into_a_full_disk_fails_naming_it_leaves_nothing_and_succeeds_once_space_is_freed() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipping: needs root to mount a small tmpfs");
+        return;
+    }
+    let reg = registry(false);
+    let work = tempfile::tempdir().unwrap();
+    // 8 MiB of data: the store needs the blob and the unpacked file, 16 MiB; the unpacked
+    // file runs out first (the unpacker writes bigger pieces).
+    let big = make_large_layout(&work.path().join("big"), 8 << 20, 11).unwrap();
+    reg.push(&work.path().join("big"), "big:1", &["--preserve-digests"])
+        .unwrap();
+    // 6144 empty files: a 3 MiB blob, nothing to store unpacked but inodes: the blob
+    // download runs out.
+    let empty = make_empty_files_layout(&work.path().join("empty"), 6144).unwrap();
+    reg.push(
+        &work.path().join("empty"),
+        "empty:1",
+        &["--preserve-digests"],
+    )
+    .unwrap();
+    let fs = SmallFs::mount(24 << 20).unwrap();
+    let root = fs.path().join("store");
+    let svc = LocalImageService::with_pull_config(
+        Arc::new(ImageStore::open(&root).unwrap()),
+        reg.pull_config(&reg.host()).unwrap(),
+    );
+    let host = reg.host();
+    full_then_freed(
+        &fs,
+        &svc,
+        &format!("{host}/empty:1"),
+        &empty,
+        2 << 20,
+        &root.join("ingest"),
+    )
+    .await;
+    full_then_freed(&fs, &svc, &format!("{host}/big:1"), &big, 12 << 20, &root).await;
+}
+
+fn sha256_file(path: &Path) -> String {
+    use sha2::Digest as _;
+    let mut h = sha2::Sha256::new();
+    std::io::copy(&mut std::fs::File::open(path).unwrap(), &mut h).unwrap();
+    hex::encode(h.finalize())
 }

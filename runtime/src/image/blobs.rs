@@ -183,6 +183,11 @@ impl io::Write for BlobIngest {
 }
 
 impl BlobIngest {
+    /// The temp file in `ingest/` being written.
+    pub(crate) fn path(&self) -> &Path {
+        &self.tmp
+    }
+
     /// The digest and size of what was written, dropping the temp file.
     pub(crate) fn discard(mut self) -> (Digest, u64) {
         std::mem::take(&mut self.hasher).finish()

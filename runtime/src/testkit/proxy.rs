@@ -13,7 +13,7 @@
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -33,6 +33,8 @@ struct Shared {
     settings: Mutex<ProxySettings>,
     stop: AtomicBool,
     cuts: AtomicUsize,
+    /// Bytes relayed downstream, every connection.
+    down: AtomicU64,
     open: Mutex<Vec<TcpStream>>,
 }
 
@@ -94,6 +96,11 @@ impl TcpProxy {
     pub fn cuts(&self) -> usize {
         self.shared.cuts.load(Ordering::SeqCst)
     }
+
+    /// Bytes relayed from upstream to clients so far (TLS records included).
+    pub fn bytes_down(&self) -> u64 {
+        self.shared.down.load(Ordering::SeqCst)
+    }
 }
 
 impl Drop for TcpProxy {
@@ -151,7 +158,9 @@ fn relay(shared: &Arc<Shared>, client: TcpStream, server: TcpStream) {
                         s.cut_once_after = None;
                         drop(s);
                         let keep = (limit - sent.min(limit)) as usize;
-                        let _ = to.write_all(&buf[..keep]);
+                        if to.write_all(&buf[..keep]).is_ok() {
+                            shared.down.fetch_add(keep as u64, Ordering::SeqCst);
+                        }
                         shared.cuts.fetch_add(1, Ordering::SeqCst);
                         let _ = to.shutdown(Shutdown::Both);
                         let _ = from.shutdown(Shutdown::Both);
@@ -163,6 +172,7 @@ fn relay(shared: &Arc<Shared>, client: TcpStream, server: TcpStream) {
                 break;
             }
             sent += n as u64;
+            shared.down.fetch_add(n as u64, Ordering::SeqCst);
             // Per chunk, so an idle keep-alive connection earns no burst.
             if let Some(rate) = settings.bytes_per_sec.filter(|r| *r > 0) {
                 std::thread::sleep(Duration::from_secs_f64(n as f64 / rate as f64));

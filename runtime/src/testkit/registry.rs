@@ -6,6 +6,7 @@
 //! ```text
 //!  TestRegistry::start ── openssl: ca.crt, server.crt (SAN 127.0.0.1, localhost)
 //!                      ── htpasswd -B (when auth is on)
+//!                      ── client.cert/.key signed by the CA (mutual TLS, when asked)
 //!                      ── docker-registry serve config.yml  (storage in the temp dir)
 //!  push(layout, "busybox:1") ── skopeo copy oci:<layout> docker://127.0.0.1:<port>/busybox:1
 //!  drop ── kill + wait the registry, remove the temp dir: nothing left behind
@@ -52,6 +53,9 @@ pub struct RegistryOptions {
     pub basic_auth: Option<(String, String)>,
     /// distribution's `token` auth instead: clients get Bearer tokens from `realm`.
     pub token_auth: Option<TokenAuth>,
+    /// Mutual TLS: the registry requires a client certificate signed by the test CA
+    /// (`http.tls.clientcas`); one is made ([`TestRegistry::client_cert_file`]).
+    pub client_auth: bool,
 }
 
 /// distribution's `auth: token` settings: tokens are JWTs from `issuer` for `service`,
@@ -84,6 +88,9 @@ impl TestRegistry {
             .tempdir()
             .map_err(|source| io("creating", std::env::temp_dir(), source))?;
         make_certs(dir.path())?;
+        if options.client_auth {
+            make_client_cert(dir.path())?;
+        }
         if let Some((user, pass)) = &options.basic_auth {
             let out = run(Command::new("htpasswd").args(["-Bbn", user, pass]))?;
             write(&dir.path().join("htpasswd"), &out)?;
@@ -125,7 +132,12 @@ impl TestRegistry {
         let config = format!(
             "version: 0.1\nlog:\n  level: warn\n  accesslog:\n    disabled: true\n\
              storage:\n  filesystem:\n    rootdirectory: {storage}\n  delete:\n    enabled: true\n\
-             http:\n  addr: 127.0.0.1:{port}\n  tls:\n    certificate: {crt}\n    key: {key}\n{auth}",
+             http:\n  addr: 127.0.0.1:{port}\n  tls:\n    certificate: {crt}\n    key: {key}\n{clientcas}{auth}",
+            clientcas = if self.options.client_auth {
+                format!("    clientcas:\n      - {}\n", self.ca_file().display())
+            } else {
+                String::new()
+            },
             storage = d.join("storage").display(),
             crt = d.join("server.crt").display(),
             key = d.join("server.key").display(),
@@ -172,15 +184,23 @@ impl TestRegistry {
     }
 
     /// Pull settings that trust this registry's CA at `host` (its own, or a relay's in
-    /// front of it): `configs: {host: {tls: {ca_file}}}`.
+    /// front of it): `configs: {host: {tls: {ca_file}}}`, with the client certificate
+    /// (`cert_file`, `key_file`) when the registry requires one.
     pub fn pull_config(
         &self,
         host: &str,
     ) -> std::result::Result<crate::image::PullConfig, crate::image::ImageError> {
-        let yaml = format!(
+        let mut yaml = format!(
             "configs:\n  \"{host}\":\n    tls:\n      ca_file: {}\n",
             self.ca_file().display()
         );
+        if self.options.client_auth {
+            yaml += &format!(
+                "      cert_file: {}\n      key_file: {}\n",
+                self.client_cert_file().display(),
+                self.client_key_file().display()
+            );
+        }
         Ok(crate::image::PullConfig {
             registries: crate::image::RegistriesConfig::parse(&yaml, Path::new("testkit"))?,
             ..Default::default()
@@ -190,6 +210,17 @@ impl TestRegistry {
     /// The PEM file of the CA that signed the registry's certificate.
     pub fn ca_file(&self) -> PathBuf {
         self.dir.path().join("certs").join("ca.crt")
+    }
+
+    /// The client certificate (PEM) a registry with `client_auth` accepts; also in the
+    /// certs dir skopeo pushes with (`client.cert`, containers-certs.d's name).
+    pub fn client_cert_file(&self) -> PathBuf {
+        self.dir.path().join("certs").join("client.cert")
+    }
+
+    /// The client certificate's private key (PEM).
+    pub fn client_key_file(&self) -> PathBuf {
+        self.dir.path().join("certs").join("client.key")
     }
 
     /// The registry's storage root (`docker/registry/v2/blobs/sha256/<ab>/<hex>/data`).
@@ -326,20 +357,50 @@ pub fn make_multi_arch_layout(layout: &Path, out: &Path) -> Result<MultiArch> {
 /// uncompressed tar of one file of `size` pseudo-random (incompressible) bytes from
 /// `seed`: a pull of it takes long enough to be interrupted in the middle of the layer.
 pub fn make_large_layout(out: &Path, size: u64, seed: u64) -> Result<LargeImage> {
+    single_layer_layout(out, |builder| {
+        let mut header = tar_header(tar::EntryType::Regular, 0o644, size);
+        builder.append_data(&mut header, "big", Noise(seed | 1).take(size))
+    })
+}
+
+/// Like [`make_large_layout`], but the layer is `count` empty files (`d/<n>`): its blob
+/// is 512 bytes a file while unpacked it takes no data blocks, so on a small file system
+/// the blob runs out of space before the unpacked layer does.
+pub fn make_empty_files_layout(out: &Path, count: u64) -> Result<LargeImage> {
+    single_layer_layout(out, |builder| {
+        let mut dir = tar_header(tar::EntryType::Directory, 0o755, 0);
+        builder.append_data(&mut dir, "d/", std::io::empty())?;
+        for n in 0..count {
+            let mut header = tar_header(tar::EntryType::Regular, 0o644, 0);
+            builder.append_data(&mut header, format!("d/{n}"), std::io::empty())?;
+        }
+        Ok(())
+    })
+}
+
+/// A GNU tar header of `kind`, `mode` and `size`, mtime 0.
+fn tar_header(kind: tar::EntryType, mode: u32, size: u64) -> tar::Header {
+    let mut header = tar::Header::new_gnu();
+    header.set_size(size);
+    header.set_mode(mode);
+    header.set_mtime(0);
+    header.set_entry_type(kind);
+    header.set_cksum();
+    header
+}
+
+/// An OCI layout of one image (`big:latest`) whose single uncompressed layer is the tar
+/// `fill` writes.
+fn single_layer_layout(
+    out: &Path,
+    fill: impl FnOnce(&mut tar::Builder<std::io::BufWriter<std::fs::File>>) -> std::io::Result<()>,
+) -> Result<LargeImage> {
     let blobs = out.join("blobs/sha256");
     std::fs::create_dir_all(&blobs).map_err(|e| io("creating", &blobs, e))?;
     let staging = out.join("layer.tar");
     let file = std::fs::File::create(&staging).map_err(|e| io("creating", &staging, e))?;
     let mut builder = tar::Builder::new(std::io::BufWriter::new(file));
-    let mut header = tar::Header::new_gnu();
-    header.set_size(size);
-    header.set_mode(0o644);
-    header.set_mtime(0);
-    header.set_entry_type(tar::EntryType::Regular);
-    header.set_cksum();
-    builder
-        .append_data(&mut header, "big", Noise(seed | 1).take(size))
-        .map_err(|e| io("writing", &staging, e))?;
+    fill(&mut builder).map_err(|e| io("writing", &staging, e))?;
     builder
         .into_inner()
         .and_then(|w| w.into_inner().map_err(|e| e.into_error()))
@@ -395,7 +456,8 @@ pub fn dir_sizes(dir: &Path) -> Vec<(PathBuf, u64)> {
         .unwrap_or_default()
 }
 
-/// What [`make_large_layout`] made (digests as `sha256:<hex>`).
+/// What [`make_large_layout`] or [`make_empty_files_layout`] made (digests as
+/// `sha256:<hex>`).
 #[derive(Debug, Clone)]
 pub struct LargeImage {
     pub manifest: String,
@@ -516,25 +578,57 @@ fn make_certs(dir: &Path) -> Result<()> {
         .arg(dir.join("ca.key"))
         .arg("-out")
         .arg(certs.join("ca.crt")))?;
+    issue(
+        dir,
+        "/CN=127.0.0.1",
+        &ext,
+        &dir.join("server.key"),
+        &dir.join("server.crt"),
+    )
+}
+
+/// A client certificate (CN ironlet-test-client, extendedKeyUsage clientAuth) signed by
+/// the test CA, in `dir/certs/client.{cert,key}`.
+fn make_client_cert(dir: &Path) -> Result<()> {
+    let certs = dir.join("certs");
+    let ext = dir.join("client.ext");
+    write(
+        &ext,
+        b"basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=clientAuth\n",
+    )?;
+    issue(
+        dir,
+        "/CN=ironlet-test-client",
+        &ext,
+        &certs.join("client.key"),
+        &certs.join("client.cert"),
+    )
+}
+
+/// A P-256 key in `key` and its certificate for `subject` with the extensions of file
+/// `ext`, signed by the test CA (`dir/ca.key`, `dir/certs/ca.crt`), in `cert`.
+fn issue(dir: &Path, subject: &str, ext: &Path, key: &Path, cert: &Path) -> Result<()> {
+    let csr = cert.with_extension("csr");
     run(Command::new("openssl")
-        .args(["req", "-nodes", "-subj", "/CN=127.0.0.1"])
-        .args(ec)
+        .args(["req", "-nodes", "-subj", subject])
+        .args(["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"])
         .arg("-keyout")
-        .arg(dir.join("server.key"))
+        .arg(key)
         .arg("-out")
-        .arg(dir.join("server.csr")))?;
+        .arg(&csr))?;
     run(Command::new("openssl")
         .args(["x509", "-req", "-days", "2", "-CAcreateserial"])
         .arg("-in")
-        .arg(dir.join("server.csr"))
+        .arg(&csr)
         .arg("-CA")
-        .arg(certs.join("ca.crt"))
+        .arg(dir.join("certs").join("ca.crt"))
         .arg("-CAkey")
         .arg(dir.join("ca.key"))
         .arg("-extfile")
-        .arg(&ext)
+        .arg(ext)
         .arg("-out")
-        .arg(dir.join("server.crt")))?;
+        .arg(cert))?;
+    let _ = std::fs::remove_file(&csr);
     Ok(())
 }
 

@@ -16,11 +16,12 @@
 //! gave up, so a re-pull after a timeout finds the layers done.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use futures_util::future::{BoxFuture, FutureExt, Shared};
-use futures_util::{StreamExt, TryStreamExt};
+use futures_util::StreamExt;
 
 use super::credentials::{Credentials, Keyring};
 use super::layer::fetch_layer;
@@ -270,17 +271,37 @@ impl Job {
                 digest: l.digest.to_string(),
             });
         }
-        let bytes_fetched: u64 = futures_util::stream::iter(todo.iter().cloned())
-            .map(|layer| async {
-                let digest = layer.digest.to_string();
-                let bytes =
-                    fetch_layer(Arc::clone(&self.store), Arc::clone(&remote), layer).await?;
-                self.report(PullProgress::LayerDone { digest, bytes });
-                Ok::<_, ImageError>(bytes)
-            })
-            .buffer_unordered(self.config.max_concurrent_layers.max(1))
-            .try_fold(0u64, |acc, n| async move { Ok(acc + n) })
-            .await?;
+        // After a failure no further layer starts, and the pull ends only when the layers
+        // in flight have (their staging removed, or their snapshot verified and kept): a
+        // caller that sees the error never races a layer still writing.
+        let failed = AtomicBool::new(false);
+        let results: Vec<Result<u64, ImageError>> =
+            futures_util::stream::iter(todo.iter().cloned())
+                .map(|layer| async {
+                    if failed.load(Ordering::SeqCst) {
+                        return Ok(0);
+                    }
+                    let digest = layer.digest.to_string();
+                    let fetched =
+                        fetch_layer(Arc::clone(&self.store), Arc::clone(&remote), layer).await;
+                    match fetched {
+                        Ok(bytes) => {
+                            self.report(PullProgress::LayerDone { digest, bytes });
+                            Ok(bytes)
+                        }
+                        Err(e) => {
+                            failed.store(true, Ordering::SeqCst);
+                            Err(e)
+                        }
+                    }
+                })
+                .buffer_unordered(self.config.max_concurrent_layers.max(1))
+                .collect()
+                .await;
+        let mut bytes_fetched = 0u64;
+        for r in results {
+            bytes_fetched += r?;
+        }
         let store = Arc::clone(&self.store);
         let reference = self.reference.clone();
         let manifest_key = manifest_digest.clone();

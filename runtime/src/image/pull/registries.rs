@@ -8,13 +8,16 @@
 //! configs:
 //!   "mirror.local:5000":
 //!     auth: {username: u, password: p}               # or auth: <base64 user:pass>
-//!     tls: {ca_file: /etc/ca.pem, insecure_skip_verify: false}
+//!     tls: {ca_file: /etc/ca.pem, cert_file: /etc/client.crt, key_file: /etc/client.key,
+//!           insecure_skip_verify: false}
 //! ```
 //!
 //! A pull tries the mirror endpoints in order, then the registry itself (k3s' default
-//! endpoint fallback). `http://` endpoints are spoken to in plain HTTP. Client certificates
-//! (`cert_file`/`key_file`) are refused when the file is loaded: the registry client
-//! (oci-client 0.15) cannot present one, and ignoring them silently would be worse.
+//! endpoint fallback). `http://` endpoints are spoken to in plain HTTP. A client certificate
+//! (`tls: {cert_file: client.crt, key_file: client.key}`, PEM, both or neither) is presented
+//! to a registry that asks for one (mutual TLS; oci-client carries a patch for it, see
+//! vendor/oci-client/PATCHES.md). Every file named is read when the config is loaded, so a
+//! typo or an unreadable key fails there.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -88,6 +91,9 @@ pub struct Endpoint {
     pub plain_http: bool,
     /// PEM CA bundle to trust in addition to the system roots.
     pub ca_pem: Option<Vec<u8>>,
+    /// PEM client certificate (chain) followed by its private key, for registries that
+    /// require mutual TLS.
+    pub client_identity_pem: Option<Vec<u8>>,
     pub insecure_skip_verify: bool,
     /// `true` for the registry itself (the last resort after its mirrors).
     pub upstream: bool,
@@ -108,14 +114,20 @@ impl RegistriesConfig {
         let cfg: Self = serde_yaml::from_str(text).map_err(|e| bad(e.to_string()))?;
         for (host, c) in &cfg.configs {
             if let Some(tls) = &c.tls {
-                if tls.cert_file.is_some() || tls.key_file.is_some() {
+                if tls.cert_file.is_some() != tls.key_file.is_some() {
                     return Err(bad(format!(
-                        "configs.{host}.tls: client certificates (cert_file/key_file) are not supported"
+                        "configs.{host}.tls: a client certificate needs both cert_file and key_file"
                     )));
                 }
-                if let Some(ca) = &tls.ca_file {
-                    std::fs::metadata(ca)
-                        .map_err(|e| bad(format!("configs.{host}.tls.ca_file {ca:?}: {e}")))?;
+                for (key, file) in [
+                    ("ca_file", &tls.ca_file),
+                    ("cert_file", &tls.cert_file),
+                    ("key_file", &tls.key_file),
+                ] {
+                    if let Some(file) = file {
+                        std::fs::File::open(file)
+                            .map_err(|e| bad(format!("configs.{host}.tls.{key} {file:?}: {e}")))?;
+                    }
                 }
             }
         }
@@ -162,17 +174,26 @@ impl RegistriesConfig {
         upstream: bool,
     ) -> Result<Endpoint, ImageError> {
         let tls = self.configs.get(&host).and_then(|c| c.tls.as_ref());
-        let ca_pem = match tls.and_then(|t| t.ca_file.as_ref()) {
-            Some(path) => {
-                Some(std::fs::read(path).map_err(|e| ImageError::io("reading", path, e))?)
+        let read =
+            |path: &PathBuf| std::fs::read(path).map_err(|e| ImageError::io("reading", path, e));
+        let ca_pem = tls.and_then(|t| t.ca_file.as_ref()).map(read).transpose()?;
+        let client_identity_pem = match tls.map(|t| (&t.cert_file, &t.key_file)) {
+            Some((Some(cert), Some(key))) => {
+                let mut pem = read(cert)?;
+                if !pem.ends_with(b"\n") {
+                    pem.push(b'\n');
+                }
+                pem.extend(read(key)?);
+                Some(pem)
             }
-            None => None,
+            _ => None,
         };
         Ok(Endpoint {
             host,
             repository,
             plain_http,
             ca_pem,
+            client_identity_pem,
             insecure_skip_verify: tls.is_some_and(|t| t.insecure_skip_verify),
             upstream,
         })
@@ -285,15 +306,49 @@ configs:
     }
 
     #[test]
-    fn client_certificates_and_unknown_keys_are_refused_with_the_file_named() {
+    fn half_a_client_certificate_missing_files_and_unknown_keys_are_refused_with_the_file_named() {
         let e = RegistriesConfig::parse(
-            "configs:\n  h:\n    tls: {cert_file: /c, key_file: /k}\n",
+            "configs:\n  h:\n    tls: {cert_file: /c}\n",
             Path::new("/etc/r.yaml"),
         )
         .unwrap_err();
         assert!(e.to_string().contains("/etc/r.yaml"), "{e}");
-        assert!(e.to_string().contains("client certificates"), "{e}");
+        assert!(e.to_string().contains("both cert_file and key_file"), "{e}");
+        let e = RegistriesConfig::parse(
+            "configs:\n  h:\n    tls: {cert_file: /nonexistent/c, key_file: /nonexistent/k}\n",
+            Path::new("/etc/r.yaml"),
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("cert_file \"/nonexistent/c\""),
+            "{e}"
+        );
         let e = RegistriesConfig::parse("mirror: {}\n", Path::new("r.yaml")).unwrap_err();
         assert!(e.to_string().contains("mirror"), "{e}");
+    }
+
+    #[test]
+    fn a_client_certificate_and_its_key_go_to_the_endpoint_as_one_pem() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = (dir.path().join("c.pem"), dir.path().join("k.pem"));
+        std::fs::write(&cert, "CERT").unwrap();
+        std::fs::write(&key, "KEY\n").unwrap();
+        let yaml = format!(
+            "configs:\n  \"r:5000\":\n    tls: {{cert_file: {}, key_file: {}}}\n",
+            cert.display(),
+            key.display()
+        );
+        let cfg = RegistriesConfig::parse(&yaml, Path::new("r.yaml")).unwrap();
+        let eps = cfg
+            .endpoints(&Reference::parse("r:5000/a:1").unwrap())
+            .unwrap();
+        assert_eq!(
+            eps[0].client_identity_pem.as_deref(),
+            Some(&b"CERT\nKEY\n"[..])
+        );
+        let other = cfg
+            .endpoints(&Reference::parse("s:5000/a:1").unwrap())
+            .unwrap();
+        assert_eq!(other[0].client_identity_pem, None);
     }
 }

@@ -4,7 +4,9 @@
 //! registry's own message, which is what the pod's waiting message shows.
 
 use futures_util::stream::BoxStream;
-use oci_client::client::{Certificate, CertificateEncoding, ClientConfig, ClientProtocol};
+use oci_client::client::{
+    BlobResponse, Certificate, CertificateEncoding, ClientConfig, ClientProtocol,
+};
 use oci_client::errors::OciDistributionError;
 use oci_client::manifest::OciDescriptor;
 use oci_client::secrets::RegistryAuth;
@@ -23,6 +25,14 @@ const ACCEPT: [&str; 4] = [
     oci::MT_DOCKER_MANIFEST,
     oci::MT_DOCKER_LIST,
 ];
+
+/// A blob response: its bytes, and how many at their start the caller already has.
+pub(crate) struct BlobBody {
+    pub(crate) stream: BoxStream<'static, std::io::Result<bytes::Bytes>>,
+    /// Bytes to drop at the start of `stream` (a resumed download whose registry ignored
+    /// the `Range` header and sent the blob from its start).
+    pub(crate) skip: u64,
+}
 
 /// A repository at one endpoint, with the credentials chosen for it.
 pub(crate) struct Remote {
@@ -54,6 +64,7 @@ impl Remote {
                     data: pem.clone(),
                 })
                 .collect(),
+            client_identity_pem: endpoint.client_identity_pem.clone(),
             connect_timeout: Some(std::time::Duration::from_secs(30)),
             read_timeout: Some(std::time::Duration::from_secs(60)),
             user_agent: concat!("ironlet/", env!("CARGO_PKG_VERSION")),
@@ -174,17 +185,50 @@ impl Remote {
         Ok(out)
     }
 
-    /// A layer blob as a stream of chunks (verified by the caller as it is consumed).
-    pub(crate) async fn blob_stream(
+    /// A layer blob from byte `offset` on, as a stream of chunks (verified by the caller as
+    /// it is consumed). From an offset past 0 it asks for a `Range`; a registry that
+    /// ignores it sends the whole blob again, whose first `offset` bytes the caller skips.
+    pub(crate) async fn blob_from(
         &self,
         desc: &oci::Descriptor,
-    ) -> Result<BoxStream<'static, std::io::Result<bytes::Bytes>>, ImageError> {
-        let s = self
+        offset: u64,
+    ) -> Result<BlobBody, ImageError> {
+        let r = self.by_digest(&desc.digest.to_string());
+        if offset == 0 {
+            let s = self
+                .client
+                .pull_blob_stream(&r, &oci_desc(desc))
+                .await
+                .map_err(|e| self.error(e))?;
+            return Ok(BlobBody {
+                stream: s.stream,
+                skip: 0,
+            });
+        }
+        let response = self
             .client
-            .pull_blob_stream(&self.by_digest(&desc.digest.to_string()), &oci_desc(desc))
+            .pull_blob_stream_partial(&r, &oci_desc(desc), offset, None)
             .await
             .map_err(|e| self.error(e))?;
-        Ok(s.stream)
+        match response {
+            BlobResponse::Full(s) => Ok(BlobBody {
+                stream: s.stream,
+                skip: offset,
+            }),
+            BlobResponse::Partial(s) => {
+                let rest = desc.size.saturating_sub(offset);
+                if s.content_length.is_some_and(|n| n != rest) {
+                    return Err(self.protocol(format!(
+                        "asked for blob {} from byte {offset}, got {:?} bytes instead of {rest}",
+                        desc.digest, s.content_length
+                    )));
+                }
+                Ok(BlobBody {
+                    stream: s.stream,
+                    skip: 0,
+                })
+            }
+        }
     }
 
     pub(crate) fn location(&self, digest: &Digest) -> String {
