@@ -232,13 +232,22 @@ impl Server {
             }
         }
         let mut i = 0;
+        let mut any_gone = false;
         while i < self.workers.len() {
             if self.workers[i].replied && self.workers[i].exit.is_some() {
                 let w = self.workers.swap_remove(i);
                 self.worker_gone(w.pid);
+                any_gone = true;
             } else {
                 i += 1;
             }
+        }
+        // A worker's end is when what libcontainer did not reap becomes ours.
+        if any_gone {
+            sys::reap_libcontainer_leftovers(|pid| {
+                self.workers.iter().any(|w| w.pid == pid)
+                    || self.watched.iter().any(|w| w.pid == pid)
+            });
         }
     }
 

@@ -103,3 +103,95 @@ pub(crate) fn grow_pipe(fd: &OwnedFd) {
 pub(crate) fn unblock_all_signals() {
     let _ = nix::sys::signal::SigSet::empty().thread_set_mask();
 }
+
+/// Reaps the zombie children of the calling thread that libcontainer left behind (its
+/// `youki:[…]` helper processes, orphaned when the worker that created them ended first,
+/// e.g. killed when an exec probe timed out) and that `known` does not claim. Such a zombie
+/// sits in the container's pid namespace, and a namespace's init cannot finish dying until
+/// every process in it is reaped: left alone, it keeps a killed container "running" for
+/// ever. Anything else is left to whoever watches it. Returns how many were reaped.
+pub(crate) fn reap_libcontainer_leftovers(known: impl Fn(i32) -> bool) -> usize {
+    let Ok(children) = std::fs::read_to_string("/proc/thread-self/children") else {
+        return 0;
+    };
+    let mut reaped = 0;
+    for pid in children
+        .split_whitespace()
+        .filter_map(|p| p.parse::<i32>().ok())
+    {
+        if known(pid) {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // `pid (comm) state …`; comm may hold spaces and parentheses, the state follows the
+        // last `)`.
+        let Some((head, tail)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let comm = head.split_once('(').map_or("", |(_, c)| c);
+        if !comm.starts_with("youki:") || !tail.trim_start().starts_with('Z') {
+            continue;
+        }
+        let flags = nix::sys::wait::WaitPidFlag::WNOHANG;
+        if let Ok(status) = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), Some(flags)) {
+            if status.pid().is_some() {
+                tracing::debug!(pid, comm, "reaped a process libcontainer left behind");
+                reaped += 1;
+            }
+        }
+    }
+    reaped
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+    use nix::unistd::{fork, ForkResult, Pid};
+
+    /// A child named `name` that exits at once; returned once it is a zombie.
+    fn zombie(name: &std::ffi::CStr) -> Pid {
+        // SAFETY: the child only calls prctl and _exit, both async-signal-safe.
+        match unsafe { fork() } {
+            Ok(ForkResult::Child) => unsafe {
+                libc::prctl(libc::PR_SET_NAME, name.as_ptr());
+                libc::_exit(0)
+            },
+            Ok(ForkResult::Parent { child }) => {
+                let stat = format!("/proc/{child}/stat");
+                for _ in 0..500 {
+                    let state = std::fs::read_to_string(&stat).unwrap_or_default();
+                    if state
+                        .rsplit_once(')')
+                        .is_some_and(|(_, t)| t.trim_start().starts_with('Z'))
+                    {
+                        return child;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                panic!("{child} did not become a zombie");
+            }
+            Err(e) => panic!("fork: {e}"),
+        }
+    }
+
+    #[test]
+    fn only_unclaimed_libcontainer_zombies_are_reaped() {
+        let left = zombie(c"youki:[1:INTER]");
+        let claimed = zombie(c"youki:[2:INIT]");
+        let other = zombie(c"sleep");
+        let reaped = reap_libcontainer_leftovers(|pid| pid == claimed.as_raw());
+        assert_eq!(reaped, 1);
+        // Gone: nothing is left to wait for.
+        assert!(waitpid(left, Some(WaitPidFlag::WNOHANG)).is_err());
+        // Left to their owners, who still get their status.
+        for pid in [claimed, other] {
+            assert_eq!(
+                waitpid(pid, Some(WaitPidFlag::WNOHANG)),
+                Ok(WaitStatus::Exited(pid, 0))
+            );
+        }
+    }
+}
