@@ -168,10 +168,15 @@ pub fn pod_is_terminal(status: &PodStatus) -> bool {
 /// terminal status that could have running containers". While a container of the pod still
 /// runs, a terminal `status` (an eviction, a node shutdown, an active deadline: phase Failed
 /// as soon as the kill starts) is published with the phase, reason and message of `old` (the
-/// status published before, or the pod's own; `Pending` without one); its conditions and
-/// container statuses stay as computed (`Ready=False`, `DisruptionTarget`). Once the kill has
-/// stopped every container, the terminal phase goes out. What the worker decides on is the
-/// status as computed, not this one.
+/// status published before, or the pod's own; `Pending` without one); a new
+/// `DisruptionTarget` condition waits for the terminal phase too, as in kubelet. Once the kill
+/// has stopped every container, both go out. What the worker decides on is the status as
+/// computed, not this one.
+///
+/// Difference from kubelet: the other conditions and the container statuses stay as
+/// computed for the terminal phase, so a pod killed by an eviction or a node shutdown is
+/// `Ready=False` (`PodFailed`) from the start of its kill; kubelet keeps its readiness until
+/// the terminal phase is sent.
 pub fn delay_terminal_phase(
     mut status: PodStatus,
     runtime: &RuntimePodStatus,
@@ -194,6 +199,15 @@ pub fn delay_terminal_phase(
     );
     status.reason = old.and_then(|o| o.reason.clone());
     status.message = old.and_then(|o| o.message.clone());
+    // kubelet sends a new `DisruptionTarget` only with the terminal phase.
+    let had_target = old
+        .and_then(|o| o.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == conditions::DISRUPTION_TARGET));
+    if !had_target {
+        if let Some(list) = status.conditions.as_mut() {
+            list.retain(|c| c.type_ != conditions::DISRUPTION_TARGET);
+        }
+    }
     status
 }
 
@@ -506,13 +520,26 @@ mod tests {
             ("Running", None),
             "a container still runs: {published:?}"
         );
-        assert_eq!(condition(&published, "DisruptionTarget").status, "True");
+        assert!(
+            published
+                .conditions
+                .iter()
+                .flatten()
+                .all(|c| c.type_ != "DisruptionTarget"),
+            "DisruptionTarget goes out with the terminal phase"
+        );
         let ready = condition(&published, "Ready");
         assert_eq!(
             (ready.status.as_str(), ready.reason.as_deref()),
             ("False", Some("PodFailed"))
         );
         assert_eq!(published.container_statuses, computed.container_statuses);
+        // Once published (an agent restarted in the middle of the kill), it stays.
+        let mut running_with_target = computed.clone();
+        running_with_target.phase = Some("Running".into());
+        let again = delay_terminal_phase(computed.clone(), &s.runtime, Some(&running_with_target));
+        assert_eq!(phase(&again), "Running");
+        assert_eq!(condition(&again, "DisruptionTarget").status, "True");
         // Without a status before it, the held phase is Pending.
         let first = delay_terminal_phase(computed, &s.runtime, None);
         assert_eq!(phase(&first), "Pending");
@@ -532,6 +559,7 @@ mod tests {
             (phase(&published), published.reason.as_deref()),
             ("Failed", Some("Terminated"))
         );
+        assert_eq!(condition(&published, "DisruptionTarget").status, "True");
         // A phase published terminal stays so even if a container were seen running.
         let failed = delay_terminal_phase(
             published.clone(),
