@@ -164,6 +164,53 @@ pub fn pod_is_terminal(status: &PodStatus) -> bool {
     Phase::of(status).is_terminal()
 }
 
+/// kubelet's status manager (`mergePodStatus`): "the Kubelet should never transition a pod to
+/// terminal status that could have running containers". While a container of the pod still
+/// runs, a terminal `status` (an eviction, a node shutdown, an active deadline: phase Failed
+/// as soon as the kill starts) is published with the phase, reason and message of `old` (the
+/// status published before, or the pod's own; `Pending` without one); a new
+/// `DisruptionTarget` condition waits for the terminal phase too, as in kubelet. Once the kill
+/// has stopped every container, both go out. What the worker decides on is the status as
+/// computed, not this one.
+///
+/// Difference from kubelet: the other conditions and the container statuses stay as
+/// computed for the terminal phase, so a pod killed by an eviction or a node shutdown is
+/// `Ready=False` (`PodFailed`) from the start of its kill; kubelet keeps its readiness until
+/// the terminal phase is sent.
+pub fn delay_terminal_phase(
+    mut status: PodStatus,
+    runtime: &RuntimePodStatus,
+    old: Option<&PodStatus>,
+) -> PodStatus {
+    let running = runtime
+        .containers
+        .iter()
+        .any(|c| c.state == ironlet_runtime::types::ContainerState::Running);
+    if !running || !pod_is_terminal(&status) {
+        return status;
+    }
+    // A terminal phase published before stays (a phase never leaves Succeeded/Failed).
+    if old.is_some_and(pod_is_terminal) {
+        return status;
+    }
+    status.phase = Some(
+        old.and_then(|o| o.phase.clone())
+            .unwrap_or_else(|| Phase::Pending.as_str().to_owned()),
+    );
+    status.reason = old.and_then(|o| o.reason.clone());
+    status.message = old.and_then(|o| o.message.clone());
+    // kubelet sends a new `DisruptionTarget` only with the terminal phase.
+    let had_target = old
+        .and_then(|o| o.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == conditions::DISRUPTION_TARGET));
+    if !had_target {
+        if let Some(list) = status.conditions.as_mut() {
+            list.retain(|c| c.type_ != conditions::DISRUPTION_TARGET);
+        }
+    }
+    status
+}
+
 /// kubelet's `generateAPIPodStatus` followed by the status manager's time keeping.
 pub fn generate_pod_status(inputs: &StatusInputs<'_>) -> PodStatus {
     let pod = inputs.pod;
@@ -452,6 +499,74 @@ mod tests {
             condition(&status, "Ready").reason.as_deref(),
             Some("PodFailed")
         );
+    }
+
+    #[test]
+    fn a_killed_pods_terminal_phase_is_published_only_once_no_container_runs() {
+        // A node shutdown: Failed from the start of the kill, as the worker decides.
+        let mut s = Scenario::new(ONE, vec![running("a", 0, 100)]);
+        let before = s.generate();
+        s.previous = Some(before.clone());
+        s.lifecycle = PodLifecycle::Evicted {
+            reason: "Terminated".into(),
+            message: "Pod was terminated in response to imminent node shutdown.".into(),
+            disruption_target: true,
+        };
+        let computed = s.generate();
+        assert_eq!(phase(&computed), "Failed");
+        let published = delay_terminal_phase(computed.clone(), &s.runtime, Some(&before));
+        assert_eq!(
+            (phase(&published), published.reason.as_deref()),
+            ("Running", None),
+            "a container still runs: {published:?}"
+        );
+        assert!(
+            published
+                .conditions
+                .iter()
+                .flatten()
+                .all(|c| c.type_ != "DisruptionTarget"),
+            "DisruptionTarget goes out with the terminal phase"
+        );
+        let ready = condition(&published, "Ready");
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_deref()),
+            ("False", Some("PodFailed"))
+        );
+        assert_eq!(published.container_statuses, computed.container_statuses);
+        // Once published (an agent restarted in the middle of the kill), it stays.
+        let mut running_with_target = computed.clone();
+        running_with_target.phase = Some("Running".into());
+        let again = delay_terminal_phase(computed.clone(), &s.runtime, Some(&running_with_target));
+        assert_eq!(phase(&again), "Running");
+        assert_eq!(condition(&again, "DisruptionTarget").status, "True");
+        // Without a status before it, the held phase is Pending.
+        let first = delay_terminal_phase(computed, &s.runtime, None);
+        assert_eq!(phase(&first), "Pending");
+
+        // The kill stopped it: the terminal phase goes out.
+        s.previous = Some(published);
+        s.runtime.containers = vec![exited("a", 0, 100, 143, ExitReason::Error)];
+        s.lifecycle = PodLifecycle::Evicted {
+            reason: "Terminated".into(),
+            message: "Pod was terminated in response to imminent node shutdown.".into(),
+            disruption_target: true,
+        };
+        let done = s.generate();
+        let published = delay_terminal_phase(done.clone(), &s.runtime, s.previous.as_ref());
+        assert_eq!(published, done);
+        assert_eq!(
+            (phase(&published), published.reason.as_deref()),
+            ("Failed", Some("Terminated"))
+        );
+        assert_eq!(condition(&published, "DisruptionTarget").status, "True");
+        // A phase published terminal stays so even if a container were seen running.
+        let failed = delay_terminal_phase(
+            published.clone(),
+            &runtime(vec![sandbox(None)], vec![running("a", 1, 200)]),
+            Some(&published),
+        );
+        assert_eq!(phase(&failed), "Failed");
     }
 
     #[test]

@@ -9,7 +9,8 @@
 //! * the critical pod stop only after that (its preStop hook finds the regular pod's
 //!   graceful container gone, and runs at least 4.5 s after SIGPWR), within the 8 s;
 //! * both pods end `Failed`, reason `Terminated`, kubelet's message and a `DisruptionTarget`
-//!   condition (`TerminationByKubelet`);
+//!   condition (`TerminationByKubelet`), and every container is terminated as soon as the
+//!   phase is `Failed` (kubelet publishes no terminal phase while a container runs);
 //! * a pod created afterwards is rejected (`NodeShutdown`).
 //!
 //! A second test kills the agent (-9) and sends SIGPWR to the supervisor at once: the
@@ -35,22 +36,15 @@ const TEST: &str =
 const SHUTDOWN_MESSAGE: &str = "Pod was terminated in response to imminent node shutdown.";
 
 /// Each test has its own control plane and agent (the environment is empty).
-///
-/// Known defect, out of the default run: `graceful_shutdown` (TEST) passed on its branch but
-/// failed on main after the merge with the terminating-status and sidecar-ordering changes:
-/// the critical pod was killed ("Stopping container main") yet its API status stayed Running
-/// for 60 s. Issue 14 stays open for it; `IRONLET_E2E_SHUTDOWN_ORDER=1` runs it.
-const TESTS: &[SuiteTest<()>] = &[(
-    "an_agent_started_after_the_supervisor_got_sigpwr_stops_the_static_pods",
-    told_at_start,
-)];
-
-const TESTS_WITH_ORDER: &[SuiteTest<()>] = &[(TEST, graceful_shutdown)];
+const TESTS: &[SuiteTest<()>] = &[
+    (TEST, graceful_shutdown),
+    (
+        "an_agent_started_after_the_supervisor_got_sigpwr_stops_the_static_pods",
+        told_at_start,
+    ),
+];
 
 fn main() {
-    if std::env::var_os("IRONLET_E2E_SHUTDOWN_ORDER").is_some() {
-        run_suite("cluster_shutdown", TESTS_WITH_ORDER, || Ok(()), |()| {});
-    }
     run_suite("cluster_shutdown", TESTS, || Ok(()), |()| {});
 }
 

@@ -16,7 +16,10 @@
 //!    group's period is over;
 //! 3. each pod's status becomes phase `Failed`, reason `Terminated`, message "Pod was
 //!    terminated in response to imminent node shutdown.", with a `DisruptionTarget`
-//!    condition (reason `TerminationByKubelet`); it is not restarted.
+//!    condition (reason `TerminationByKubelet`); it is not restarted. As in kubelet, the API
+//!    sees phase `Failed` and the `DisruptionTarget` condition only once none of the pod's
+//!    containers runs; during the kill the phase stays `Running` (with `Ready=False`, see
+//!    [`crate::status::delay_terminal_phase`]).
 //!
 //! How the shutdown is detected (`ironlet run` wires it; see the README):
 //! * where systemd-logind runs, through its D-Bus API as kubelet does ([`logind`]): a

@@ -271,25 +271,26 @@ impl PodSyncer for NodeSyncer {
         self.record_status(pod, &cached.status, &StatusLifecycle::Active);
         self.probes.stop_liveness_and_startup(uid);
         let changed = TerminatingWatch::register(self, uid);
-        let kill = self.kill_pod(pod, &cached.status, grace);
-        tokio::pin!(kill);
-        loop {
-            tokio::select! {
-                killed = &mut kill => {
-                    killed?;
-                    break;
-                }
-                () = changed.notify.notified() => {
-                    if let Ok(now) = self.runtime_status(pod, Instant::now()).await {
-                        self.record_status(pod, &now.status, &StatusLifecycle::Active);
-                    }
+        // The status follows in a future of its own, so that reading the runtime (which
+        // may wait for an exited container's logs) never holds up the kill.
+        let follow = async {
+            loop {
+                changed.notify.notified().await;
+                if let Ok(now) = self.runtime_status(pod, Instant::now()).await {
+                    self.record_status(pod, &now.status, &StatusLifecycle::Active);
                 }
             }
-        }
+        };
+        let killed = tokio::select! {
+            killed = self.kill_pod(pod, &cached.status, grace) => killed,
+            never = follow => never,
+        };
         drop(changed);
+        killed?;
         self.probes.remove_pod(uid);
         let fresh = self.runtime_status(pod, Instant::now()).await?;
         self.record_status(pod, &fresh.status, &StatusLifecycle::Terminal);
+        tracing::debug!(pod = %pod_full_name(pod), pod_uid = %uid, "pod's containers stopped; final status recorded");
         Ok(())
     }
 

@@ -23,7 +23,9 @@ const MAX_LOG_TAIL_LINES: usize = 80;
 const MAX_LOG_TAIL_BYTES: u64 = 2048;
 
 impl NodeSyncer {
-    /// Computes the API status from the runtime's and stores it; returns it.
+    /// Computes the API status from the runtime's and stores it (with a terminal phase held
+    /// back while a container runs, [`crate::status::delay_terminal_phase`]); returns it as
+    /// computed.
     pub(super) fn record_status(
         &self,
         pod: &Arc<Pod>,
@@ -57,7 +59,14 @@ impl NodeSyncer {
             now: SystemTime::now(),
         });
         self.observe_start(pod, previous.as_ref(), &status);
-        self.statuses.set(pod.clone(), status.clone());
+        // The worker acts on the status as computed; the API sees a terminal phase only once
+        // no container runs.
+        let published = crate::status::delay_terminal_phase(
+            status.clone(),
+            runtime,
+            previous.as_ref().or(pod.status.as_ref()),
+        );
+        self.statuses.set(pod.clone(), published);
         status
     }
 
