@@ -3,7 +3,7 @@
 //! on `eth0` (pasta), reaches a server the test runs on the host's loopback through the
 //! gateway address, and `ctr run -p` publishes a port the test connects to; a static pod's
 //! `hostPort` is published, its IP is reported, and both survive an agent crash (the pasta
-//! process is the same after it). Removal leaves no process of the user, no sandbox and no
+//! process is the same after it) and pasta's death (it is restarted, with a warning). Removal leaves no process of the user, no sandbox and no
 //! listening port. Real containers through `ironlet ctr run` and `ironlet run`; needs root to
 //! create the user (CI runs as root), skips otherwise.
 
@@ -285,6 +285,33 @@ spec:
         pasta_pid(user.uid).as_deref(),
         Some(pasta.as_str()),
         "the same pasta after the restart"
+    );
+
+    // pasta dies (killed, crashed): the keeper starts it again for the same namespace with
+    // the same forwards, and the agent's log says so.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pasta.parse().expect("pasta's pid")),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill pasta");
+    let killed = Instant::now();
+    assert_eq!(
+        answer_of(host_port, Duration::from_secs(5)).as_deref(),
+        Some("pod answers\n"),
+        "the published port answers again within 5 s of pasta's death; processes:\n{}\nlog:\n{}",
+        processes_of(user.uid),
+        agent_log()
+    );
+    eprintln!(
+        "published port back {:?} after pasta was killed",
+        killed.elapsed()
+    );
+    let restarted = pasta_pid(user.uid).expect("a new pasta runs");
+    assert_ne!(restarted, pasta, "pasta was restarted");
+    let log = agent_log();
+    assert!(
+        log.contains("pasta of a rootless pod ended") && log.contains("pasta restarted"),
+        "the restart is logged as a warning:\n{log}"
     );
 
     // The pod goes: its network with it.

@@ -22,10 +22,12 @@
 //! are pasta's `-t`/`-u` forwards; nothing else of the host is forwarded into the pod
 //! (`-T none -U none`, and no automatic forwarding of the pod's listening ports).
 //!
-//! Life cycle: `zygote/holder.rs` runs pasta as the child of the process holding the pod's
-//! namespaces; the sandbox record keeps the holder's pid and start time. Sandbox removal
-//! stops the holder (which stops and reaps pasta); an agent restart finds the holder still
-//! watched by the supervisor (or adopts it by pid and start time).
+//! Life cycle: `zygote/holder.rs` runs pasta under a keeper, the child of the process
+//! holding the pod's namespaces; the sandbox record keeps the holder's pid and start time.
+//! A pasta that dies is restarted by the keeper with the same arguments, with a warning.
+//! Sandbox removal stops the holder (which stops the keeper, which stops and reaps pasta);
+//! an agent restart finds the holder still watched by the supervisor (or adopts it by pid
+//! and start time).
 //!
 //! Requirements, checked before each sandbox with a warning when unmet (the pod then gets
 //! a loopback-only namespace, as before): `pasta` on `PATH`, `/dev/net/tun` usable by the
