@@ -3,7 +3,9 @@
 //! on `eth0` (pasta), reaches a server the test runs on the host's loopback through the
 //! gateway address, and `ctr run -p` publishes a port the test connects to; a static pod's
 //! `hostPort` is published, its IP is reported, and both survive an agent crash (the pasta
-//! process is the same after it) and pasta's death (it is restarted, with a warning). Removal leaves no process of the user, no sandbox and no
+//! process is the same after it) and pasta's death (it is restarted, with a warning).
+//! A user without a subordinate range gets the same network (own id only, mapped by the
+//! helpers). Removal leaves no process of the user, no sandbox and no
 //! listening port. Real containers through `ironlet ctr run` and `ironlet run`; needs root to
 //! create the user (CI runs as root), skips otherwise.
 
@@ -332,4 +334,68 @@ spec:
     );
     drop(agent);
     assert_eq!(processes_of(user.uid), "", "processes left behind");
+}
+
+#[test]
+fn without_a_subordinate_range_a_rootless_container_still_gets_the_network_and_a_port() {
+    if !is_root() {
+        return;
+    }
+    let user = TestUser::new("netsingle", None);
+    user.import("busybox");
+    let host_port = free_port();
+    let publish = format!("127.0.0.1:{host_port}:8080");
+    let run = user.run(&[
+        "ctr",
+        "run",
+        "-d",
+        "--name",
+        "web",
+        "-p",
+        &publish,
+        "busybox",
+        "--",
+        "sh",
+        "-c",
+        "cat /proc/self/uid_map; ip -4 -o addr show eth0; \
+         while true; do echo single id answers | nc -l -p 8080; done",
+    ]);
+    assert!(run.status.success(), "{}", text(&run.stderr));
+    let err = text(&run.stderr);
+    assert!(
+        !err.contains("rootless networking unavailable"),
+        "no network warning: {err}"
+    );
+    let got = answer_of(host_port, Duration::from_secs(20));
+    let logs = user.run(&["ctr", "logs", "web"]);
+    let logs = text(&logs.stdout);
+    assert_eq!(
+        got.as_deref(),
+        Some("single id answers\n"),
+        "published port; log: {logs}; processes: {}",
+        processes_of(user.uid)
+    );
+    assert!(
+        logs.contains(&format!("inet {}/", host_address())),
+        "eth0 has the host's address: {logs}"
+    );
+    let map: Vec<String> = logs
+        .lines()
+        .take(1)
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect();
+    assert_eq!(
+        map,
+        [format!("0 {} 1", user.uid)],
+        "only the own id: {logs}"
+    );
+    let rm = user.run(&["ctr", "rm", "-f", "web"]);
+    assert!(rm.status.success(), "rm -f: {}", text(&rm.stderr));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !processes_of(user.uid).is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(processes_of(user.uid), "", "processes left behind");
+    assert_eq!(sandboxes_left(&user), Vec::<std::ffi::OsString>::new());
+    user.assert_no_containers();
 }
