@@ -10,6 +10,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use support::rootless::StopOnDrop;
+use support::{answer_at, host_address};
 
 fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
@@ -1369,23 +1370,6 @@ fn ctr_run_i_feeds_stdin_until_it_closes() {
     assert_eq!(text(&ps.stdout).trim(), "");
 }
 
-/// The host's own address (the source of its default route), where portmap's DNAT answers
-/// a local connection (its OUTPUT rule matches local destination addresses).
-fn host_address() -> String {
-    let out = Command::new("ip")
-        .args(["-4", "route", "get", "198.51.100.1"])
-        .output()
-        .expect("ip route get");
-    let out = text(&out.stdout);
-    let mut words = out.split_whitespace();
-    words
-        .by_ref()
-        .find(|w| *w == "src")
-        .and_then(|_| words.next())
-        .unwrap_or_default()
-        .to_owned()
-}
-
 /// The nat table's rules (`iptables-save -t nat`).
 fn nat_rules() -> String {
     let out = Command::new("iptables-save")
@@ -1393,24 +1377,6 @@ fn nat_rules() -> String {
         .output()
         .expect("iptables-save");
     text(&out.stdout)
-}
-
-/// Connects to `address:port` until it answers with a line, or `timeout` passes.
-fn answer_at(address: &str, port: u16, timeout: Duration) -> Option<String> {
-    use std::io::Read;
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if let Ok(mut conn) = std::net::TcpStream::connect((address, port)) {
-            let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
-            let mut got = String::new();
-            let _ = conn.read_to_string(&mut got);
-            if !got.is_empty() {
-                return Some(got);
-            }
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    None
 }
 
 #[test]

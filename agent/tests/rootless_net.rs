@@ -11,12 +11,13 @@
 
 mod support;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{TcpListener, TcpStream};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use support::rootless::{text, TestUser};
+use support::{answer_at, host_address};
 
 fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
@@ -33,21 +34,9 @@ fn free_port() -> u16 {
     listener.local_addr().expect("addr").port()
 }
 
-/// Connects to `127.0.0.1:port` until it answers with a line, or `timeout` passes.
+/// Connects to `127.0.0.1:port` until it answers, or `timeout` passes.
 fn answer_of(port: u16, timeout: Duration) -> Option<String> {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if let Ok(mut conn) = TcpStream::connect(("127.0.0.1", port)) {
-            let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
-            let mut got = String::new();
-            let _ = conn.read_to_string(&mut got);
-            if !got.is_empty() {
-                return Some(got);
-            }
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    None
+    answer_at("127.0.0.1", port, timeout)
 }
 
 /// The user's processes (`ps -u`), one `pid args` per line.
@@ -61,22 +50,6 @@ fn processes_of(uid: u32) -> String {
         .filter(|l| !l.contains("<defunct>"))
         .collect::<Vec<_>>()
         .join("\n")
-}
-
-/// The host's address pasta copies into pods: the source of its default route.
-fn host_address() -> String {
-    let out = Command::new("ip")
-        .args(["-4", "route", "get", "198.51.100.1"])
-        .output()
-        .expect("ip route get");
-    let out = text(&out.stdout);
-    let mut words = out.split_whitespace();
-    words
-        .by_ref()
-        .find(|w| *w == "src")
-        .and_then(|_| words.next())
-        .unwrap_or_default()
-        .to_owned()
 }
 
 fn sandboxes_left(user: &TestUser) -> Vec<std::ffi::OsString> {
