@@ -117,23 +117,10 @@ fn a_rootless_container_has_an_address_reaches_the_host_and_publishes_a_port() {
     assert_eq!(sandboxes_left(&user), Vec::<std::ffi::OsString>::new());
 
     // Published: -p 127.0.0.1:HOST:8080 reaches the container's server.
-    let host_port = free_port();
-    let publish = format!("127.0.0.1:{host_port}:8080");
-    let run = user.run(&[
-        "ctr",
-        "run",
-        "-d",
-        "--name",
-        "web",
-        "-p",
-        &publish,
-        "busybox",
-        "--",
-        "sh",
-        "-c",
+    let (host_port, _) = serve_detached(
+        &user,
         "while true; do echo answer from the container | nc -l -p 8080; done",
-    ]);
-    assert!(run.status.success(), "{}", text(&run.stderr));
+    );
     let got = answer_of(host_port, Duration::from_secs(20));
     assert_eq!(
         got.as_deref(),
@@ -145,15 +132,32 @@ fn a_rootless_container_has_an_address_reaches_the_host_and_publishes_a_port() {
         processes_of(user.uid).contains("pasta"),
         "pasta runs for the container"
     );
+    remove_web_and_check_nothing_is_left(&user, host_port);
+}
+
+/// `ctr run -d --name web -p 127.0.0.1:<free port>:8080 busybox -- sh -c SCRIPT` as `user`;
+/// returns the host port and what the command wrote on stderr.
+fn serve_detached(user: &TestUser, script: &str) -> (u16, String) {
+    let host_port = free_port();
+    let publish = format!("127.0.0.1:{host_port}:8080");
+    let run = user.run(&[
+        "ctr", "run", "-d", "--name", "web", "-p", &publish, "busybox", "--", "sh", "-c", script,
+    ]);
+    assert!(run.status.success(), "{}", text(&run.stderr));
+    (host_port, text(&run.stderr))
+}
+
+/// `ctr rm -f web`; then no process of the user (pasta, the holder), no sandbox, no
+/// container and no listener on `host_port` is left.
+fn remove_web_and_check_nothing_is_left(user: &TestUser, host_port: u16) {
     let rm = user.run(&["ctr", "rm", "-f", "web"]);
     assert!(rm.status.success(), "rm -f: {}", text(&rm.stderr));
-    // Nothing left: no process of the user (pasta, the holder), no sandbox, no listener.
     let deadline = Instant::now() + Duration::from_secs(10);
     while !processes_of(user.uid).is_empty() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(100));
     }
     assert_eq!(processes_of(user.uid), "", "processes left behind");
-    assert_eq!(sandboxes_left(&user), Vec::<std::ffi::OsString>::new());
+    assert_eq!(sandboxes_left(user), Vec::<std::ffi::OsString>::new());
     assert!(
         TcpStream::connect(("127.0.0.1", host_port)).is_err(),
         "the published port is closed"
@@ -316,25 +320,11 @@ fn without_a_subordinate_range_a_rootless_container_still_gets_the_network_and_a
     }
     let user = TestUser::new("netsingle", None);
     user.import("busybox");
-    let host_port = free_port();
-    let publish = format!("127.0.0.1:{host_port}:8080");
-    let run = user.run(&[
-        "ctr",
-        "run",
-        "-d",
-        "--name",
-        "web",
-        "-p",
-        &publish,
-        "busybox",
-        "--",
-        "sh",
-        "-c",
+    let (host_port, err) = serve_detached(
+        &user,
         "cat /proc/self/uid_map; ip -4 -o addr show eth0; \
          while true; do echo single id answers | nc -l -p 8080; done",
-    ]);
-    assert!(run.status.success(), "{}", text(&run.stderr));
-    let err = text(&run.stderr);
+    );
     assert!(
         !err.contains("rootless networking unavailable"),
         "no network warning: {err}"
@@ -362,13 +352,5 @@ fn without_a_subordinate_range_a_rootless_container_still_gets_the_network_and_a
         [format!("0 {} 1", user.uid)],
         "only the own id: {logs}"
     );
-    let rm = user.run(&["ctr", "rm", "-f", "web"]);
-    assert!(rm.status.success(), "rm -f: {}", text(&rm.stderr));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !processes_of(user.uid).is_empty() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    assert_eq!(processes_of(user.uid), "", "processes left behind");
-    assert_eq!(sandboxes_left(&user), Vec::<std::ffi::OsString>::new());
-    user.assert_no_containers();
+    remove_web_and_check_nothing_is_left(&user, host_port);
 }
