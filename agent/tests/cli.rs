@@ -1,5 +1,5 @@
 //! The `ironlet` command line end to end, with real containers: images, `ctr run` exit
-//! codes and limits, ps/logs/exec/rm, `images prune` (kept containers' and pinned images
+//! codes and limits, ps/logs/exec/rm, `-p` publishing as root (CNI portmap), `images prune` (kept containers' and pinned images
 //! stay), and a rootless run as an unprivileged user the test
 //! creates. Needs root (CI runs as root); skips otherwise.
 
@@ -10,6 +10,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use support::rootless::StopOnDrop;
+use support::{answer_at, host_address};
 
 fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
@@ -1374,4 +1375,91 @@ fn ctr_run_i_feeds_stdin_until_it_closes() {
     assert_eq!(out.status.code(), Some(6));
     let ps = node.ironlet(&["ctr", "ps", "-a", "-q"]);
     assert_eq!(text(&ps.stdout).trim(), "");
+}
+
+/// The nat table's rules (`iptables-save -t nat`).
+fn nat_rules() -> String {
+    let out = Command::new("iptables-save")
+        .args(["-t", "nat"])
+        .output()
+        .expect("iptables-save");
+    text(&out.stdout)
+}
+
+#[test]
+fn ctr_run_p_publishes_a_port_as_root_and_rm_leaves_no_rule_address_or_namespace() {
+    if !is_root() {
+        return;
+    }
+    let node = Node::new();
+    let name = format!("publish-{}", std::process::id());
+    let host_port = {
+        let listener = std::net::TcpListener::bind("0.0.0.0:0").expect("bind");
+        listener.local_addr().expect("addr").port()
+    };
+    let publish = format!("{host_port}:8080");
+    let run = node.ironlet(&[
+        "ctr",
+        "run",
+        "-d",
+        "--name",
+        &name,
+        "-p",
+        &publish,
+        "busybox",
+        "--",
+        "sh",
+        "-c",
+        "ip -4 -o addr show eth0; while true; do echo answer from the container | nc -l -p 8080; done",
+    ]);
+    assert!(run.status.success(), "{}", text(&run.stderr));
+    let host = host_address();
+    let got = answer_at(&host, host_port, Duration::from_secs(20));
+    let logs = node.ironlet(&["ctr", "logs", &name]);
+    let logs = text(&logs.stdout);
+    assert_eq!(
+        got.as_deref(),
+        Some("answer from the container\n"),
+        "{host}:{host_port} reaches the container's port 8080; its log: {logs}"
+    );
+    // The container's address from the bridge network, and the DNAT rule for the port.
+    let ip = logs
+        .split_whitespace()
+        .skip_while(|w| *w != "inet")
+        .nth(1)
+        .and_then(|cidr| cidr.split('/').next())
+        .unwrap_or_default()
+        .to_owned();
+    assert!(ip.starts_with("10.85."), "a bridge address: {logs}");
+    let dport = format!("--dport {host_port} ");
+    assert!(nat_rules().contains(&dport), "a DNAT rule for the port");
+    let lease = std::path::Path::new("/var/lib/ironlet/cni/networks/ironlet").join(&ip);
+    assert!(lease.exists(), "host-local holds {}", lease.display());
+
+    let rm = node.ironlet(&["ctr", "rm", "-f", &name]);
+    assert!(rm.status.success(), "rm -f: {}", text(&rm.stderr));
+    // Nothing left: no nat rule for the port or the address, no lease, no pinned namespace
+    // or other mount under the root directory, no sandbox.
+    let rules = nat_rules();
+    assert!(!rules.contains(&dport), "the DNAT rule stayed:\n{rules}");
+    assert!(
+        !rules.contains(&format!("{ip}/32")) && !rules.contains(&format!("{ip}:8080")),
+        "a rule for {ip} stayed:\n{rules}"
+    );
+    assert!(!lease.exists(), "the address lease stayed");
+    let root = node.root.path().to_string_lossy().into_owned();
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let left: Vec<&str> = mounts.lines().filter(|l| l.contains(&root)).collect();
+    assert!(left.is_empty(), "mounts left: {left:?}");
+    let sandboxes: Vec<_> = std::fs::read_dir(node.root.path().join("sandboxes"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(sandboxes.is_empty(), "sandboxes left: {sandboxes:?}");
+    assert!(
+        std::net::TcpStream::connect((host.as_str(), host_port)).is_err(),
+        "the port is closed"
+    );
 }

@@ -3,18 +3,21 @@
 //! on `eth0` (pasta), reaches a server the test runs on the host's loopback through the
 //! gateway address, and `ctr run -p` publishes a port the test connects to; a static pod's
 //! `hostPort` is published, its IP is reported, and both survive an agent crash (the pasta
-//! process is the same after it). Removal leaves no process of the user, no sandbox and no
+//! process is the same after it) and pasta's death (it is restarted, with a warning).
+//! A user without a subordinate range gets the same network (own id only, mapped by the
+//! helpers). Removal leaves no process of the user, no sandbox and no
 //! listening port. Real containers through `ironlet ctr run` and `ironlet run`; needs root to
 //! create the user (CI runs as root), skips otherwise.
 
 mod support;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{TcpListener, TcpStream};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use support::rootless::{text, TestUser};
+use support::{answer_at, host_address};
 
 fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
@@ -31,21 +34,9 @@ fn free_port() -> u16 {
     listener.local_addr().expect("addr").port()
 }
 
-/// Connects to `127.0.0.1:port` until it answers with a line, or `timeout` passes.
+/// Connects to `127.0.0.1:port` until it answers, or `timeout` passes.
 fn answer_of(port: u16, timeout: Duration) -> Option<String> {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if let Ok(mut conn) = TcpStream::connect(("127.0.0.1", port)) {
-            let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
-            let mut got = String::new();
-            let _ = conn.read_to_string(&mut got);
-            if !got.is_empty() {
-                return Some(got);
-            }
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    None
+    answer_at("127.0.0.1", port, timeout)
 }
 
 /// The user's processes (`ps -u`), one `pid args` per line.
@@ -59,22 +50,6 @@ fn processes_of(uid: u32) -> String {
         .filter(|l| !l.contains("<defunct>"))
         .collect::<Vec<_>>()
         .join("\n")
-}
-
-/// The host's address pasta copies into pods: the source of its default route.
-fn host_address() -> String {
-    let out = Command::new("ip")
-        .args(["-4", "route", "get", "198.51.100.1"])
-        .output()
-        .expect("ip route get");
-    let out = text(&out.stdout);
-    let mut words = out.split_whitespace();
-    words
-        .by_ref()
-        .find(|w| *w == "src")
-        .and_then(|_| words.next())
-        .unwrap_or_default()
-        .to_owned()
 }
 
 fn sandboxes_left(user: &TestUser) -> Vec<std::ffi::OsString> {
@@ -142,23 +117,10 @@ fn a_rootless_container_has_an_address_reaches_the_host_and_publishes_a_port() {
     assert_eq!(sandboxes_left(&user), Vec::<std::ffi::OsString>::new());
 
     // Published: -p 127.0.0.1:HOST:8080 reaches the container's server.
-    let host_port = free_port();
-    let publish = format!("127.0.0.1:{host_port}:8080");
-    let run = user.run(&[
-        "ctr",
-        "run",
-        "-d",
-        "--name",
-        "web",
-        "-p",
-        &publish,
-        "busybox",
-        "--",
-        "sh",
-        "-c",
+    let (host_port, _) = serve_detached(
+        &user,
         "while true; do echo answer from the container | nc -l -p 8080; done",
-    ]);
-    assert!(run.status.success(), "{}", text(&run.stderr));
+    );
     let got = answer_of(host_port, Duration::from_secs(20));
     assert_eq!(
         got.as_deref(),
@@ -170,15 +132,32 @@ fn a_rootless_container_has_an_address_reaches_the_host_and_publishes_a_port() {
         processes_of(user.uid).contains("pasta"),
         "pasta runs for the container"
     );
+    remove_web_and_check_nothing_is_left(&user, host_port);
+}
+
+/// `ctr run -d --name web -p 127.0.0.1:<free port>:8080 busybox -- sh -c SCRIPT` as `user`;
+/// returns the host port and what the command wrote on stderr.
+fn serve_detached(user: &TestUser, script: &str) -> (u16, String) {
+    let host_port = free_port();
+    let publish = format!("127.0.0.1:{host_port}:8080");
+    let run = user.run(&[
+        "ctr", "run", "-d", "--name", "web", "-p", &publish, "busybox", "--", "sh", "-c", script,
+    ]);
+    assert!(run.status.success(), "{}", text(&run.stderr));
+    (host_port, text(&run.stderr))
+}
+
+/// `ctr rm -f web`; then no process of the user (pasta, the holder), no sandbox, no
+/// container and no listener on `host_port` is left.
+fn remove_web_and_check_nothing_is_left(user: &TestUser, host_port: u16) {
     let rm = user.run(&["ctr", "rm", "-f", "web"]);
     assert!(rm.status.success(), "rm -f: {}", text(&rm.stderr));
-    // Nothing left: no process of the user (pasta, the holder), no sandbox, no listener.
     let deadline = Instant::now() + Duration::from_secs(10);
     while !processes_of(user.uid).is_empty() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(100));
     }
     assert_eq!(processes_of(user.uid), "", "processes left behind");
-    assert_eq!(sandboxes_left(&user), Vec::<std::ffi::OsString>::new());
+    assert_eq!(sandboxes_left(user), Vec::<std::ffi::OsString>::new());
     assert!(
         TcpStream::connect(("127.0.0.1", host_port)).is_err(),
         "the published port is closed"
@@ -287,6 +266,33 @@ spec:
         "the same pasta after the restart"
     );
 
+    // pasta dies (killed, crashed): the keeper starts it again for the same namespace with
+    // the same forwards, and the agent's log says so.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pasta.parse().expect("pasta's pid")),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill pasta");
+    let killed = Instant::now();
+    assert_eq!(
+        answer_of(host_port, Duration::from_secs(5)).as_deref(),
+        Some("pod answers\n"),
+        "the published port answers again within 5 s of pasta's death; processes:\n{}\nlog:\n{}",
+        processes_of(user.uid),
+        agent_log()
+    );
+    eprintln!(
+        "published port back {:?} after pasta was killed",
+        killed.elapsed()
+    );
+    let restarted = pasta_pid(user.uid).expect("a new pasta runs");
+    assert_ne!(restarted, pasta, "pasta was restarted");
+    let log = agent_log();
+    assert!(
+        log.contains("pasta of a rootless pod ended") && log.contains("pasta restarted"),
+        "the restart is logged as a warning:\n{log}"
+    );
+
     // The pod goes: its network with it.
     std::fs::remove_file(&manifest).expect("remove manifest");
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -305,4 +311,46 @@ spec:
     );
     drop(agent);
     assert_eq!(processes_of(user.uid), "", "processes left behind");
+}
+
+#[test]
+fn without_a_subordinate_range_a_rootless_container_still_gets_the_network_and_a_port() {
+    if !is_root() {
+        return;
+    }
+    let user = TestUser::new("netsingle", None);
+    user.import("busybox");
+    let (host_port, err) = serve_detached(
+        &user,
+        "cat /proc/self/uid_map; ip -4 -o addr show eth0; \
+         while true; do echo single id answers | nc -l -p 8080; done",
+    );
+    assert!(
+        !err.contains("rootless networking unavailable"),
+        "no network warning: {err}"
+    );
+    let got = answer_of(host_port, Duration::from_secs(20));
+    let logs = user.run(&["ctr", "logs", "web"]);
+    let logs = text(&logs.stdout);
+    assert_eq!(
+        got.as_deref(),
+        Some("single id answers\n"),
+        "published port; log: {logs}; processes: {}",
+        processes_of(user.uid)
+    );
+    assert!(
+        logs.contains(&format!("inet {}/", host_address())),
+        "eth0 has the host's address: {logs}"
+    );
+    let map: Vec<String> = logs
+        .lines()
+        .take(1)
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect();
+    assert_eq!(
+        map,
+        [format!("0 {} 1", user.uid)],
+        "only the own id: {logs}"
+    );
+    remove_web_and_check_nothing_is_left(&user, host_port);
 }

@@ -46,9 +46,7 @@ impl Delegation {
         let own = std::fs::read_to_string(PROC_SELF_CGROUP)
             .ok()
             .and_then(|text| own_v2_cgroup(&text));
-        let delegation = decide(hierarchy, is_root, own.as_ref(), &|path| {
-            access(path, AccessFlags::W_OK).is_ok()
-        });
+        let delegation = decide(hierarchy, is_root, own.as_ref(), &writable);
         tracing::debug!(?delegation, is_root, "cgroup delegation");
         delegation
     }
@@ -58,6 +56,11 @@ impl Delegation {
     pub fn is_full(&self) -> bool {
         matches!(self, Self::Full { .. })
     }
+}
+
+/// Whether this process may write `path` (it must exist).
+fn writable(path: &Path) -> bool {
+    access(path, AccessFlags::W_OK).is_ok()
 }
 
 /// The detection rules with the environment passed in (unit-tested with fakes).
@@ -188,5 +191,37 @@ mod tests {
             panic!("must not be delegated");
         };
         assert!(reason.contains("cgroup.subtree_control"), "{reason}");
+    }
+
+    /// A delegated v2 subtree as systemd lays it out, in a directory of the test's: the
+    /// user's cgroup is delegated once its directory, `cgroup.subtree_control` and
+    /// `cgroup.procs` exist and may be written, and each missing one is named.
+    #[test]
+    fn a_fake_v2_tree_is_delegated_once_the_users_cgroup_files_are_there() {
+        let tree = std::env::temp_dir().join(format!("ironlet-delegation-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tree);
+        std::fs::create_dir_all(&tree).unwrap();
+        let v2 = Hierarchy::V2 { root: tree.clone() };
+        let own = user_cgroup();
+        let dir = own.under(&tree);
+        let Delegation::None { reason } = decide(&v2, false, Some(&own), &writable) else {
+            panic!("no cgroup directory: not delegated");
+        };
+        assert!(reason.contains(&dir.display().to_string()), "{reason}");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("cgroup.subtree_control"), "").unwrap();
+        let Delegation::None { reason } = decide(&v2, false, Some(&own), &writable) else {
+            panic!("no cgroup.procs: not delegated");
+        };
+        assert!(reason.contains("cgroup.procs"), "{reason}");
+        assert!(reason.contains("Delegate=yes"), "{reason}");
+        std::fs::write(dir.join("cgroup.procs"), "").unwrap();
+        assert_eq!(
+            decide(&v2, false, Some(&own), &writable),
+            Delegation::Full { root: own.clone() }
+        );
+        // Without a v2 line in /proc/self/cgroup there is nothing to delegate.
+        assert!(!decide(&v2, false, None, &writable).is_full());
+        std::fs::remove_dir_all(&tree).unwrap();
     }
 }

@@ -162,3 +162,48 @@ pub fn open_images(root: &std::path::Path) -> anyhow::Result<Arc<ImageStore>> {
         .with_context(|| format!("opening the image store at {}", dir.display()))?;
     Ok(Arc::new(store))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The pod network flags of `run` and `play` (one flattened struct).
+    fn network_of(argv: &[&str]) -> run::PodNetworkArgs {
+        match Cli::try_parse_from(argv).map(|cli| cli.command) {
+            Ok(Command::Run(args)) => args.network,
+            Ok(Command::Play(args)) => args.network,
+            other => panic!("{argv:?} parsed as {other:?}"),
+        }
+    }
+
+    #[test]
+    fn run_and_play_take_the_same_pod_network_flags() {
+        let flags = ["--cni-conf-dir", "/c", "--cni-bin-dir", "/a,/b"];
+        let run: Vec<&str> = ["ironlet", "run"].into_iter().chain(flags).collect();
+        let play: Vec<&str> = ["ironlet", "play"]
+            .into_iter()
+            .chain(flags)
+            .chain(["pod.yaml"])
+            .collect();
+        for argv in [&run, &play] {
+            let network = network_of(argv);
+            let cni = network.cni("10.99.0.0/16").expect("a CNI network");
+            assert_eq!(cni.conf_dir, PathBuf::from("/c"), "{argv:?}");
+            assert_eq!(
+                cni.bin_dirs,
+                [PathBuf::from("/a"), PathBuf::from("/b")],
+                "{argv:?}"
+            );
+            assert_eq!(cni.default_network.subnet, "10.99.0.0/16");
+            let mut off = argv.to_vec();
+            off.insert(2, "--no-pod-network");
+            assert!(network_of(&off).cni("10.99.0.0/16").is_none(), "{off:?}");
+        }
+        let defaults = network_of(&["ironlet", "play", "pod.yaml"]);
+        assert_eq!(defaults.cni_conf_dir, PathBuf::from("/etc/cni/net.d"));
+        assert_eq!(
+            defaults.cni_bin_dir,
+            [PathBuf::from("/usr/lib/cni"), PathBuf::from("/opt/cni/bin")]
+        );
+    }
+}

@@ -58,19 +58,8 @@ pub struct PlayArgs {
     /// Stop and remove what a detached `play` of the same files left.
     #[arg(long)]
     pub down: bool,
-    /// Run pods without a network beyond loopback (no CNI; always so rootless).
-    #[arg(long = "no-pod-network")]
-    pub no_pod_network: bool,
-    /// CNI network configurations (as `ironlet run`); the first by name is used.
-    #[arg(long = "cni-conf-dir", default_value = "/etc/cni/net.d")]
-    pub cni_conf_dir: PathBuf,
-    /// Where CNI plugin binaries are searched (comma-separated).
-    #[arg(
-        long = "cni-bin-dir",
-        value_delimiter = ',',
-        default_value = "/usr/lib/cni,/opt/cni/bin"
-    )]
-    pub cni_bin_dir: Vec<PathBuf>,
+    #[command(flatten)]
+    pub network: super::run::PodNetworkArgs,
     /// Pod manifests (YAML or JSON, several documents each): Pods, and the ConfigMaps and
     /// Secrets they use.
     #[arg(required = true, value_name = "FILE")]
@@ -535,8 +524,7 @@ async fn open_runtime(
     zygote: ironlet_runtime::zygote::ZygoteHandle,
     store: Arc<ironlet_runtime::image::ImageStore>,
 ) -> anyhow::Result<LocalRuntime> {
-    let cni = (!rootless && !args.no_pod_network)
-        .then(|| super::run::cni_config(&args.cni_conf_dir, &args.cni_bin_dir, "10.85.0.0/16"));
+    let cni = args.network.cni("10.85.0.0/16").filter(|_| !rootless);
     let config = LocalRuntimeConfig {
         root_dir: play.state.clone(),
         rootless,

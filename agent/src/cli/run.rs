@@ -131,24 +131,12 @@ pub struct RunArgs {
     /// How long a pressure condition stays True after its thresholds stopped being met.
     #[arg(long = "eviction-pressure-transition-period", value_parser = parse_duration, default_value = "5m")]
     pub eviction_pressure_transition_period: Duration,
-    /// CNI network configurations; the first by name is used. When none exists, a bridge
-    /// network on --pod-cidr is written here.
-    #[arg(long = "cni-conf-dir", default_value = "/etc/cni/net.d")]
-    pub cni_conf_dir: PathBuf,
-    /// Where CNI plugin binaries are searched (comma-separated).
-    #[arg(
-        long = "cni-bin-dir",
-        value_delimiter = ',',
-        default_value = "/usr/lib/cni,/opt/cni/bin"
-    )]
-    pub cni_bin_dir: Vec<PathBuf>,
+    #[command(flatten)]
+    pub network: PodNetworkArgs,
     /// Pod addresses of the default bridge network (written only when --cni-conf-dir has
     /// no configuration).
     #[arg(long = "pod-cidr", default_value = "10.85.0.0/16")]
     pub pod_cidr: String,
-    /// Run pods without a network beyond loopback (no CNI; rootless, no pasta).
-    #[arg(long = "no-pod-network")]
-    pub no_pod_network: bool,
     /// IP addresses of the cluster DNS servers for ClusterFirst pods (repeatable or
     /// comma-separated). Without any, ClusterFirst pods fall back to Default.
     #[arg(long = "cluster-dns", value_delimiter = ',')]
@@ -507,8 +495,7 @@ fn run_agent(
             Err(err) => tracing::warn!(%err, "image store clean-up at start-up failed"),
         });
         // Rootless, pods are connected by pasta instead (runtime/src/network/rootless.rs).
-        let cni = (!args.no_pod_network)
-            .then(|| cni_config(&args.cni_conf_dir, &args.cni_bin_dir, &args.pod_cidr));
+        let cni = args.network.cni(&args.pod_cidr);
         let runtime_config = LocalRuntimeConfig {
             root_dir: root_dir.clone(),
             rootless,
@@ -642,21 +629,38 @@ fn run_agent(
     })
 }
 
-/// CNI settings from `--cni-conf-dir`, `--cni-bin-dir` and `--pod-cidr` (the subnet of the
-/// bridge network written when the directory has no configuration).
-pub(super) fn cni_config(
-    conf_dir: &std::path::Path,
-    bin_dirs: &[PathBuf],
-    pod_cidr: &str,
-) -> CniConfig {
-    CniConfig {
-        conf_dir: conf_dir.to_owned(),
-        bin_dirs: bin_dirs.to_vec(),
-        default_network: DefaultNetwork {
-            subnet: pod_cidr.to_owned(),
-            ..DefaultNetwork::default()
-        },
-        ..CniConfig::default()
+/// The pod network flags of `ironlet run` and `ironlet play`.
+#[derive(Debug, Clone, Args)]
+pub struct PodNetworkArgs {
+    /// CNI network configurations; the first by name is used. When none exists, a bridge
+    /// network on the pod CIDR is written here.
+    #[arg(long = "cni-conf-dir", default_value = "/etc/cni/net.d")]
+    pub cni_conf_dir: PathBuf,
+    /// Where CNI plugin binaries are searched (comma-separated).
+    #[arg(
+        long = "cni-bin-dir",
+        value_delimiter = ',',
+        default_value = "/usr/lib/cni,/opt/cni/bin"
+    )]
+    pub cni_bin_dir: Vec<PathBuf>,
+    /// Run pods without a network beyond loopback (no CNI as root, no pasta rootless).
+    #[arg(long = "no-pod-network")]
+    pub no_pod_network: bool,
+}
+
+impl PodNetworkArgs {
+    /// The CNI settings (`pod_cidr`: the subnet of the bridge network written when the
+    /// directory has no configuration); `None` with `--no-pod-network`.
+    pub(super) fn cni(&self, pod_cidr: &str) -> Option<CniConfig> {
+        (!self.no_pod_network).then(|| CniConfig {
+            conf_dir: self.cni_conf_dir.clone(),
+            bin_dirs: self.cni_bin_dir.clone(),
+            default_network: DefaultNetwork {
+                subnet: pod_cidr.to_owned(),
+                ..DefaultNetwork::default()
+            },
+            ..CniConfig::default()
+        })
     }
 }
 

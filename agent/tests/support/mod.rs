@@ -23,6 +23,40 @@ pub fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
 }
 
+/// The host's own address: the source of its default route (where pasta copies it into a
+/// rootless pod, and where portmap's DNAT answers a local connection).
+pub fn host_address() -> String {
+    let out = Command::new("ip")
+        .args(["-4", "route", "get", "198.51.100.1"])
+        .output()
+        .expect("ip route get");
+    let out = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut words = out.split_whitespace();
+    words
+        .by_ref()
+        .find(|w| *w == "src")
+        .and_then(|_| words.next())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// Connects to `address:port` until it answers with something, or `timeout` passes.
+pub fn answer_at(address: &str, port: u16, timeout: Duration) -> Option<String> {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if let Ok(mut conn) = std::net::TcpStream::connect((address, port)) {
+            let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
+            let mut got = String::new();
+            let _ = conn.read_to_string(&mut got);
+            if !got.is_empty() {
+                return Some(got);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    None
+}
+
 /// The test images, built once.
 pub fn images_out() -> PathBuf {
     ironlet_runtime::testkit::test_images().expect("images/build produces the test images")

@@ -22,15 +22,19 @@
 //! are pasta's `-t`/`-u` forwards; nothing else of the host is forwarded into the pod
 //! (`-T none -U none`, and no automatic forwarding of the pod's listening ports).
 //!
-//! Life cycle: `zygote/holder.rs` runs pasta as the child of the process holding the pod's
-//! namespaces; the sandbox record keeps the holder's pid and start time. Sandbox removal
-//! stops the holder (which stops and reaps pasta); an agent restart finds the holder still
-//! watched by the supervisor (or adopts it by pid and start time).
+//! Life cycle: `zygote/holder.rs` runs pasta under a keeper, the child of the process
+//! holding the pod's namespaces; the sandbox record keeps the holder's pid and start time.
+//! A pasta that dies is restarted by the keeper with the same arguments, with a warning.
+//! Sandbox removal stops the holder (which stops the keeper, which stops and reaps pasta);
+//! an agent restart finds the holder still watched by the supervisor (or adopts it by pid
+//! and start time).
 //!
 //! Requirements, checked before each sandbox with a warning when unmet (the pod then gets
 //! a loopback-only namespace, as before): `pasta` on `PATH`, `/dev/net/tun` usable by the
-//! user (udev makes it 0666; `scripts/install-deps` does where udev is absent), and a
-//! subordinate id range (the containers join the holder's user namespace).
+//! user (udev makes it 0666; `scripts/install-deps` does where udev is absent), and a user
+//! namespace the worker makes (the containers join the holder's): the subordinate ranges, or
+//! without a range the user's own ids, both mapped by `newuidmap`/`newgidmap` (Debian's
+//! `uidmap`).
 
 use std::path::{Path, PathBuf};
 
@@ -59,8 +63,11 @@ pub enum Unavailable {
     NoPasta,
     #[error("/dev/net/tun cannot be opened: {0} (udev makes it mode 0666)")]
     NoTun(String),
-    #[error("no subordinate id range for the user (usermod --add-subuids/--add-subgids)")]
-    NoRange,
+    #[error(
+        "newuidmap/newgidmap are missing (Debian package uidmap): the containers cannot \
+         join the namespace pasta connects"
+    )]
+    NoHelpers,
 }
 
 /// pasta's path, if it is installed and the user may open `/dev/net/tun`.
@@ -80,16 +87,16 @@ pub fn pasta_binary() -> Result<PathBuf, Unavailable> {
     Ok(found)
 }
 
-/// pasta, when rootless networking can work for this process (`has_range`: the user has a
-/// subordinate id range). Resolved once per process; the first call that finds it unusable
+/// pasta, when rootless networking can work for this process (`worker_made`: the worker makes
+/// the user namespace, with the subordinate ranges or the user's own ids). Resolved once per process; the first call that finds it unusable
 /// warns, naming why, and pods keep a loopback-only network.
-pub fn usable(has_range: bool) -> Option<PathBuf> {
+pub fn usable(worker_made: bool) -> Option<PathBuf> {
     static RESOLVED: std::sync::OnceLock<Result<PathBuf, Unavailable>> = std::sync::OnceLock::new();
     let resolved = RESOLVED.get_or_init(|| {
-        let found = if has_range {
+        let found = if worker_made {
             pasta_binary()
         } else {
-            Err(Unavailable::NoRange)
+            Err(Unavailable::NoHelpers)
         };
         if let Err(why) = &found {
             tracing::warn!(reason = %why,

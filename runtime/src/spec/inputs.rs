@@ -116,8 +116,14 @@ impl UserNamespace {
     }
 
     /// Supplementary groups can be set: root created the namespace, or a privileged helper
-    /// wrote its gid map (an unprivileged writer must deny setgroups, CVE-2014-8989).
+    /// wrote its gid map (an unprivileged writer must deny setgroups, CVE-2014-8989) with a
+    /// subordinate range in it (`newgidmap` denies setgroups for a map of the own gid only).
     pub fn allows_setgroups(&self) -> bool {
-        !self.unprivileged || self.made_by_worker
+        !self.unprivileged || (self.made_by_worker && !self.own_gid_only())
+    }
+
+    /// The gid map is one id (the user's own gid, as container root).
+    fn own_gid_only(&self) -> bool {
+        matches!(self.gid_mappings.as_slice(), [m] if m.size == 1)
     }
 }

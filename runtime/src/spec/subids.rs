@@ -19,9 +19,11 @@
 //! annotations [`UID_MAP_ANNOTATION`] and [`GID_MAP_ANNOTATION`] tell the worker what to map. `setgroups` stays allowed (the map was written by a
 //! privileged helper), so supplementary groups (`fsGroup`, `supplementalGroups`) work.
 //!
-//! Without a range for the user, or without the helpers, the namespace maps the user's own id
-//! only (libcontainer creates it, as before) and one warning says so; every id but 0 is then
-//! refused at spec time.
+//! Without a range for the user the namespace maps the user's own id only, and one warning
+//! says so; every id but 0 is then refused at spec time. The worker still makes it through
+//! the helpers (which map the caller's own ids without a range), so a rootless pod gets its
+//! network as with a range; without the helpers libcontainer creates it, and pods get a
+//! loopback-only network.
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -204,11 +206,24 @@ pub fn rootless_user_namespace() -> UserNamespace {
                          pods that run as another user fail; add a range for {name} to \
                          /etc/subuid and /etc/subgid (usermod --add-subuids/--add-subgids)"
                     );
-                    UserNamespace::current_user()
+                    own_ids_only(&SubidSources::default())
                 }
             }
         })
         .clone()
+}
+
+/// The user namespace without a range: the user's own ids only. Made by the worker through
+/// the helpers when they are installed (they map the caller's own uid and gid without a
+/// range), so that the containers of a pod can join the namespace that holds its network
+/// (pasta works in it, see `network/rootless.rs`); else by libcontainer, as before.
+fn own_ids_only(sources: &SubidSources) -> UserNamespace {
+    let own = UserNamespace::current_user();
+    let helpers = sources.newuidmap.is_file() && sources.newgidmap.is_file();
+    UserNamespace {
+        made_by_worker: helpers && own.unprivileged,
+        ..own
+    }
 }
 
 /// The worker's uid mappings, `container:host:size,…`.

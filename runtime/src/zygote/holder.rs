@@ -4,26 +4,29 @@
 //! them instead, as podman's infra ("pause") process does: a user namespace mapping the
 //! subordinate ranges (the containers of the pod join it, see `userns::Plan::Join`), and
 //! network, IPC and UTS namespaces it owns. pasta (`network/rootless.rs` says why pasta)
-//! connects the network namespace; it is the holder's child, so one process is the whole
-//! network of the pod:
+//! connects the network namespace. pasta must be started from the host's namespaces, which
+//! the holder has left, so the holder's first child K (the keeper) stays there and runs
+//! pasta as its own child, for the whole life of the pod:
 //!
 //! ```text
-//!  worker ──fork──► holder H ──fork──► C (host namespaces; waits on a pipe)
+//!  worker ──fork──► holder H ──fork──► K keeper (host namespaces; waits on a pipe)
 //!    │               │ unshare(USER|NS) + newuidmap, unshare(NET|IPC|UTS), lo up
-//!    │               │ "go" ─────────► C: exec pasta --config-net … <H>   (PDEATHSIG)
+//!    │               │ "go" ─────────► K ──fork──► exec pasta --config-net … <H>
 //!    │               │ waits for pasta's pid file (written once the namespace is set up),
 //!    │               │ writes the pod's address to <dir>/pod-ip
-//!    │ ◄── "ok" ─────┤
+//!    │ ◄── "ok" ─────┤                 K: pasta ended? warn, start it again (same argv)
 //!    ▼ result {pid: H}; H is reparented to the zygote, which watches it
-//!                    └─ sigwait: SIGTERM/SIGINT → SIGTERM pasta, reap it, exit 0
+//!                    └─ sigwait: SIGTERM/SIGINT → SIGTERM K (which stops pasta), reap, exit 0
 //! ```
 //!
 //! Guarantees: the reply comes only once pasta has configured the namespace (or the error
 //! carries pasta's own message, from `<dir>/pasta.log`); stopping the holder with SIGTERM
-//! stops and reaps pasta first, so nothing of the pod's network is left. pasta gets SIGKILL
-//! should the holder die otherwise. Not done: a pasta that dies on its own is not restarted
-//! (the holder cannot start a process in the host's namespaces any more); the pod keeps
-//! its loopback.
+//! stops and reaps the keeper and pasta first, so nothing of the pod's network is left. The
+//! keeper gets SIGKILL should the holder die otherwise, and pasta should the keeper. A pasta
+//! that dies on its own (killed, crashed) is restarted by the keeper for the same namespace
+//! with the same port forwards (its tap device went with it; the new one is configured
+//! anew), with a warning in the agent's log and in `<dir>/pasta.log`; restarts of a pasta
+//! that keeps failing are spaced out, up to [`RESTART_DELAY_MAX`] apart.
 
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -47,6 +50,13 @@ pub fn holder_id(sandbox_id: &str) -> String {
 const PASTA_READY_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long pasta gets to exit after SIGTERM before SIGKILL.
 const PASTA_STOP_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the keeper gets to stop pasta and exit after SIGTERM before SIGKILL.
+const KEEPER_STOP_TIMEOUT: Duration = Duration::from_secs(6);
+/// A pasta that ran at least this long is restarted at once; one that ended sooner is
+/// restarted after a delay that doubles from [`RESTART_DELAY_MIN`].
+const RESTART_QUICK: Duration = Duration::from_secs(10);
+const RESTART_DELAY_MIN: Duration = Duration::from_millis(100);
+const RESTART_DELAY_MAX: Duration = Duration::from_secs(10);
 
 /// What the holder is asked to make (pasta's argv without the target pid).
 pub(crate) use crate::network::rootless::HolderRequest as HolderSpec;
@@ -85,17 +95,17 @@ fn holder(spec: &HolderSpec, ready: OwnedFd) -> ! {
     for signal in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGCHLD] {
         mask.add(signal);
     }
-    let pasta = match mask
+    let keeper = match mask
         .thread_block()
         .map_err(|e| format!("block signals: {e}"))
     {
-        Ok(()) => setup(spec),
+        Ok(()) => setup(spec, ready.as_raw_fd()),
         Err(e) => Err(e),
     };
-    let pasta = match pasta {
-        Ok(pasta) => {
+    let keeper = match keeper {
+        Ok(keeper) => {
             let _ = ready.write_all(b"ok");
-            pasta
+            keeper
         }
         Err(message) => {
             let _ = ready.write_all(message.as_bytes());
@@ -108,20 +118,21 @@ fn holder(spec: &HolderSpec, ready: OwnedFd) -> ! {
         match mask.wait() {
             Ok(Signal::SIGTERM) | Ok(Signal::SIGINT) => break,
             Ok(Signal::SIGCHLD) => {
-                // pasta ended on its own (or a leftover helper): reap, keep holding.
+                // The keeper was killed (or a leftover helper ended): reap, keep holding.
                 let _ = waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG));
             }
             _ => {}
         }
     }
-    stop_pasta(pasta);
+    stop_child(keeper, KEEPER_STOP_TIMEOUT);
     // SAFETY: as above.
     unsafe { libc::_exit(0) }
 }
 
-/// Forks pasta's process, makes the namespaces, lets pasta connect them and waits until it
-/// has. Returns pasta's pid.
-fn setup(spec: &HolderSpec) -> Result<Pid, String> {
+/// Forks the keeper, makes the namespaces, lets the keeper start pasta and waits until pasta
+/// has connected them. Returns the keeper's pid. `ready` is the holder's end of its reply
+/// pipe, which the keeper closes: the worker reads the reply to its end.
+fn setup(spec: &HolderSpec, ready: std::os::fd::RawFd) -> Result<Pid, String> {
     let holder = nix::unistd::getpid();
     let log_path = spec.dir.join("pasta.log");
     let pid_file = spec.dir.join("pasta.pid");
@@ -138,24 +149,18 @@ fn setup(spec: &HolderSpec) -> Result<Pid, String> {
         argv.push(std::ffi::CString::new(arg).map_err(|_| format!("argument {arg:?}"))?);
     }
     let (go_r, go_w) = super::sys::pipe().map_err(|e| format!("pipe: {e}"))?;
-    // SAFETY: the holder is single-threaded; the child only reads a pipe and execs.
-    let pasta = match unsafe { fork() }.map_err(|e| format!("fork pasta: {e}"))? {
+    // SAFETY: the holder is single-threaded; the child stays single-threaded.
+    let keeper = match unsafe { fork() }.map_err(|e| format!("fork pasta's keeper: {e}"))? {
         ForkResult::Child => {
             drop(go_w);
+            let _ = nix::unistd::close(ready);
             let mut byte = [0u8; 1];
             let go = std::fs::File::from(go_r).read(&mut byte).ok() == Some(1);
             // SAFETY: prctl with plain integer arguments.
             let pdeath = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
             if go && pdeath == 0 && nix::unistd::getppid() == holder {
-                let _ = SigSet::empty().thread_set_mask();
-                if let Ok(null) = std::fs::File::open("/dev/null") {
-                    let _ = nix::unistd::dup2(null.as_raw_fd(), 0);
-                    let _ = nix::unistd::dup2(log.as_raw_fd(), 1);
-                    let _ = nix::unistd::dup2(log.as_raw_fd(), 2);
-                    if let Some(program) = argv.first() {
-                        let _ = nix::unistd::execvp(program, &argv);
-                    }
-                }
+                let sandbox = spec.id.strip_suffix(HOLDER_ID_SUFFIX).unwrap_or(&spec.id);
+                keep(&argv, log, &pid_file, sandbox)
             }
             // SAFETY: leaving the forked child.
             unsafe { libc::_exit(127) }
@@ -166,7 +171,7 @@ fn setup(spec: &HolderSpec) -> Result<Pid, String> {
     let made = make_namespaces(spec);
     if let Err(message) = made {
         drop(go_w);
-        let _ = waitpid(pasta, None);
+        let _ = waitpid(keeper, None);
         return Err(message);
     }
     let _ = std::fs::File::from(go_w).write_all(b"1");
@@ -175,13 +180,14 @@ fn setup(spec: &HolderSpec) -> Result<Pid, String> {
         if std::fs::metadata(&pid_file).is_ok_and(|m| m.len() > 0) {
             break;
         }
+        // The keeper ends when the first pasta ends before it has written its pid file.
         let ended = !matches!(
-            waitpid(pasta, Some(WaitPidFlag::WNOHANG)),
+            waitpid(keeper, Some(WaitPidFlag::WNOHANG)),
             Ok(WaitStatus::StillAlive)
         );
         if ended || Instant::now() > deadline {
             if !ended {
-                stop_pasta(pasta);
+                stop_child(keeper, KEEPER_STOP_TIMEOUT);
             }
             let said = std::fs::read_to_string(&log_path).unwrap_or_default();
             return Err(format!(
@@ -202,7 +208,133 @@ fn setup(spec: &HolderSpec) -> Result<Pid, String> {
         std::fs::write(&path, ip.to_string().as_bytes())
             .map_err(|e| format!("write {}: {e}", path.display()))?;
     }
-    Ok(pasta)
+    Ok(keeper)
+}
+
+/// The keeper's life, in the host's namespaces with SIGTERM, SIGINT and SIGCHLD blocked:
+/// runs pasta (`argv`, output to `log`) and starts it again whenever it ends, until SIGTERM
+/// or SIGINT, then stops it. Exits 1 when the first pasta ends before writing `pid_file`
+/// (the holder then reports pasta's log). Never returns.
+fn keep(argv: &[std::ffi::CString], mut log: std::fs::File, pid_file: &Path, sandbox: &str) -> ! {
+    let mut mask = SigSet::empty();
+    for signal in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGCHLD] {
+        mask.add(signal);
+    }
+    let Some(mut pasta) = spawn_pasta(argv, &log) else {
+        // SAFETY: leaving the forked child.
+        unsafe { libc::_exit(1) }
+    };
+    let mut started = Instant::now();
+    let mut ever_ready = false;
+    let mut delay = RESTART_DELAY_MIN;
+    loop {
+        match wait_signal(&mask, None) {
+            Some(libc::SIGTERM) | Some(libc::SIGINT) => break,
+            Some(libc::SIGCHLD) => {}
+            _ => continue,
+        }
+        let status = match waitpid(pasta, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) | Err(_) => continue,
+            Ok(status) => status,
+        };
+        let ready = std::fs::metadata(pid_file).is_ok_and(|m| m.len() > 0);
+        ever_ready |= ready;
+        if !ever_ready {
+            // SAFETY: leaving the forked child.
+            unsafe { libc::_exit(1) }
+        }
+        let how = describe(status);
+        let wait = if ready && started.elapsed() >= RESTART_QUICK {
+            delay = RESTART_DELAY_MIN;
+            Duration::ZERO
+        } else {
+            let now = delay;
+            delay = (delay * 2).min(RESTART_DELAY_MAX);
+            now
+        };
+        tracing::warn!(sandbox, pid = pasta.as_raw(), ended = %how, ?wait,
+            "pasta of a rootless pod ended: the pod's network and published ports are down \
+             until it is restarted; restarting it");
+        let _ = writeln!(
+            log,
+            "ironlet: pasta (pid {pasta}) ended ({how}); restarting it in {wait:?}"
+        );
+        if !wait.is_zero() {
+            if let Some(libc::SIGTERM | libc::SIGINT) = wait_signal(&mask, Some(wait)) {
+                // SAFETY: leaving the forked child; pasta is reaped.
+                unsafe { libc::_exit(0) }
+            }
+        }
+        let _ = std::fs::remove_file(pid_file);
+        match spawn_pasta(argv, &log) {
+            Some(new) => {
+                tracing::warn!(
+                    sandbox,
+                    pid = new.as_raw(),
+                    "pasta restarted for the rootless pod"
+                );
+                let _ = writeln!(log, "ironlet: pasta restarted (pid {new})");
+                pasta = new;
+                started = Instant::now();
+            }
+            None => {
+                // SAFETY: leaving the forked child.
+                unsafe { libc::_exit(1) }
+            }
+        }
+    }
+    stop_child(pasta, PASTA_STOP_TIMEOUT);
+    // SAFETY: leaving the forked child.
+    unsafe { libc::_exit(0) }
+}
+
+/// Forks and execs pasta (SIGKILL should the keeper die), output to `log`.
+fn spawn_pasta(argv: &[std::ffi::CString], log: &std::fs::File) -> Option<Pid> {
+    let keeper = nix::unistd::getpid();
+    // SAFETY: the keeper is single-threaded; the child only changes descriptors and execs.
+    match unsafe { fork() }.ok()? {
+        ForkResult::Child => {
+            // SAFETY: prctl with plain integer arguments.
+            let pdeath = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
+            if pdeath == 0 && nix::unistd::getppid() == keeper {
+                let _ = SigSet::empty().thread_set_mask();
+                if let Ok(null) = std::fs::File::open("/dev/null") {
+                    let _ = nix::unistd::dup2(null.as_raw_fd(), 0);
+                    let _ = nix::unistd::dup2(log.as_raw_fd(), 1);
+                    let _ = nix::unistd::dup2(log.as_raw_fd(), 2);
+                    if let Some(program) = argv.first() {
+                        let _ = nix::unistd::execvp(program, argv);
+                    }
+                }
+            }
+            // SAFETY: leaving the forked child.
+            unsafe { libc::_exit(127) }
+        }
+        ForkResult::Parent { child } => Some(child),
+    }
+}
+
+/// The next of the blocked signals in `mask`, waiting at most `timeout` (forever: `None`).
+fn wait_signal(mask: &SigSet, timeout: Option<Duration>) -> Option<i32> {
+    let ts = timeout.map(|t| libc::timespec {
+        tv_sec: t.as_secs() as libc::time_t,
+        tv_nsec: t.subsec_nanos() as libc::c_long,
+    });
+    let ts_ptr = ts
+        .as_ref()
+        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: a valid signal set and an optional valid timespec; no siginfo wanted.
+    let signal = unsafe { libc::sigtimedwait(mask.as_ref(), std::ptr::null_mut(), ts_ptr) };
+    (signal > 0).then_some(signal)
+}
+
+/// How a process ended, for a log line.
+fn describe(status: WaitStatus) -> String {
+    match status {
+        WaitStatus::Exited(_, code) => format!("exit code {code}"),
+        WaitStatus::Signaled(_, signal, _) => format!("signal {signal}"),
+        other => format!("{other:?}"),
+    }
 }
 
 /// The user namespace (subordinate ranges, through the setuid helpers) and the pod's
@@ -241,18 +373,18 @@ fn pod_ip() -> Option<std::net::IpAddr> {
     })
 }
 
-/// SIGTERM to pasta, SIGKILL after [`PASTA_STOP_TIMEOUT`]; reaped either way.
-fn stop_pasta(pasta: Pid) {
-    let _ = nix::sys::signal::kill(pasta, Signal::SIGTERM);
-    let deadline = Instant::now() + PASTA_STOP_TIMEOUT;
+/// SIGTERM to a child (pasta, the keeper), SIGKILL after `timeout`; reaped either way.
+fn stop_child(child: Pid, timeout: Duration) {
+    let _ = nix::sys::signal::kill(child, Signal::SIGTERM);
+    let deadline = Instant::now() + timeout;
     loop {
-        match waitpid(pasta, Some(WaitPidFlag::WNOHANG)) {
+        match waitpid(child, Some(WaitPidFlag::WNOHANG)) {
             Ok(WaitStatus::StillAlive) if Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(2));
             }
             Ok(WaitStatus::StillAlive) => {
-                let _ = nix::sys::signal::kill(pasta, Signal::SIGKILL);
-                let _ = waitpid(pasta, None);
+                let _ = nix::sys::signal::kill(child, Signal::SIGKILL);
+                let _ = waitpid(child, None);
                 return;
             }
             _ => return,

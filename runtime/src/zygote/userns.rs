@@ -190,9 +190,20 @@ pub(crate) fn enter(plan: &Plan) -> Result<(), UsernsError> {
 }
 
 /// The host's supplementary groups show as the overflow gid inside; the container starts with
-/// none but its own (setgroups is allowed: a privileged helper wrote the gid map).
+/// none but its own (setgroups is allowed: a privileged helper wrote the gid map). When the
+/// map is the user's own gid only, `newgidmap` denies setgroups in the namespace (as the
+/// kernel does for an unprivileged map); the groups then stay, as in a namespace libcontainer
+/// maps itself, and nothing inside can change them.
 fn drop_groups() -> Result<(), UsernsError> {
-    nix::unistd::setgroups(&[]).map_err(sys("drop supplementary groups"))
+    match nix::unistd::setgroups(&[]) {
+        Err(nix::errno::Errno::EPERM) if setgroups_denied() => Ok(()),
+        other => other.map_err(sys("drop supplementary groups")),
+    }
+}
+
+/// Whether this process's user namespace denies setgroups.
+fn setgroups_denied() -> bool {
+    std::fs::read_to_string("/proc/self/setgroups").is_ok_and(|s| s.trim() == "deny")
 }
 
 /// `unshare(USER|NS)`, with the maps written by `newuidmap`/`newgidmap` from a helper forked
