@@ -457,36 +457,39 @@ fn seccomp_eperm(env: &Env) -> Result<()> {
 /// seccomp context".
 fn seccomp_without_no_new_privs(env: &Env) -> Result<()> {
     env.rt.block_on(async {
-        let script = "grep -E '^(NoNewPrivs|Seccomp):' /proc/self/status; unshare -U true 2>&1; echo rc=$?; sleep 60";
+        let script = concat!(
+            "grep -E '^(NoNewPrivs|Seccomp):' /proc/self/status; ",
+            "unshare -U true 2>&1; echo rc=$?; sleep 60"
+        );
         let mut c = busybox_sh("escalating", script);
         c.security.no_new_privs = false;
         c.security.seccomp = SeccompProfile::RuntimeDefault;
         let (sandbox, id) = start_one(env, &c).await?;
         let checked = async {
-        let st = env.runtime.container_status(&id).await?;
-        let lines = log_lines(&st.log_path, 4).await;
-        let text: String = lines.iter().map(|(_, l)| format!("{l}\n")).collect();
-        ensure!(text.contains("NoNewPrivs:\t0\n"), "{text}");
-        ensure!(text.contains("Seccomp:\t2\n"), "not filtered: {text}");
-        ensure!(
-            text.contains("Operation not permitted") && !text.contains("rc=0"),
-            "unshare escaped the profile: {text}"
-        );
-        // An exec'd process gets the same profile (libcontainer runs it with `no_new_privs`
-        // and without the spec's profile; the zygote installs the copy).
-        let cmd: Vec<String> = ["grep", "^Seccomp:", "/proc/self/status"]
-            .map(String::from)
-            .to_vec();
-        let out = env
-            .runtime
-            .exec_sync(&id, &cmd, Some(Duration::from_secs(10)))
-            .await?;
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        ensure!(
-            out.exit_code == 0 && stdout == "Seccomp:\t2\n",
-            "exec: {out:?}"
-        );
-        Ok(())
+            let st = env.runtime.container_status(&id).await?;
+            let lines = log_lines(&st.log_path, 4).await;
+            let text: String = lines.iter().map(|(_, l)| format!("{l}\n")).collect();
+            ensure!(text.contains("NoNewPrivs:\t0\n"), "{text}");
+            ensure!(text.contains("Seccomp:\t2\n"), "not filtered: {text}");
+            ensure!(
+                text.contains("Operation not permitted") && !text.contains("rc=0"),
+                "unshare escaped the profile: {text}"
+            );
+            // An exec'd process gets the same profile (libcontainer runs it with `no_new_privs`
+            // and without the spec's profile; the zygote installs the copy).
+            let cmd: Vec<String> = ["grep", "^Seccomp:", "/proc/self/status"]
+                .map(String::from)
+                .to_vec();
+            let out = env
+                .runtime
+                .exec_sync(&id, &cmd, Some(Duration::from_secs(10)))
+                .await?;
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            ensure!(
+                out.exit_code == 0 && stdout == "Seccomp:\t2\n",
+                "exec: {out:?}"
+            );
+            Ok(())
         }
         .await;
         cleanup(env, &sandbox).await?;
