@@ -51,11 +51,13 @@ while [ $# -gt 0 ]; do
   shift
 done
 err=$(mktemp)
+# busybox 1.35's wget -T crashes (SIGSEGV) on this machine's kernel: timeout(1) instead
+limit() { if [ -n "$timeout" ]; then timeout "$timeout" "$@"; else "$@"; fi; }
 if [ -n "$headers" ] && [ "$out" = - ]; then
-  body=$(wget -S -q -O - ${timeout:+-T "$timeout"} "$url" 2>"$err"); rc=$?
+  body=$(limit wget -S -q -O - "$url" 2>"$err"); rc=$?
   sed -n 's/^  //p' "$err"; echo; printf '%s' "$body"
 else
-  wget -S -q -O "$out" ${timeout:+-T "$timeout"} "$url" 2>"$err"; rc=$?
+  limit wget -S -q -O "$out" "$url" 2>"$err"; rc=$?
 fi
 code=$(sed -n 's/.*HTTP\/[0-9.]* \([0-9][0-9][0-9]\).*/\1/p' "$err" | tail -n 1)
 rm -f "$err"
@@ -102,9 +104,16 @@ def main():
     for d in ["usr", "usr/local", "usr/local/bin"]:
         agnhost.dir(d)
     agnhost.file("usr/local/bin/curl", CURL, 0o755)
-    # before busybox's nc on PATH; it hands what is not UDP to busybox's
-    agnhost.file("usr/local/bin/nc", open(nc, "rb").read(), 0o755)
+    # Debian's busybox-static shell runs its own applets before anything on PATH, so its
+    # nc applet is renamed nd in this image's copy: `nc` is then tests/conformance/nc,
+    # which hands what is not UDP to the applet under its new name.
+    applets = base.entries["bin/busybox"][2]
+    renamed = applets.replace(b"\0nameif\0nc\0netstat\0", b"\0nameif\0nd\0netstat\0")
+    if renamed.count(b"\0nameif\0nd\0netstat\0") != 1:
+        sys.exit("images.py: cannot find busybox's nc applet to rename (busybox changed?)")
     agnhost.dir("bin")
+    agnhost.file("bin/busybox", renamed, 0o755)
+    agnhost.file("usr/local/bin/nc", open(nc, "rb").read(), 0o755)
     agnhost.file("bin/bash", BASH, 0o755)
     # the TLS pair of agnhost's porter, which HTTPS probes and hooks serve with
     for name in ["localhost.crt", "localhost.key"]:

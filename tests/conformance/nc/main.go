@@ -4,7 +4,8 @@
 // hostName | nc -w 1 -u HOST PORT`, printing the reply), which Debian's busybox nc cannot
 // do. This is that UDP client: it sends standard input as one datagram and prints every
 // datagram that comes back until nothing has arrived for -w seconds (forever without -w).
-// Without -u it runs busybox's nc with the same arguments.
+// Without -u it runs busybox's nc applet with the same arguments, under the name nd that
+// the image gives it (busybox's shell would otherwise run its applet instead of this nc).
 package main
 
 import (
@@ -39,7 +40,7 @@ func main() {
 		}
 	}
 	if !udp {
-		err := syscall.Exec("/bin/busybox", append([]string{"nc"}, args...), os.Environ())
+		err := syscall.Exec("/bin/busybox", append([]string{"nd"}, args...), os.Environ())
 		fail("exec busybox nc: %v", err)
 	}
 	if len(operands) != 2 {
