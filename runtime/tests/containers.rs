@@ -203,6 +203,19 @@ async fn log_lines(path: &Path, want_at_least: usize) -> Vec<(String, String)> {
     }
 }
 
+/// `exec_sync` of `args` with a 10 s timeout.
+async fn exec_10s(
+    env: &Env,
+    id: &ironlet_runtime::types::ContainerId,
+    args: &[&str],
+) -> Result<ironlet_runtime::types::ExecOutput> {
+    let cmd: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    Ok(env
+        .runtime
+        .exec_sync(id, &cmd, Some(Duration::from_secs(10)))
+        .await?)
+}
+
 async fn cleanup(env: &Env, sandbox: &SandboxId) -> Result<()> {
     env.runtime.stop_pod_sandbox(sandbox).await?;
     env.runtime.remove_pod_sandbox(sandbox).await?;
@@ -477,13 +490,7 @@ fn seccomp_without_no_new_privs(env: &Env) -> Result<()> {
             );
             // An exec'd process gets the same profile (libcontainer runs it with `no_new_privs`
             // and without the spec's profile; the zygote installs the copy).
-            let cmd: Vec<String> = ["grep", "^Seccomp:", "/proc/self/status"]
-                .map(String::from)
-                .to_vec();
-            let out = env
-                .runtime
-                .exec_sync(&id, &cmd, Some(Duration::from_secs(10)))
-                .await?;
+            let out = exec_10s(env, &id, &["grep", "^Seccomp:", "/proc/self/status"]).await?;
             let stdout = String::from_utf8_lossy(&out.stdout);
             ensure!(
                 out.exit_code == 0 && stdout == "Seccomp:\t2\n",
@@ -500,13 +507,7 @@ fn seccomp_without_no_new_privs(env: &Env) -> Result<()> {
 fn exec_output(env: &Env) -> Result<()> {
     env.rt.block_on(async {
         let (sandbox, id) = start_one(env, &busybox_sh("exec", "sleep 60")).await?;
-        let cmd: Vec<String> = ["sh", "-c", "echo hi; echo oops >&2; exit 7"]
-            .map(String::from)
-            .to_vec();
-        let out = env
-            .runtime
-            .exec_sync(&id, &cmd, Some(Duration::from_secs(10)))
-            .await?;
+        let out = exec_10s(env, &id, &["sh", "-c", "echo hi; echo oops >&2; exit 7"]).await?;
         ensure!(
             out.stdout == b"hi\n",
             "stdout {:?}",
@@ -519,11 +520,7 @@ fn exec_output(env: &Env) -> Result<()> {
         );
         ensure!(out.exit_code == 7, "exit code {}", out.exit_code);
         // Exec'd processes run under the container's seccomp profile too.
-        let blocked: Vec<String> = ["unshare", "-U", "true"].map(String::from).to_vec();
-        let out = env
-            .runtime
-            .exec_sync(&id, &blocked, Some(Duration::from_secs(10)))
-            .await?;
+        let out = exec_10s(env, &id, &["unshare", "-U", "true"]).await?;
         let err = String::from_utf8_lossy(&out.stderr);
         ensure!(
             out.exit_code != 0 && err.contains("Operation not permitted"),
