@@ -164,8 +164,8 @@ pub struct SecurityConfig {
     /// Capability names as Kubernetes spells them (`NET_ADMIN`, with or without `CAP_`).
     pub add_capabilities: Vec<String>,
     pub drop_capabilities: Vec<String>,
-    /// `allowPrivilegeEscalation: false` sets `no_new_privs`; Kubernetes defaults it to true,
-    /// but like containerd we set `no_new_privs` unless escalation is explicitly allowed.
+    /// The process's `no_new_privs`. The agent sets it as kubelet does, for
+    /// `allowPrivilegeEscalation: false` only; `ironlet ctr run` (the default here) always.
     pub no_new_privs: bool,
     pub seccomp: SeccompProfile,
 }

@@ -62,6 +62,10 @@ fn main() {
         ),
         ("a_seccomp_blocked_syscall_fails_with_eperm", seccomp_eperm),
         (
+            "a_container_allowed_to_escalate_runs_confined_without_no_new_privs",
+            seccomp_without_no_new_privs,
+        ),
+        (
             "a_container_cannot_open_a_host_device_through_a_node_it_makes",
             host_device_unopenable,
         ),
@@ -197,6 +201,19 @@ async fn log_lines(path: &Path, want_at_least: usize) -> Vec<(String, String)> {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// `exec_sync` of `args` with a 10 s timeout.
+async fn exec_10s(
+    env: &Env,
+    id: &ironlet_runtime::types::ContainerId,
+    args: &[&str],
+) -> Result<ironlet_runtime::types::ExecOutput> {
+    let cmd: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    Ok(env
+        .runtime
+        .exec_sync(id, &cmd, Some(Duration::from_secs(10)))
+        .await?)
 }
 
 async fn cleanup(env: &Env, sandbox: &SandboxId) -> Result<()> {
@@ -447,16 +464,50 @@ fn seccomp_eperm(env: &Env) -> Result<()> {
     })
 }
 
+/// `allowPrivilegeEscalation` unset (kubelet: no `no_new_privs`) with the RuntimeDefault
+/// profile: the filter must go in while the process still has CAP_SYS_ADMIN. It used to be
+/// loaded after the capabilities were dropped, and the create failed with "failed to load
+/// seccomp context".
+fn seccomp_without_no_new_privs(env: &Env) -> Result<()> {
+    env.rt.block_on(async {
+        let script = concat!(
+            "grep -E '^(NoNewPrivs|Seccomp):' /proc/self/status; ",
+            "unshare -U true 2>&1; echo rc=$?; sleep 60"
+        );
+        let mut c = busybox_sh("escalating", script);
+        c.security.no_new_privs = false;
+        c.security.seccomp = SeccompProfile::RuntimeDefault;
+        let (sandbox, id) = start_one(env, &c).await?;
+        let checked = async {
+            let st = env.runtime.container_status(&id).await?;
+            let lines = log_lines(&st.log_path, 4).await;
+            let text: String = lines.iter().map(|(_, l)| format!("{l}\n")).collect();
+            ensure!(text.contains("NoNewPrivs:\t0\n"), "{text}");
+            ensure!(text.contains("Seccomp:\t2\n"), "not filtered: {text}");
+            ensure!(
+                text.contains("Operation not permitted") && !text.contains("rc=0"),
+                "unshare escaped the profile: {text}"
+            );
+            // An exec'd process gets the same profile (libcontainer runs it with `no_new_privs`
+            // and without the spec's profile; the zygote installs the copy).
+            let out = exec_10s(env, &id, &["grep", "^Seccomp:", "/proc/self/status"]).await?;
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            ensure!(
+                out.exit_code == 0 && stdout == "Seccomp:\t2\n",
+                "exec: {out:?}"
+            );
+            Ok(())
+        }
+        .await;
+        cleanup(env, &sandbox).await?;
+        checked
+    })
+}
+
 fn exec_output(env: &Env) -> Result<()> {
     env.rt.block_on(async {
         let (sandbox, id) = start_one(env, &busybox_sh("exec", "sleep 60")).await?;
-        let cmd: Vec<String> = ["sh", "-c", "echo hi; echo oops >&2; exit 7"]
-            .map(String::from)
-            .to_vec();
-        let out = env
-            .runtime
-            .exec_sync(&id, &cmd, Some(Duration::from_secs(10)))
-            .await?;
+        let out = exec_10s(env, &id, &["sh", "-c", "echo hi; echo oops >&2; exit 7"]).await?;
         ensure!(
             out.stdout == b"hi\n",
             "stdout {:?}",
@@ -469,11 +520,7 @@ fn exec_output(env: &Env) -> Result<()> {
         );
         ensure!(out.exit_code == 7, "exit code {}", out.exit_code);
         // Exec'd processes run under the container's seccomp profile too.
-        let blocked: Vec<String> = ["unshare", "-U", "true"].map(String::from).to_vec();
-        let out = env
-            .runtime
-            .exec_sync(&id, &blocked, Some(Duration::from_secs(10)))
-            .await?;
+        let out = exec_10s(env, &id, &["unshare", "-U", "true"]).await?;
         let err = String::from_utf8_lossy(&out.stderr);
         ensure!(
             out.exit_code != 0 && err.contains("Operation not permitted"),

@@ -1,20 +1,22 @@
 #!/usr/bin/env python3
 """The test images of the e2e suite, as OCI layouts, for scripts/conformance.
 
-Usage: tests/conformance/images.py OUT_DIR BIN_DIR
+Usage: tests/conformance/images.py OUT_DIR BIN_DIR NC
 
 BIN_DIR holds the static `agnhost` and `nnp` binaries built from the k8s.io/kubernetes
 module (test/images/agnhost, test/images/nonewprivs) and agnhost's `localhost.crt` and
-`localhost.key` (test/images/agnhost/porter). Each image is an equivalent of the
+`localhost.key` (test/images/agnhost/porter); NC is the static UDP-capable netcat of
+tests/conformance/nc. Each image is an equivalent of the
 upstream one under the name test/utils/image/manifest.go gives it, built with images/build's
 layer writer on its busybox layer (Debian's busybox-static):
 
   e2e-test-images/agnhost:2.66.1, :2.55  busybox + /agnhost (+ /agnhost-2, /uploads,
                                          /localhost.crt and .key), a curl on busybox wget,
+                                         an nc with -u, /bin/bash (busybox ash),
                                          user-defined-in-image (1000) / group 50000;
                                          ENTRYPOINT /agnhost, CMD pause (as upstream)
   pause:3.10.2                           the agnhost layers, ENTRYPOINT /agnhost pause
-  e2e-test-images/busybox:1.37.0-2       busybox, CMD sh
+  e2e-test-images/busybox:1.37.0-2       busybox, CMD sh (also as glibc-dns-testing:2.1.1)
   e2e-test-images/nginx:1.27.0-2, 1.28.0-2  busybox; busybox httpd on port 80 in the foreground
   e2e-test-images/nonroot:1.5            busybox, USER 1234
   e2e-test-images/nonewprivs:1.4         busybox + setuid-root /usr/local/bin/nnp, CMD nnp
@@ -49,17 +51,27 @@ while [ $# -gt 0 ]; do
   shift
 done
 err=$(mktemp)
+# busybox 1.35's wget -T crashes (SIGSEGV) on this machine's kernel: timeout(1) instead
+limit() { if [ -n "$timeout" ]; then timeout "$timeout" "$@"; else "$@"; fi; }
 if [ -n "$headers" ] && [ "$out" = - ]; then
-  body=$(wget -S -q -O - ${timeout:+-T "$timeout"} "$url" 2>"$err"); rc=$?
+  body=$(limit wget -S -q -O - "$url" 2>"$err"); rc=$?
   sed -n 's/^  //p' "$err"; echo; printf '%s' "$body"
 else
-  wget -S -q -O "$out" ${timeout:+-T "$timeout"} "$url" 2>"$err"; rc=$?
+  limit wget -S -q -O "$out" "$url" 2>"$err"; rc=$?
 fi
 code=$(sed -n 's/.*HTTP\/[0-9.]* \([0-9][0-9][0-9]\).*/\1/p' "$err" | tail -n 1)
 rm -f "$err"
 [ -n "$fmt" ] && printf '%s' "$(printf '%s' "$fmt" | sed "s/%{http_code}/${code:-000}/")"
 [ -n "$code" ] && exit 0
 exit 7
+"""
+
+
+# upstream's agnhost image has bash (specs run `/bin/bash -c SCRIPT`); their scripts are
+# POSIX shell with `trap _term SIGTERM`, which busybox ash runs as well.
+BASH = b"""#!/bin/sh
+# bash for the e2e suite's scripts: busybox ash (tests/conformance/images.py)
+exec /bin/sh "$@"
 """
 
 
@@ -72,9 +84,9 @@ def load_build():
 
 
 def main():
-    if len(sys.argv) != 3:
-        sys.exit("usage: images.py OUT_DIR BIN_DIR")
-    out, bins = (os.path.abspath(a) for a in sys.argv[1:])
+    if len(sys.argv) != 4:
+        sys.exit("usage: images.py OUT_DIR BIN_DIR NC")
+    out, bins, nc = (os.path.abspath(a) for a in sys.argv[1:])
     b = load_build()
     os.makedirs(out, exist_ok=True)
 
@@ -92,6 +104,17 @@ def main():
     for d in ["usr", "usr/local", "usr/local/bin"]:
         agnhost.dir(d)
     agnhost.file("usr/local/bin/curl", CURL, 0o755)
+    # Debian's busybox-static shell runs its own applets before anything on PATH, so its
+    # nc applet is renamed nd in this image's copy: `nc` is then tests/conformance/nc,
+    # which hands what is not UDP to the applet under its new name.
+    applets = base.entries["bin/busybox"][2]
+    renamed = applets.replace(b"\0nameif\0nc\0netstat\0", b"\0nameif\0nd\0netstat\0")
+    if renamed.count(b"\0nameif\0nd\0netstat\0") != 1:
+        sys.exit("images.py: cannot find busybox's nc applet to rename (busybox changed?)")
+    agnhost.dir("bin")
+    agnhost.file("bin/busybox", renamed, 0o755)
+    agnhost.file("usr/local/bin/nc", open(nc, "rb").read(), 0o755)
+    agnhost.file("bin/bash", BASH, 0o755)
     # the TLS pair of agnhost's porter, which HTTPS probes and hooks serve with
     for name in ["localhost.crt", "localhost.key"]:
         agnhost.file(name, open(os.path.join(bins, name), "rb").read())
@@ -109,7 +132,10 @@ def main():
         ("agnhost", [base, agnhost], config(Entrypoint=["/agnhost"], Cmd=["pause"]),
          ["e2e-test-images/agnhost:2.66.1", "e2e-test-images/agnhost:2.55"]),
         ("pause", [base, agnhost], config(Entrypoint=["/agnhost", "pause"]), ["pause:3.10.2"]),
-        ("busybox", [base], config(Cmd=["sh"]), ["e2e-test-images/busybox:1.37.0-2"]),
+        # glibc-dns-testing: the hostnameOverride specs run `hostname -f`, which busybox
+        # answers from /etc/hosts as glibc does
+        ("busybox", [base], config(Cmd=["sh"]),
+         ["e2e-test-images/busybox:1.37.0-2", "e2e-test-images/glibc-dns-testing:2.1.1"]),
         ("nginx", [base], config(Cmd=["httpd", "-f", "-p", "80", "-h", "/var/www"]),
          ["e2e-test-images/nginx:1.27.0-2", "e2e-test-images/nginx:1.28.0-2"]),
         ("nonroot", [base], config(Cmd=["sh"], User="1234"), ["e2e-test-images/nonroot:1.5"]),

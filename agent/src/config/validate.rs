@@ -12,7 +12,9 @@
 //! * `restartPolicy` one of `Always`, `OnFailure`, `Never`; an init container's only
 //!   `Always` (a sidecar);
 //! * ports in 1–65535 (`hostPort` 0 means none), protocol `TCP`, `UDP` or `SCTP`;
-//! * CPU and memory quantities parse, are not negative, and no request exceeds its limit.
+//! * CPU and memory quantities parse, are not negative, and no request exceeds its limit;
+//! * `allowPrivilegeEscalation: false` neither with `privileged: true` nor with
+//!   `capabilities.add` `CAP_SYS_ADMIN` (the process could regain what `no_new_privs` takes).
 //!
 //! Every broken rule is reported ([`ValidationErrors`]), not just the first.
 
@@ -144,6 +146,15 @@ pub enum ValidationError {
         /// Why.
         #[source]
         source: QuantityError,
+    },
+    /// `allowPrivilegeEscalation: false` together with `privileged: true` or with
+    /// `capabilities.add` `CAP_SYS_ADMIN` (the API server's `ValidateSecurityContext`).
+    #[error("container {container:?} securityContext: Invalid value: cannot set `allowPrivilegeEscalation` to false and {conflict}")]
+    NoEscalationConflict {
+        /// The container.
+        container: String,
+        /// `` `privileged` to true `` or `` `capabilities.Add` CAP_SYS_ADMIN ``.
+        conflict: &'static str,
     },
     /// A request is larger than the limit of the same resource.
     #[error("container {container:?} requests.{resource} {request:?} exceeds limits.{resource} {limit:?}")]
@@ -398,6 +409,33 @@ fn check_container(
         }
     }
     check_resources(container, errors);
+    check_escalation(container, errors);
+}
+
+fn check_escalation(container: &Container, errors: &mut Vec<ValidationError>) {
+    let Some(sc) = container.security_context.as_ref() else {
+        return;
+    };
+    if sc.allow_privilege_escalation != Some(false) {
+        return;
+    }
+    let mut conflict = |conflict| {
+        errors.push(ValidationError::NoEscalationConflict {
+            container: container.name.clone(),
+            conflict,
+        })
+    };
+    if sc.privileged == Some(true) {
+        conflict("`privileged` to true");
+    }
+    let added = sc.capabilities.as_ref().and_then(|c| c.add.as_ref());
+    for _ in added
+        .into_iter()
+        .flatten()
+        .filter(|c| *c == "CAP_SYS_ADMIN")
+    {
+        conflict("`capabilities.Add` CAP_SYS_ADMIN");
+    }
 }
 
 fn check_resources(container: &Container, errors: &mut Vec<ValidationError>) {
@@ -688,6 +726,46 @@ mod tests {
                 request: "1500m".into(),
                 limit: "1".into(),
             }]
+        );
+    }
+
+    #[test]
+    fn no_escalation_conflicts_with_privileged_and_cap_sys_admin() {
+        let with = |sc: &str| {
+            errors(&GOOD.replace(
+                "    image: nginx:1.27\n",
+                &format!("    image: nginx:1.27\n    securityContext: {sc}\n"),
+            ))
+        };
+        let conflict = |conflict| ValidationError::NoEscalationConflict {
+            container: "web".into(),
+            conflict,
+        };
+        assert_eq!(
+            with("{allowPrivilegeEscalation: false, privileged: true}"),
+            [conflict("`privileged` to true")]
+        );
+        assert_eq!(
+            with("{allowPrivilegeEscalation: false, capabilities: {add: [NET_ADMIN, CAP_SYS_ADMIN]}}"),
+            [conflict("`capabilities.Add` CAP_SYS_ADMIN")]
+        );
+        let both = with("{allowPrivilegeEscalation: false, privileged: true, capabilities: {add: [CAP_SYS_ADMIN]}}");
+        assert_eq!(both.len(), 2, "{both:?}");
+        assert!(both[0]
+            .to_string()
+            .contains("cannot set `allowPrivilegeEscalation` to false and `privileged` to true"));
+        // Escalation allowed (or unset), or no CAP_SYS_ADMIN: nothing to refuse.
+        assert_eq!(
+            with("{allowPrivilegeEscalation: true, privileged: true}"),
+            []
+        );
+        assert_eq!(
+            with("{privileged: true, capabilities: {add: [CAP_SYS_ADMIN]}}"),
+            []
+        );
+        assert_eq!(
+            with("{allowPrivilegeEscalation: false, capabilities: {add: [NET_ADMIN]}}"),
+            []
         );
     }
 

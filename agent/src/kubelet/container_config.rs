@@ -170,7 +170,9 @@ fn security_config(
             .collect(),
         add_capabilities: caps.and_then(|c| c.add.clone()).unwrap_or_default(),
         drop_capabilities: caps.and_then(|c| c.drop.clone()).unwrap_or_default(),
-        no_new_privs: !privileged && sc.and_then(|s| s.allow_privilege_escalation) != Some(true),
+        // kubelet's `AddNoNewPrivileges`: only an explicit `allowPrivilegeEscalation: false`
+        // (validation refuses it together with `privileged` or CAP_SYS_ADMIN).
+        no_new_privs: sc.and_then(|s| s.allow_privilege_escalation) == Some(false),
         seccomp,
     }
 }
@@ -214,6 +216,39 @@ mod tests {
             std::path::Path::new("/"),
         );
         assert_eq!(config.supplemental_groups, vec![1001, 5, 6]);
+    }
+
+    #[test]
+    fn no_new_privs_only_for_allow_privilege_escalation_false() {
+        use k8s_openapi::api::core::v1::SecurityContext;
+        let nnp = |allow: Option<bool>, privileged: Option<bool>| {
+            let container = Container {
+                security_context: Some(SecurityContext {
+                    allow_privilege_escalation: allow,
+                    privileged,
+                    ..SecurityContext::default()
+                }),
+                ..Container::default()
+            };
+            security_config(
+                &Pod::default(),
+                &container,
+                false,
+                std::path::Path::new("/"),
+            )
+            .no_new_privs
+        };
+        assert!(nnp(Some(false), None));
+        assert!(!nnp(None, None), "unset means escalation is allowed");
+        assert!(!nnp(Some(true), None));
+        assert!(!nnp(None, Some(true)));
+        let bare = security_config(
+            &Pod::default(),
+            &Container::default(),
+            false,
+            std::path::Path::new("/"),
+        );
+        assert!(!bare.no_new_privs, "no security context at all");
     }
 
     #[test]

@@ -30,12 +30,18 @@ const RESOLV_FILE: &str = "resolv.conf";
 pub enum EtcFilesError {
     #[error("hostname for pod {pod:?} was invalid: {hostname:?}")]
     InvalidHostname { pod: String, hostname: String },
+    #[error("pod HostnameOverride {hostname:?} is not a valid DNS subdomain: {reason}")]
+    InvalidHostnameOverride {
+        hostname: String,
+        reason: &'static str,
+    },
     #[error("writing {path}: {source}")]
     Write { path: PathBuf, source: io::Error },
 }
 
-/// kubelet's `GeneratePodHostNameAndDomain`: `spec.hostname` or the pod name, truncated
-/// to 63 characters without a trailing `-` or `.`; the domain
+/// kubelet's `GeneratePodHostNameAndDomain`: `spec.hostnameOverride` (a DNS-1123 subdomain;
+/// then no domain, whatever `hostname` and `subdomain` say), else `spec.hostname` or the pod
+/// name, truncated to 63 characters without a trailing `-` or `.`; the domain
 /// `<subdomain>.<namespace>.svc.<cluster domain>` when `spec.subdomain` is set.
 pub fn pod_hostname_and_domain(
     pod: &Pod,
@@ -43,10 +49,30 @@ pub fn pod_hostname_and_domain(
 ) -> Result<(String, Option<String>), EtcFilesError> {
     let spec = pod.spec.as_ref();
     let name = pod.metadata.name.as_deref().unwrap_or_default();
+    if let Some(hostname) = spec.and_then(|s| s.hostname_override.as_deref()) {
+        crate::config::check_dns1123_subdomain(hostname).map_err(|reason| {
+            EtcFilesError::InvalidHostnameOverride {
+                hostname: hostname.to_owned(),
+                reason,
+            }
+        })?;
+        return Ok((truncate_hostname(name, hostname)?, None));
+    }
     let hostname = spec
         .and_then(|s| s.hostname.as_deref())
         .filter(|h| !h.is_empty())
         .unwrap_or(name);
+    let truncated = truncate_hostname(name, hostname)?;
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+    let domain = spec
+        .and_then(|s| s.subdomain.as_deref())
+        .filter(|s| !s.is_empty())
+        .map(|sub| format!("{sub}.{namespace}.svc.{cluster_domain}"));
+    Ok((truncated, domain))
+}
+
+/// kubelet's `truncatePodHostnameIfNeeded`.
+fn truncate_hostname(name: &str, hostname: &str) -> Result<String, EtcFilesError> {
     let truncated = if hostname.len() > HOSTNAME_MAX_LEN {
         let cut = hostname.get(..HOSTNAME_MAX_LEN).unwrap_or_default();
         tracing::warn!(
@@ -64,12 +90,7 @@ pub fn pod_hostname_and_domain(
             hostname: hostname.to_owned(),
         });
     }
-    let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
-    let domain = spec
-        .and_then(|s| s.subdomain.as_deref())
-        .filter(|s| !s.is_empty())
-        .map(|sub| format!("{sub}.{namespace}.svc.{cluster_domain}"));
-    Ok((truncated.to_owned(), domain))
+    Ok(truncated.to_owned())
 }
 
 /// kubelet's `hostsEntriesFromHostAliases`.
@@ -243,6 +264,28 @@ mod tests {
             pod_hostname_and_domain(&p, "cluster.local").unwrap(),
             ("h".to_owned(), Some("s.ns.svc.cluster.local".to_owned()))
         );
+    }
+
+    #[test]
+    fn a_hostname_override_replaces_hostname_and_subdomain() {
+        let p = pod("metadata: {name: n, namespace: ns}\nspec: {hostname: h, subdomain: s, hostnameOverride: override.example.host, containers: []}");
+        assert_eq!(
+            pod_hostname_and_domain(&p, "cluster.local").unwrap(),
+            ("override.example.host".to_owned(), None)
+        );
+        let long = format!("{}.{}", "a".repeat(62), "b".repeat(6));
+        let p = pod(&format!(
+            "metadata: {{name: n}}\nspec: {{hostnameOverride: {long}, containers: []}}"
+        ));
+        assert_eq!(
+            pod_hostname_and_domain(&p, "cluster.local").unwrap().0,
+            "a".repeat(62)
+        );
+        let p = pod("metadata: {name: n}\nspec: {hostnameOverride: Not_Valid, containers: []}");
+        assert!(matches!(
+            pod_hostname_and_domain(&p, "cluster.local"),
+            Err(EtcFilesError::InvalidHostnameOverride { .. })
+        ));
     }
 
     #[test]

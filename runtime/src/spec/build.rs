@@ -80,7 +80,11 @@ pub(crate) fn build_for_host(inputs: &SpecInputs<'_>, host: &HostFacts) -> Resul
         .hard(nofile_limit(inputs, host))
         .build()
         .map_err(SpecError::assemble("process.rlimits"))?]));
-    process.set_no_new_privileges(Some(security.no_new_privs));
+    // Absent rather than `false` when escalation is allowed: libcontainer installs a seccomp
+    // profile before it drops the capabilities only when the field is absent; with `false` it
+    // waits until after, when the process has neither CAP_SYS_ADMIN nor `no_new_privs`, and
+    // the kernel refuses the filter ("failed to load seccomp context").
+    process.set_no_new_privileges(security.no_new_privs.then_some(true));
     process.set_oom_score_adj(resources::oom_score_adj(&container.resources)?);
 
     let seccomp = match (&security.seccomp, security.privileged) {

@@ -66,6 +66,7 @@ impl Server {
             } => self.filters.for_bundle(
                 bundle,
                 super::seccomp::disk_cache_dir(state_root).as_deref(),
+                matches!(request, Request::Exec { .. }),
             )?,
             _ => None,
         };

@@ -9,6 +9,12 @@
 //! before `execve` — the same point libcontainer would have — for the container's init
 //! and for every exec'd process alike.
 //!
+//! Without `noNewPrivileges` (kubelet's default: `allowPrivilegeEscalation` unset) the
+//! profile stays in the spec, for libcontainer to install in the init while it still has
+//! CAP_SYS_ADMIN, and a copy goes to `<bundle>/seccomp-exec.json`: libcontainer runs an
+//! exec'd process with `no_new_privs` but without the spec's profile, so the zygote
+//! installs that copy in exec'd processes only.
+//!
 //! A zygote that lives for one container (`ironlet ctr run`) would still compile every
 //! time, so compiled programs are also kept on disk in `<root-dir>/seccomp-bpf/` (beside
 //! libcontainer's state root; 0700, files 0600, written atomically), keyed by the hash of
@@ -32,10 +38,15 @@ use sha2::{Digest, Sha256};
 /// The file a bundle's seccomp profile lives in when it is compiled by the zygote.
 pub const PROFILE_FILE: &str = "seccomp.json";
 
+/// The copy of a profile that libcontainer installs in the container's init itself (no
+/// `noNewPrivileges`), which the zygote installs in exec'd processes.
+pub const EXEC_PROFILE_FILE: &str = "seccomp-exec.json";
+
 /// Moves the spec's seccomp profile to `<bundle>/seccomp.json` for the zygote to compile
 /// once and install at exec (see `zygote::seccomp`). Only with `noNewPrivileges`: without
 /// it the filter must go in while the process still has CAP_SYS_ADMIN, which only
-/// libcontainer's own path does; notify profiles also stay with libcontainer.
+/// libcontainer's own path does, so the profile stays and a copy goes to
+/// `<bundle>/seccomp-exec.json` for exec'd processes; notify profiles stay with libcontainer.
 pub fn precompile_profile(
     mut spec: oci_spec::runtime::Spec,
     bundle: &Path,
@@ -57,14 +68,17 @@ pub fn precompile_profile(
             .iter()
             .flatten()
             .any(|r| r.action() == oci_spec::runtime::LinuxSeccompAction::ScmpActNotify);
-    if !nnp || notify {
+    if notify {
         return Ok(spec);
     }
-    let path = bundle.join(PROFILE_FILE);
+    let path = bundle.join(if nnp { PROFILE_FILE } else { EXEC_PROFILE_FILE });
     let bytes = serde_json::to_vec(&profile)
         .map_err(|e| crate::RuntimeError::InvalidConfig(format!("seccomp profile: {e}")))?;
     crate::fsutil::write_atomic(&path, &bytes)
         .map_err(|e| crate::RuntimeError::io("write", &path, e))?;
+    if !nnp {
+        return Ok(spec);
+    }
     linux.set_seccomp(None);
     spec.set_linux(Some(linux));
     Ok(spec)
@@ -77,19 +91,34 @@ pub(crate) struct FilterCache {
 }
 
 impl FilterCache {
-    /// The compiled program of `<bundle>/seccomp.json`, if the bundle has one: from memory,
-    /// else from the disk cache `disk_dir` (when given), else compiled (and then stored in
-    /// both).
+    /// The compiled program of `<bundle>/seccomp.json` (for an exec'd process, else of
+    /// `<bundle>/seccomp-exec.json`), if the bundle has one: from memory, else from the disk
+    /// cache `disk_dir` (when given), else compiled (and then stored in both).
     pub(crate) fn for_bundle(
         &mut self,
         bundle: &Path,
         disk_dir: Option<&Path>,
+        exec: bool,
     ) -> Result<Option<std::sync::Arc<Vec<libc::sock_filter>>>, String> {
-        let path = bundle.join(PROFILE_FILE);
-        let bytes = match std::fs::read(&path) {
-            Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(format!("read {}: {e}", path.display())),
+        let files: &[&str] = if exec {
+            &[PROFILE_FILE, EXEC_PROFILE_FILE]
+        } else {
+            &[PROFILE_FILE]
+        };
+        let mut found = None;
+        for file in files {
+            let path = bundle.join(file);
+            match std::fs::read(&path) {
+                Ok(b) => {
+                    found = Some((path, b));
+                    break;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(format!("read {}: {e}", path.display())),
+            }
+        }
+        let Some((path, bytes)) = found else {
+            return Ok(None);
         };
         let key: [u8; 32] = Sha256::digest(&bytes).into();
         if let Some(program) = self.programs.get(&key) {
@@ -402,16 +431,16 @@ mod tests {
         std::fs::write(dir.path().join(PROFILE_FILE), bytes).expect("write");
         let mut cache = FilterCache::default();
         let a = cache
-            .for_bundle(dir.path(), None)
+            .for_bundle(dir.path(), None, false)
             .expect("ok")
             .expect("program");
         let b = cache
-            .for_bundle(dir.path(), None)
+            .for_bundle(dir.path(), None, false)
             .expect("ok")
             .expect("program");
         assert!(std::sync::Arc::ptr_eq(&a, &b), "compiled twice");
         let none = cache
-            .for_bundle(&dir.path().join("missing"), None)
+            .for_bundle(&dir.path().join("missing"), None, false)
             .expect("ok");
         assert!(none.is_none());
     }
@@ -429,7 +458,7 @@ mod tests {
         let bytes = serde_json::to_vec(&runtime_default_profile()).expect("json");
         std::fs::write(bundle.path().join(PROFILE_FILE), bytes).expect("write");
         let compiled = FilterCache::default()
-            .for_bundle(bundle.path(), Some(&disk))
+            .for_bundle(bundle.path(), Some(&disk), false)
             .expect("ok")
             .expect("program");
         let files: Vec<_> = std::fs::read_dir(&disk)
@@ -445,14 +474,14 @@ mod tests {
         marked[0].k ^= 0x5a5a;
         std::fs::write(&files[0], encode_program(&marked)).expect("rewrite");
         let loaded = FilterCache::default()
-            .for_bundle(bundle.path(), Some(&disk))
+            .for_bundle(bundle.path(), Some(&disk), false)
             .expect("ok")
             .expect("program");
         assert!(same_program(&loaded, &marked), "not served from disk");
         // A malformed file is ignored, recompiled and replaced.
         std::fs::write(&files[0], b"garbage").expect("corrupt");
         let recompiled = FilterCache::default()
-            .for_bundle(bundle.path(), Some(&disk))
+            .for_bundle(bundle.path(), Some(&disk), false)
             .expect("ok")
             .expect("program");
         assert!(same_program(&recompiled, &compiled));
@@ -482,5 +511,15 @@ mod tests {
             .and_then(|l| l.seccomp().as_ref())
             .is_some());
         assert!(!dir.path().join(PROFILE_FILE).exists());
+        // The copy for exec'd processes, which libcontainer runs without the spec's profile.
+        let mut cache = FilterCache::default();
+        assert!(cache
+            .for_bundle(dir.path(), None, false)
+            .expect("ok")
+            .is_none());
+        assert!(cache
+            .for_bundle(dir.path(), None, true)
+            .expect("ok")
+            .is_some());
     }
 }
