@@ -13,7 +13,9 @@
 //! from another CA (handshake refused). The resource endpoints through the API server's node
 //! proxy: `/stats/summary` shows a pod holding 40 MiB with at least that working set and a
 //! busy container's CPU counter rising, and plausible node figures; `/metrics/resource` has
-//! kubelet's metric names with the same figures; `/runningpods/` lists the pod. metrics-server
+//! kubelet's metric names with the same figures; `/runningpods/` lists the pod; a pod's 5 MiB
+//! written into its root file system and 3 MiB into an emptyDir show as its container's
+//! `rootfs` and its `volume`, both in its `ephemeral-storage`. metrics-server
 //! (built from its Go module, `scripts/metrics-server`) runs as a host process behind the
 //! `v1beta1.metrics.k8s.io` APIService, and `kubectl top pod` / `kubectl top node` show the
 //! pod's 40 MiB and the node. `/metrics/probes` counts a pod's readiness probe runs. The agent
@@ -117,6 +119,10 @@ const TESTS: &[SuiteTest<Env>] = &[
     (
         "stats_summary_metrics_resource_and_runningpods_show_a_40mib_busy_pod",
         stats_endpoints,
+    ),
+    (
+        "stats_summary_shows_a_pods_writes_in_its_rootfs_and_emptydir",
+        stats_file_systems,
     ),
     (
         "kubectl_top_pod_and_node_through_metrics_server",
@@ -1335,6 +1341,130 @@ fn stats_endpoints(env: &Env) -> Result<()> {
             .as_str()
             .is_some_and(|u| !u.is_empty()));
         Ok(())
+    })
+}
+
+/// The `usedBytes` and `inodesUsed` of a Summary `FsStats`.
+fn fs_used(fs: &serde_json::Value) -> Option<(u64, u64)> {
+    Some((fs["usedBytes"].as_u64()?, fs["inodesUsed"].as_u64()?))
+}
+
+/// A pod writing 5 MiB into its root file system and 3 MiB (plus a directory of two empty
+/// files) into an emptyDir: the container's `rootfs` and the pod's `volume` entry show
+/// them, `ephemeral-storage` counts both, the figures of the file systems they are on come
+/// along, and `?only_cpu_and_memory=true` leaves the file systems out.
+fn stats_file_systems(env: &Env) -> Result<()> {
+    let name = "kapi-stats-fs";
+    block_on(async {
+        let client = env.plane.admin_client().await?;
+        let pods: Api<Pod> = Api::namespaced(client, "default");
+        let pod: Pod = serde_json::from_value(json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": { "name": name, "namespace": "default" },
+            "spec": {
+                "nodeName": env.agent.node_name,
+                "restartPolicy": "Never",
+                "terminationGracePeriodSeconds": 1,
+                "volumes": [{ "name": "scratch", "emptyDir": {} }],
+                "containers": [{
+                    "name": "main",
+                    "image": "busybox",
+                    "imagePullPolicy": "Never",
+                    "command": ["sh", "-c",
+                        "head -c 5242880 /dev/zero > /big && head -c 3145728 /dev/zero > /scratch/f \
+                         && mkdir /scratch/d && touch /scratch/d/a /scratch/d/b && touch /done \
+                         && sleep 3600"],
+                    "volumeMounts": [{ "name": "scratch", "mountPath": "/scratch" }],
+                }],
+            },
+        }))?;
+        eventually("the pod is created", Duration::from_secs(30), || async {
+            pods.create(&PostParams::default(), &pod).await?;
+            Ok(Some(()))
+        })
+        .await?;
+        let result = async {
+            wait_running(&pods, name, 0).await?;
+            let summary = eventually(
+                "the written files in /stats/summary",
+                Duration::from_secs(45),
+                || async {
+                    let summary = summary(env)?;
+                    let Some(pod) = pod_entry(&summary, name) else {
+                        return Ok(None);
+                    };
+                    let rootfs = fs_used(&pod["containers"][0]["rootfs"]);
+                    let volume = pod["volume"]
+                        .as_array()
+                        .and_then(|v| v.iter().find(|v| v["name"] == "scratch"))
+                        .and_then(fs_used);
+                    let done =
+                        matches!((rootfs, volume), (Some((r, _)), Some((_, 5))) if r >= 5 * MIB);
+                    Ok(done.then_some(summary))
+                },
+            )
+            .await?;
+            let pod = pod_entry(&summary, name).context("pod entry")?;
+            let image_fs = &summary["node"]["runtime"]["imageFs"];
+            let rootfs = &pod["containers"][0]["rootfs"];
+            let (layer, layer_inodes) = fs_used(rootfs).context("rootfs")?;
+            // /big and /done, and what the runtime made in the layer (mount points).
+            assert!((5 * MIB..6 * MIB).contains(&layer), "{rootfs}");
+            assert!((2..50).contains(&layer_inodes), "{rootfs}");
+            assert_eq!(
+                rootfs["capacityBytes"], image_fs["capacityBytes"],
+                "{summary}"
+            );
+            assert!(rootfs["availableBytes"].as_u64().is_some(), "{rootfs}");
+            let volumes = pod["volume"].as_array().context("volumes")?;
+            let scratch = volumes
+                .iter()
+                .find(|v| v["name"] == "scratch")
+                .context("scratch")?;
+            let (written, inodes) = fs_used(scratch).context("scratch figures")?;
+            // The volume's directory, f, d, d/a, d/b; f in whole blocks.
+            assert_eq!(inodes, 5, "{scratch}");
+            assert!(
+                (3 * MIB..3 * MIB + 64 * 1024).contains(&written),
+                "{scratch}"
+            );
+            assert!(
+                scratch["capacityBytes"].as_u64().unwrap_or(0) > written,
+                "{scratch}"
+            );
+            assert!(scratch["time"].as_str().is_some_and(|t| t.ends_with('Z')));
+            // The service account token: projected, on tmpfs, measured but not ephemeral.
+            assert!(
+                volumes.iter().any(|v| v["name"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with("kube-api-access"))),
+                "{volumes:?}"
+            );
+            let ephemeral = &pod["ephemeral-storage"];
+            let (pod_used, pod_inodes) = fs_used(ephemeral).context("ephemeral-storage")?;
+            let logs = pod["containers"][0]["logs"]["usedBytes"]
+                .as_u64()
+                .unwrap_or(0);
+            assert_eq!(pod_used, layer + written + logs, "{pod}");
+            assert!(pod_inodes >= layer_inodes + inodes, "{pod}");
+            assert!(summary["node"]["fs"]["usedBytes"].as_u64() > Some(pod_used));
+
+            let text = node_proxy(env, "/stats/summary?only_cpu_and_memory=true")?;
+            let light: serde_json::Value = serde_json::from_str(&text)?;
+            let pod = pod_entry(&light, name).context("pod in the cpu-and-memory summary")?;
+            assert!(
+                pod["containers"][0]["memory"]["workingSetBytes"].is_u64(),
+                "{pod}"
+            );
+            assert!(pod.get("volume").is_none() && pod.get("ephemeral-storage").is_none());
+            assert!(pod["containers"][0].get("rootfs").is_none(), "{pod}");
+            assert!(light["node"].get("fs").is_none(), "{light}");
+            Ok(())
+        }
+        .await;
+        remove_pod(&pods, name).await?;
+        result
     })
 }
 

@@ -333,21 +333,29 @@ async fn connection(
             }
         }
         ["stats", "summary"] | ["stats", "summary", ""] => {
-            let response = get_only(&request, || match services.stats.summary() {
-                Ok(summary) => super::routes::json(200, &summary),
-                Err(err) => {
-                    tracing::error!(%err, "Failed to get system container stats");
-                    Response::text(500, format!("Internal Error: {err}\n"))
-                }
-            });
+            let only_cpu_and_memory = query_flag(&request, "only_cpu_and_memory");
+            let summary = read_stats(&request, services, only_cpu_and_memory).await;
+            let response = summary.map_or_else(
+                |response| response,
+                |summary| match summary {
+                    Ok(summary) => super::routes::json(200, &summary),
+                    Err(err) => {
+                        tracing::error!(%err, "Failed to get system container stats");
+                        Response::text(500, format!("Internal Error: {err}\n"))
+                    }
+                },
+            );
             respond(&mut writer, response).await;
         }
         ["metrics", "resource"] => {
-            let response = get_only(&request, || {
-                let summary = services.stats.summary();
-                let text = stats::resource_metrics(summary.as_ref().map_err(String::as_str));
-                Response::new(200, super::routes::METRICS_CONTENT_TYPE, text)
-            });
+            let summary = read_stats(&request, services, true).await;
+            let response = summary.map_or_else(
+                |response| response,
+                |summary| {
+                    let text = stats::resource_metrics(summary.as_ref().map_err(String::as_str));
+                    Response::new(200, super::routes::METRICS_CONTENT_TYPE, text)
+                },
+            );
             respond(&mut writer, response).await;
         }
         ["metrics", "probes"] => {
@@ -376,6 +384,39 @@ async fn connection(
 }
 
 /// `answer()` for GET (HEAD too, answered without a body by the writer), else 405.
+/// The StatsProvider's Summary (only CPU and memory if `cpu_and_memory_only`), read on a
+/// blocking thread (it walks file systems); `Err` is the answer to a method other than GET.
+async fn read_stats(
+    request: &Request,
+    services: &Services,
+    cpu_and_memory_only: bool,
+) -> Result<Result<stats::Summary, String>, Response> {
+    if request.method != "GET" && request.method != "HEAD" {
+        return Err(get_only(request, || Response::text(200, "")));
+    }
+    let provider = services.stats.clone();
+    let read = tokio::task::spawn_blocking(move || {
+        if cpu_and_memory_only {
+            provider.cpu_and_memory()
+        } else {
+            provider.summary()
+        }
+    });
+    Ok(read
+        .await
+        .unwrap_or_else(|err| Err(format!("reading the stats: {err}"))))
+}
+
+/// Whether the query sets `name=true` (kubelet's `QueryParameter(name) == "true"`).
+fn query_flag(request: &Request, name: &str) -> bool {
+    request
+        .query
+        .as_deref()
+        .unwrap_or("")
+        .split('&')
+        .any(|pair| pair.split_once('=') == Some((name, "true")))
+}
+
 fn get_only(request: &Request, answer: impl FnOnce() -> Response) -> Response {
     if request.method == "GET" || request.method == "HEAD" {
         answer()
