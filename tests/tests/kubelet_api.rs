@@ -5,7 +5,8 @@
 //! `--previous` after a restart; a follower that goes away leaves no reader behind;
 //! `kubectl exec` (streams, exit code, stdin, `kubectl cp` both ways, a container that exits
 //! under it, a client killed mid-exec leaves no process) through the WebSocket the API
-//! server proxies to the node (`ExtendWebSocketsToKubelet`); a raw WebSocket exec through
+//! server proxies to the node (`ExtendWebSocketsToKubelet`); `kubectl exec -i` over SPDY/3.1
+//! (`KUBECTL_REMOTE_COMMAND_WEBSOCKETS=false`): stdin, stdout, stderr, exit code; a raw WebSocket exec through
 //! `kubectl proxy` with the older `channel.k8s.io` and `base64.channel.k8s.io` (the
 //! conformance spec's protocols): `cat /etc/resolv.conf` on channel 1, a failure's message
 //! as text on channel 3, then the Close; and the node itself refuses requests without credentials (401), with a token whose user has no
@@ -84,6 +85,10 @@ const TESTS: &[SuiteTest<Env>] = &[
         exec_streams_and_exit_code,
     ),
     ("kubectl_exec_i_feeds_stdin_until_it_closes", exec_stdin),
+    (
+        "kubectl_exec_over_spdy_carries_stdin_stdout_stderr_and_the_exit_code",
+        exec_spdy,
+    ),
     (
         "kubectl_cp_copies_a_file_into_and_out_of_the_pod_unchanged",
         cp_both_ways,
@@ -725,9 +730,20 @@ const SLEEPER: &str = "exec sleep 3600";
 
 /// `kubectl` with `args` run to its end with `stdin` fed to it; its output and exit code.
 fn kubectl_with_stdin(env: &Env, args: &[&str], stdin: &[u8]) -> Result<std::process::Output> {
+    kubectl_with_stdin_env(env, &[], args, stdin)
+}
+
+/// [`kubectl_with_stdin`] with environment variables set for kubectl.
+fn kubectl_with_stdin_env(
+    env: &Env,
+    vars: &[(&str, &str)],
+    args: &[&str],
+    stdin: &[u8],
+) -> Result<std::process::Output> {
     let mut child = env
         .plane
         .kubectl_command()
+        .envs(vars.iter().copied())
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -780,6 +796,40 @@ fn exec_streams_and_exit_code(env: &Env) -> Result<()> {
         ])?;
         assert_eq!(big.len(), 3_000_000);
         assert!(big.bytes().all(|b| b == b'x'));
+        Ok(())
+    })
+}
+
+/// kubectl made to speak SPDY/3.1 (`KUBECTL_REMOTE_COMMAND_WEBSOCKETS=false`, as kubectl
+/// before 1.31 does): the API server proxies the SPDY upgrade to the node unchanged.
+fn exec_spdy(env: &Env) -> Result<()> {
+    let name = "kapi-exec-spdy";
+    let spdy = [("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false")];
+    with_pod(env, name, SLEEPER, "Never", |_pods| async move {
+        let script = "cat; echo err >&2; exit 3";
+        let args = ["exec", "-i", name, "--", "sh", "-c", script];
+        let out = kubectl_with_stdin_env(env, &spdy, &args, b"through spdy\n")?;
+        assert_eq!(out.status.code(), Some(3), "{out:?}");
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "through spdy\n");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.starts_with("err\n"), "{stderr:?}");
+        // Success, and output of many frames arrives whole.
+        let args = [
+            "exec",
+            name,
+            "--",
+            "sh",
+            "-c",
+            "head -c 3000000 /dev/zero | tr '\\0' x",
+        ];
+        let big = kubectl_with_stdin_env(env, &spdy, &args, b"")?;
+        assert!(
+            big.status.success(),
+            "{:?}",
+            String::from_utf8_lossy(&big.stderr)
+        );
+        assert_eq!(big.stdout.len(), 3_000_000);
+        assert!(big.stdout.iter().all(|b| *b == b'x'));
         Ok(())
     })
 }

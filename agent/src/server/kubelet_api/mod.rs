@@ -7,8 +7,9 @@
 //!             ──► authenticate: client cert subject, else Bearer token → TokenReview  (401)
 //!             ──► authorize: SubjectAccessReview on nodes/<subresource>               (403)
 //!             ──► /containerLogs/…  streamed (logs)
-//!                 /exec/… /attach/…  upgraded to WebSocket, the process's or the
-//!                   container's stdio, with a terminal for tty=1 (exec)
+//!                 /exec/… /attach/…  upgraded to WebSocket (exec) or SPDY/3.1
+//!                   (exec_spdy), the process's or the container's stdio, with a terminal
+//!                   for tty=1
 //!                 /portForward/…  SPDY/3.1, plain or tunnelled in WebSocket (portforward)
 //!                 /stats/summary /metrics/resource  (stats, from the StatsProvider)
 //!                 /metrics/probes  (prober_probe_total of the probe workers)
@@ -22,6 +23,7 @@
 
 pub mod auth;
 pub mod exec;
+pub mod exec_spdy;
 pub mod logs;
 pub mod portforward;
 pub mod spdy;
@@ -291,7 +293,7 @@ async fn connection(
             let target = exec_target(namespace, pod, container, &request, services, attach);
             match target {
                 Err(response) => respond(&mut writer, response).await,
-                Ok((id, opts, head, protocol)) => {
+                Ok((id, opts, head, transport)) => {
                     let mut stream = reader.unsplit(writer);
                     let wrote = tokio::time::timeout(WRITE_TIMEOUT, stream.write_all(&head)).await;
                     if !matches!(wrote, Ok(Ok(()))) {
@@ -311,7 +313,14 @@ async fn connection(
                         };
                         session.map_err(|e| e.to_string())
                     };
-                    let code = exec::serve(stream, protocol, &opts, start).await;
+                    let code = match transport {
+                        ExecTransport::WebSocket(protocol) => {
+                            exec::serve(stream, protocol, &opts, start).await
+                        }
+                        ExecTransport::Spdy(version) => {
+                            exec_spdy::serve(stream, version, &opts, start).await
+                        }
+                    };
                     tracing::debug!(?code, command = ?opts.command, attach, tty = opts.tty, "exec ended");
                 }
             }
@@ -596,7 +605,14 @@ fn container_logs(
     Ok((path, opts, Box::new(running)))
 }
 
-type ExecTarget = (ContainerId, exec::ExecOptions, Vec<u8>, exec::Protocol);
+/// How an exec's streams travel.
+#[derive(Debug, Clone, Copy)]
+enum ExecTransport {
+    WebSocket(exec::Protocol),
+    Spdy(exec_spdy::Version),
+}
+
+type ExecTarget = (ContainerId, exec::ExecOptions, Vec<u8>, ExecTransport);
 
 /// The running container an exec (or attach) goes to, its options and the upgrade answer;
 /// else the error response (kubelet's codes: 400 bad request, 404 unknown pod or container).
@@ -637,9 +653,13 @@ fn exec_target(
                 format!("container {container:?} not found in pod {pod_name:?}\n"),
             )
         })?;
+    if exec_spdy::is_spdy(request) {
+        let (head, version) = exec_spdy::upgrade_response(request)?;
+        return Ok((id, opts, head, ExecTransport::Spdy(version)));
+    }
     let (head, protocol) =
         exec::upgrade_response(request).map_err(|e| Response::text(400, format!("{e}\n")))?;
-    Ok((id, opts, head, protocol))
+    Ok((id, opts, head, ExecTransport::WebSocket(protocol)))
 }
 
 /// The sandbox a port-forward goes to and the upgrade answer; else kubelet's error
