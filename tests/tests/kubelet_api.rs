@@ -223,9 +223,9 @@ async fn run_pod_with(
     restart: &str,
     host_network: bool,
 ) -> Result<Api<Pod>> {
-    let client = env.plane.admin_client().await?;
-    let pods: Api<Pod> = Api::namespaced(client, "default");
-    let pod: Pod = serde_json::from_value(json!({
+    let pods = create_pod(
+        env,
+        json!({
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": { "name": name, "namespace": "default" },
@@ -241,13 +241,24 @@ async fn run_pod_with(
                 "command": ["sh", "-c", script],
             }],
         },
-    }))?;
+        }),
+    )
+    .await?;
+    wait_running(&pods, name, 0).await?;
+    Ok(pods)
+}
+
+/// Creates `pod` in `default` (retrying while the fresh control plane cannot take it yet);
+/// the API of the namespace's pods.
+async fn create_pod(env: &Env, pod: serde_json::Value) -> Result<Api<Pod>> {
+    let client = env.plane.admin_client().await?;
+    let pods: Api<Pod> = Api::namespaced(client, "default");
+    let pod: Pod = serde_json::from_value(pod)?;
     eventually("the pod is created", Duration::from_secs(30), || async {
         pods.create(&PostParams::default(), &pod).await?;
         Ok(Some(()))
     })
     .await?;
-    wait_running(&pods, name, 0).await?;
     Ok(pods)
 }
 
@@ -1406,9 +1417,7 @@ fn fs_used(fs: &serde_json::Value) -> Option<(u64, u64)> {
 fn stats_file_systems(env: &Env) -> Result<()> {
     let name = "kapi-stats-fs";
     block_on(async {
-        let client = env.plane.admin_client().await?;
-        let pods: Api<Pod> = Api::namespaced(client, "default");
-        let pod: Pod = serde_json::from_value(json!({
+        let pods = create_pod(env, json!({
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": { "name": name, "namespace": "default" },
@@ -1428,11 +1437,7 @@ fn stats_file_systems(env: &Env) -> Result<()> {
                     "volumeMounts": [{ "name": "scratch", "mountPath": "/scratch" }],
                 }],
             },
-        }))?;
-        eventually("the pod is created", Duration::from_secs(30), || async {
-            pods.create(&PostParams::default(), &pod).await?;
-            Ok(Some(()))
-        })
+        }))
         .await?;
         let result = async {
             wait_running(&pods, name, 0).await?;

@@ -88,17 +88,7 @@ pub fn is_spdy(request: &Request) -> bool {
 /// kubelet's `httpstream.Handshake` and SPDY upgrade: the `101` and the version (the
 /// client's first one served), else the refusal.
 pub fn upgrade_response(request: &Request) -> Result<(Vec<u8>, Version), Response> {
-    let offered = portforward::header_values(request, "x-stream-protocol-version");
-    if offered.is_empty() {
-        return Err(Response::text(
-            400,
-            format!(
-                "unable to upgrade: header X-Stream-Protocol-Version does not exist in request \
-                 with {} headers\n",
-                request.headers.len()
-            ),
-        ));
-    }
+    let offered = portforward::offered_stream_protocols(request)?;
     let Some(version) = offered
         .iter()
         .find_map(|o| Version::SERVED.into_iter().find(|v| v.name() == *o))

@@ -100,7 +100,7 @@ pub(super) fn is_upgrade(request: &Request) -> bool {
 }
 
 /// Every value of a (possibly repeated) comma-separated header.
-pub(super) fn header_values<'a>(request: &'a Request, name: &str) -> Vec<&'a str> {
+fn header_values<'a>(request: &'a Request, name: &str) -> Vec<&'a str> {
     request
         .headers
         .iter()
@@ -148,17 +148,7 @@ pub fn upgrade_response(request: &Request) -> Result<(Vec<u8>, Upgrade), Respons
         );
         return Ok((head.into_bytes(), Upgrade::WebSocketTunnel));
     }
-    let offered = header_values(request, "x-stream-protocol-version");
-    if offered.is_empty() {
-        return Err(Response::text(
-            400,
-            format!(
-                "unable to upgrade: header X-Stream-Protocol-Version does not exist in request \
-                 with {} headers\n",
-                request.headers.len()
-            ),
-        ));
-    }
+    let offered = offered_stream_protocols(request)?;
     if !offered.contains(&PROTOCOL) {
         return Err(negotiation_failed(&offered));
     }
@@ -173,6 +163,22 @@ pub fn upgrade_response(request: &Request) -> Result<(Vec<u8>, Upgrade), Respons
          X-Stream-Protocol-Version: {PROTOCOL}\r\n\r\n"
     );
     Ok((head.into_bytes(), Upgrade::Spdy))
+}
+
+/// The client's `X-Stream-Protocol-Version`s; none is `httpstream.Handshake`'s 400.
+pub(super) fn offered_stream_protocols(request: &Request) -> Result<Vec<&str>, Response> {
+    let offered = header_values(request, "x-stream-protocol-version");
+    if offered.is_empty() {
+        return Err(Response::text(
+            400,
+            format!(
+                "unable to upgrade: header X-Stream-Protocol-Version does not exist in request \
+                 with {} headers\n",
+                request.headers.len()
+            ),
+        ));
+    }
+    Ok(offered)
 }
 
 fn negotiation_failed(offered: &[&str]) -> Response {
