@@ -37,16 +37,30 @@ pub fn narrowed_dir(path: &Path, mode: u32) -> std::io::Result<()> {
     Ok(())
 }
 
+/// What a directory tree holds on disk (CRI's `FilesystemUsage`, kubelet's `fs.DiskUsage`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DiskUsage {
+    /// Allocated bytes.
+    pub used_bytes: u64,
+    /// Inodes: files, directories, symlinks…, the top directory included.
+    pub inodes_used: u64,
+}
+
 /// Bytes used on disk below `path` (allocated blocks; hard links counted once; other file
 /// systems mounted below are not entered, as `du -x`). Entries that vanish or cannot be read
 /// meanwhile count as nothing; symlinks are not followed.
 pub fn disk_usage(path: &Path) -> u64 {
+    disk_usage_and_inodes(path).used_bytes
+}
+
+/// [`disk_usage`] with the inodes counted too (each hard-linked inode once).
+pub fn disk_usage_and_inodes(path: &Path) -> DiskUsage {
     use std::os::unix::fs::MetadataExt;
     let Ok(top) = std::fs::symlink_metadata(path) else {
-        return 0;
+        return DiskUsage::default();
     };
     let mut seen = std::collections::HashSet::new();
-    let mut total = 0u64;
+    let mut usage = DiskUsage::default();
     let mut stack: Vec<std::path::PathBuf> = vec![path.to_path_buf()];
     while let Some(p) = stack.pop() {
         let Ok(meta) = std::fs::symlink_metadata(&p) else {
@@ -58,14 +72,17 @@ pub fn disk_usage(path: &Path) -> u64 {
         if meta.nlink() > 1 && !meta.is_dir() && !seen.insert((meta.dev(), meta.ino())) {
             continue;
         }
-        total = total.saturating_add(meta.blocks().saturating_mul(512));
+        usage.used_bytes = usage
+            .used_bytes
+            .saturating_add(meta.blocks().saturating_mul(512));
+        usage.inodes_used += 1;
         if meta.is_dir() {
             if let Ok(rd) = std::fs::read_dir(&p) {
                 stack.extend(rd.flatten().map(|e| e.path()));
             }
         }
     }
-    total
+    usage
 }
 
 /// Writes `bytes` to `path` so that a crash leaves either the old or the new content:
@@ -140,5 +157,25 @@ mod tests {
         assert_eq!(std::fs::read(&path).unwrap(), b"new");
         write_atomic_mode(&path, b"conf", 0o644).unwrap();
         assert_eq!(mode(&path), 0o644);
+    }
+
+    #[test]
+    fn usage_counts_blocks_and_inodes_with_hard_links_once() {
+        let tmp = tempfile::tempdir().unwrap();
+        let top = tmp.path().join("t");
+        std::fs::create_dir_all(top.join("d")).unwrap();
+        std::fs::write(top.join("d/a"), vec![7u8; 256 * 1024]).unwrap();
+        std::fs::hard_link(top.join("d/a"), top.join("b")).unwrap();
+        std::os::unix::fs::symlink("d/a", top.join("s")).unwrap();
+        let usage = disk_usage_and_inodes(&top);
+        // t, d, a (once), s.
+        assert_eq!(usage.inodes_used, 4);
+        assert!(usage.used_bytes >= 256 * 1024, "{usage:?}");
+        assert!(usage.used_bytes < 2 * 256 * 1024, "{usage:?}");
+        assert_eq!(disk_usage(&top), usage.used_bytes);
+        assert_eq!(
+            disk_usage_and_inodes(&tmp.path().join("missing")),
+            DiskUsage::default()
+        );
     }
 }

@@ -104,6 +104,14 @@ pub trait Runtime: Send + Sync {
         })
     }
 
+    /// What the container's writable layer holds (CRI `ContainerStats.writable_layer`), for
+    /// the kubelet's `rootfs` figures; `None` for a container unknown or without one. Walks
+    /// the layer's files: call it where blocking is fine (`spawn_blocking`).
+    fn writable_layer_usage(&self, id: &ContainerId) -> Option<crate::fsutil::DiskUsage> {
+        let _ = id;
+        None
+    }
+
     /// Subscribes to container exits and OOM kills.
     fn subscribe(&self) -> tokio::sync::broadcast::Receiver<RuntimeEvent>;
 }

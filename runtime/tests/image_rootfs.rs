@@ -99,10 +99,16 @@ fn an_overlay_rootfs_of_the_layered_image_applies_whiteouts_and_opaque_dirs() {
 
     // Container writes land in upper, never in a snapshot.
     let snapshots_before = tree(&store.root().join("snapshots"));
-    std::fs::write(prepared.rootfs.join("etc/written"), b"w").unwrap();
+    let empty = store.writable_layer_usage(&target).unwrap();
+    std::fs::write(prepared.rootfs.join("etc/written"), vec![1u8; 300 * 1024]).unwrap();
     std::fs::remove_file(prepared.rootfs.join("etc/keep")).unwrap();
     assert!(target.join("upper/etc/written").exists());
     assert_eq!(tree(&store.root().join("snapshots")), snapshots_before);
+    // The writable layer is what was written: upper, etc, the file, keep's whiteout.
+    let written = store.writable_layer_usage(&target).unwrap();
+    assert_eq!(written.inodes_used, empty.inodes_used + 3, "{written:?}");
+    let grown = written.used_bytes - empty.used_bytes;
+    assert!((300 * 1024..400 * 1024).contains(&grown), "{written:?}");
 
     // Preparing again returns the same mount.
     let again = store
@@ -135,9 +141,18 @@ fn a_copied_rootfs_of_the_layered_image_matches_the_overlay_view() {
         xattr::get(prepared.rootfs.join("opaque"), "trusted.overlay.opaque").unwrap_or(None),
         None
     );
+    // A copy is all writable: the image's files are its layer (the top directory counts,
+    // the hard link lib/libx.so.1 does not: one inode with lib/libx.so).
+    let layer = store.writable_layer_usage(&target).unwrap();
+    assert_eq!(
+        layer.inodes_used,
+        expected_layered_tree().len() as u64,
+        "{layer:?}"
+    );
     std::fs::write(target.join("config.json"), b"{}").unwrap();
     store.release_rootfs(&target).unwrap();
     assert!(!target.join("rootfs").exists());
+    assert_eq!(store.writable_layer_usage(&target), None);
     assert!(
         target.join("config.json").exists(),
         "the runtime's own files stay"

@@ -5,7 +5,8 @@
 //! `--previous` after a restart; a follower that goes away leaves no reader behind;
 //! `kubectl exec` (streams, exit code, stdin, `kubectl cp` both ways, a container that exits
 //! under it, a client killed mid-exec leaves no process) through the WebSocket the API
-//! server proxies to the node (`ExtendWebSocketsToKubelet`); a raw WebSocket exec through
+//! server proxies to the node (`ExtendWebSocketsToKubelet`); `kubectl exec -i` over SPDY/3.1
+//! (`KUBECTL_REMOTE_COMMAND_WEBSOCKETS=false`): stdin, stdout, stderr, exit code; a raw WebSocket exec through
 //! `kubectl proxy` with the older `channel.k8s.io` and `base64.channel.k8s.io` (the
 //! conformance spec's protocols): `cat /etc/resolv.conf` on channel 1, a failure's message
 //! as text on channel 3, then the Close; and the node itself refuses requests without credentials (401), with a token whose user has no
@@ -13,7 +14,9 @@
 //! from another CA (handshake refused). The resource endpoints through the API server's node
 //! proxy: `/stats/summary` shows a pod holding 40 MiB with at least that working set and a
 //! busy container's CPU counter rising, and plausible node figures; `/metrics/resource` has
-//! kubelet's metric names with the same figures; `/runningpods/` lists the pod. metrics-server
+//! kubelet's metric names with the same figures; `/runningpods/` lists the pod; a pod's 5 MiB
+//! written into its root file system and 3 MiB into an emptyDir show as its container's
+//! `rootfs` and its `volume`, both in its `ephemeral-storage`. metrics-server
 //! (built from its Go module, `scripts/metrics-server`) runs as a host process behind the
 //! `v1beta1.metrics.k8s.io` APIService, and `kubectl top pod` / `kubectl top node` show the
 //! pod's 40 MiB and the node. `/metrics/probes` counts a pod's readiness probe runs. The agent
@@ -83,6 +86,10 @@ const TESTS: &[SuiteTest<Env>] = &[
     ),
     ("kubectl_exec_i_feeds_stdin_until_it_closes", exec_stdin),
     (
+        "kubectl_exec_over_spdy_carries_stdin_stdout_stderr_and_the_exit_code",
+        exec_spdy,
+    ),
+    (
         "kubectl_cp_copies_a_file_into_and_out_of_the_pod_unchanged",
         cp_both_ways,
     ),
@@ -117,6 +124,10 @@ const TESTS: &[SuiteTest<Env>] = &[
     (
         "stats_summary_metrics_resource_and_runningpods_show_a_40mib_busy_pod",
         stats_endpoints,
+    ),
+    (
+        "stats_summary_shows_a_pods_writes_in_its_rootfs_and_emptydir",
+        stats_file_systems,
     ),
     (
         "kubectl_top_pod_and_node_through_metrics_server",
@@ -212,9 +223,9 @@ async fn run_pod_with(
     restart: &str,
     host_network: bool,
 ) -> Result<Api<Pod>> {
-    let client = env.plane.admin_client().await?;
-    let pods: Api<Pod> = Api::namespaced(client, "default");
-    let pod: Pod = serde_json::from_value(json!({
+    let pods = create_pod(
+        env,
+        json!({
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": { "name": name, "namespace": "default" },
@@ -230,13 +241,24 @@ async fn run_pod_with(
                 "command": ["sh", "-c", script],
             }],
         },
-    }))?;
+        }),
+    )
+    .await?;
+    wait_running(&pods, name, 0).await?;
+    Ok(pods)
+}
+
+/// Creates `pod` in `default` (retrying while the fresh control plane cannot take it yet);
+/// the API of the namespace's pods.
+async fn create_pod(env: &Env, pod: serde_json::Value) -> Result<Api<Pod>> {
+    let client = env.plane.admin_client().await?;
+    let pods: Api<Pod> = Api::namespaced(client, "default");
+    let pod: Pod = serde_json::from_value(pod)?;
     eventually("the pod is created", Duration::from_secs(30), || async {
         pods.create(&PostParams::default(), &pod).await?;
         Ok(Some(()))
     })
     .await?;
-    wait_running(&pods, name, 0).await?;
     Ok(pods)
 }
 
@@ -719,9 +741,20 @@ const SLEEPER: &str = "exec sleep 3600";
 
 /// `kubectl` with `args` run to its end with `stdin` fed to it; its output and exit code.
 fn kubectl_with_stdin(env: &Env, args: &[&str], stdin: &[u8]) -> Result<std::process::Output> {
+    kubectl_with_stdin_env(env, &[], args, stdin)
+}
+
+/// [`kubectl_with_stdin`] with environment variables set for kubectl.
+fn kubectl_with_stdin_env(
+    env: &Env,
+    vars: &[(&str, &str)],
+    args: &[&str],
+    stdin: &[u8],
+) -> Result<std::process::Output> {
     let mut child = env
         .plane
         .kubectl_command()
+        .envs(vars.iter().copied())
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -774,6 +807,40 @@ fn exec_streams_and_exit_code(env: &Env) -> Result<()> {
         ])?;
         assert_eq!(big.len(), 3_000_000);
         assert!(big.bytes().all(|b| b == b'x'));
+        Ok(())
+    })
+}
+
+/// kubectl made to speak SPDY/3.1 (`KUBECTL_REMOTE_COMMAND_WEBSOCKETS=false`, as kubectl
+/// before 1.31 does): the API server proxies the SPDY upgrade to the node unchanged.
+fn exec_spdy(env: &Env) -> Result<()> {
+    let name = "kapi-exec-spdy";
+    let spdy = [("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false")];
+    with_pod(env, name, SLEEPER, "Never", |_pods| async move {
+        let script = "cat; echo err >&2; exit 3";
+        let args = ["exec", "-i", name, "--", "sh", "-c", script];
+        let out = kubectl_with_stdin_env(env, &spdy, &args, b"through spdy\n")?;
+        assert_eq!(out.status.code(), Some(3), "{out:?}");
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "through spdy\n");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.starts_with("err\n"), "{stderr:?}");
+        // Success, and output of many frames arrives whole.
+        let args = [
+            "exec",
+            name,
+            "--",
+            "sh",
+            "-c",
+            "head -c 3000000 /dev/zero | tr '\\0' x",
+        ];
+        let big = kubectl_with_stdin_env(env, &spdy, &args, b"")?;
+        assert!(
+            big.status.success(),
+            "{:?}",
+            String::from_utf8_lossy(&big.stderr)
+        );
+        assert_eq!(big.stdout.len(), 3_000_000);
+        assert!(big.stdout.iter().all(|b| *b == b'x'));
         Ok(())
     })
 }
@@ -1335,6 +1402,124 @@ fn stats_endpoints(env: &Env) -> Result<()> {
             .as_str()
             .is_some_and(|u| !u.is_empty()));
         Ok(())
+    })
+}
+
+/// The `usedBytes` and `inodesUsed` of a Summary `FsStats`.
+fn fs_used(fs: &serde_json::Value) -> Option<(u64, u64)> {
+    Some((fs["usedBytes"].as_u64()?, fs["inodesUsed"].as_u64()?))
+}
+
+/// A pod writing 5 MiB into its root file system and 3 MiB (plus a directory of two empty
+/// files) into an emptyDir: the container's `rootfs` and the pod's `volume` entry show
+/// them, `ephemeral-storage` counts both, the figures of the file systems they are on come
+/// along, and `?only_cpu_and_memory=true` leaves the file systems out.
+fn stats_file_systems(env: &Env) -> Result<()> {
+    let name = "kapi-stats-fs";
+    block_on(async {
+        let pods = create_pod(env, json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": { "name": name, "namespace": "default" },
+            "spec": {
+                "nodeName": env.agent.node_name,
+                "restartPolicy": "Never",
+                "terminationGracePeriodSeconds": 1,
+                "volumes": [{ "name": "scratch", "emptyDir": {} }],
+                "containers": [{
+                    "name": "main",
+                    "image": "busybox",
+                    "imagePullPolicy": "Never",
+                    "command": ["sh", "-c",
+                        "head -c 5242880 /dev/zero > /big && head -c 3145728 /dev/zero > /scratch/f \
+                         && mkdir /scratch/d && touch /scratch/d/a /scratch/d/b && touch /done \
+                         && sleep 3600"],
+                    "volumeMounts": [{ "name": "scratch", "mountPath": "/scratch" }],
+                }],
+            },
+        }))
+        .await?;
+        let result = async {
+            wait_running(&pods, name, 0).await?;
+            let summary = eventually(
+                "the written files in /stats/summary",
+                Duration::from_secs(45),
+                || async {
+                    let summary = summary(env)?;
+                    let Some(pod) = pod_entry(&summary, name) else {
+                        return Ok(None);
+                    };
+                    let rootfs = fs_used(&pod["containers"][0]["rootfs"]);
+                    let volume = pod["volume"]
+                        .as_array()
+                        .and_then(|v| v.iter().find(|v| v["name"] == "scratch"))
+                        .and_then(fs_used);
+                    let done =
+                        matches!((rootfs, volume), (Some((r, _)), Some((_, 5))) if r >= 5 * MIB);
+                    Ok(done.then_some(summary))
+                },
+            )
+            .await?;
+            let pod = pod_entry(&summary, name).context("pod entry")?;
+            let image_fs = &summary["node"]["runtime"]["imageFs"];
+            let rootfs = &pod["containers"][0]["rootfs"];
+            let (layer, layer_inodes) = fs_used(rootfs).context("rootfs")?;
+            // /big and /done, and what the runtime made in the layer (mount points).
+            assert!((5 * MIB..6 * MIB).contains(&layer), "{rootfs}");
+            assert!((2..50).contains(&layer_inodes), "{rootfs}");
+            assert_eq!(
+                rootfs["capacityBytes"], image_fs["capacityBytes"],
+                "{summary}"
+            );
+            assert!(rootfs["availableBytes"].as_u64().is_some(), "{rootfs}");
+            let volumes = pod["volume"].as_array().context("volumes")?;
+            let scratch = volumes
+                .iter()
+                .find(|v| v["name"] == "scratch")
+                .context("scratch")?;
+            let (written, inodes) = fs_used(scratch).context("scratch figures")?;
+            // The volume's directory, f, d, d/a, d/b; f in whole blocks.
+            assert_eq!(inodes, 5, "{scratch}");
+            assert!(
+                (3 * MIB..3 * MIB + 64 * 1024).contains(&written),
+                "{scratch}"
+            );
+            assert!(
+                scratch["capacityBytes"].as_u64().unwrap_or(0) > written,
+                "{scratch}"
+            );
+            assert!(scratch["time"].as_str().is_some_and(|t| t.ends_with('Z')));
+            // The service account token: projected, on tmpfs, measured but not ephemeral.
+            assert!(
+                volumes.iter().any(|v| v["name"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with("kube-api-access"))),
+                "{volumes:?}"
+            );
+            let ephemeral = &pod["ephemeral-storage"];
+            let (pod_used, pod_inodes) = fs_used(ephemeral).context("ephemeral-storage")?;
+            let logs = pod["containers"][0]["logs"]["usedBytes"]
+                .as_u64()
+                .unwrap_or(0);
+            assert_eq!(pod_used, layer + written + logs, "{pod}");
+            assert!(pod_inodes >= layer_inodes + inodes, "{pod}");
+            assert!(summary["node"]["fs"]["usedBytes"].as_u64() > Some(pod_used));
+
+            let text = node_proxy(env, "/stats/summary?only_cpu_and_memory=true")?;
+            let light: serde_json::Value = serde_json::from_str(&text)?;
+            let pod = pod_entry(&light, name).context("pod in the cpu-and-memory summary")?;
+            assert!(
+                pod["containers"][0]["memory"]["workingSetBytes"].is_u64(),
+                "{pod}"
+            );
+            assert!(pod.get("volume").is_none() && pod.get("ephemeral-storage").is_none());
+            assert!(pod["containers"][0].get("rootfs").is_none(), "{pod}");
+            assert!(light["node"].get("fs").is_none(), "{light}");
+            Ok(())
+        }
+        .await;
+        remove_pod(&pods, name).await?;
+        result
     })
 }
 

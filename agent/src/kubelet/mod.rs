@@ -381,6 +381,8 @@ impl Kubelet {
             node_name: self.config.node_name.clone(),
             root_dir: self.config.root_dir.clone(),
             pod_log_dir: self.config.pod_log_dir.clone(),
+            pods_dir: self.config.pods_dir(),
+            runtime: self.runtime.clone(),
             cgroups: self.syncer.cgroups.clone(),
             statuses: self.statuses.clone(),
             previous_cpu: Mutex::default(),

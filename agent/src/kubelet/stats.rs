@@ -11,11 +11,14 @@
 //! | pod `network`                          | `/proc/<pid>/net/dev` of a process of the pod             |
 //! | container `cpu`, `memory`              | the container cgroup `<pod cgroup>/<container id>`        |
 //! | container `logs`                       | sizes of `<pod-log-dir>/<ns>_<pod>_<uid>/<container>/*`   |
-//! | pod `ephemeral-storage`                | Σ its containers' logs (layers and emptyDirs not counted) |
+//! | container `rootfs`                     | the runtime's writable layer (`du`), on the imageFs       |
+//! | pod `volume`                           | `du` of `<root-dir>/pods/<uid>/volumes/<plugin>/<name>` (emptyDir, configMap, secret, downwardAPI, projected), `statvfs` of it |
+//! | pod `ephemeral-storage`                | Σ rootfs + logs + local ephemeral volumes (disk emptyDir, configMap), on the node's fs |
 //!
 //! Pods are those with a running container; containers those running. `usageNanoCores` is the
 //! rate since the previous readout of the same cgroup (kept here for 5 minutes, absent on the
-//! first one).
+//! first one). [`StatsProvider::cpu_and_memory`] leaves out everything but the CPU and
+//! memory figures, and so walks no file system.
 //! Without cgroups (rootless) the pods have no cpu/memory figures.
 
 use std::collections::HashMap;
@@ -24,19 +27,29 @@ use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Utc};
 use ironlet_cgroups::{CgroupPath, CgroupUsage, MachineUsage, NodeCgroups};
-use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod, Volume};
+
+use ironlet_runtime::fsutil::DiskUsage;
+use ironlet_runtime::types::ContainerId;
+use ironlet_runtime::Runtime;
 
 use super::status_store::StatusStore;
 use crate::server::kubelet_api::stats::{
     ContainerStats, CpuStats, FsStats, InterfaceStats, MemoryStats, NetworkStats, NodeStats,
     PodReference, PodStats, ProcessStats, RlimitStats, RuntimeStats, StatsProvider, Summary,
+    VolumeStats,
 };
+use crate::volumes::VolumePlugin;
 
 /// Reads the Summary for the kubelet API.
 pub struct KubeletStats {
     pub(super) node_name: String,
     pub(super) root_dir: PathBuf,
     pub(super) pod_log_dir: PathBuf,
+    /// `<root-dir>/pods`, where the pods' volumes are.
+    pub(super) pods_dir: PathBuf,
+    /// The containers' writable layers.
+    pub(super) runtime: Arc<dyn Runtime>,
     pub(super) cgroups: Option<NodeCgroups>,
     pub(super) statuses: Arc<StatusStore>,
     /// The previous CPU readout per cgroup: (time, cumulative nanoseconds).
@@ -45,10 +58,21 @@ pub struct KubeletStats {
 
 impl StatsProvider for KubeletStats {
     fn summary(&self) -> Result<Summary, String> {
+        self.read(true)
+    }
+
+    fn cpu_and_memory(&self) -> Result<Summary, String> {
+        self.read(false)
+    }
+}
+
+impl KubeletStats {
+    /// The Summary; without its file systems, network and process figures unless `full`.
+    fn read(&self, full: bool) -> Result<Summary, String> {
         let now = Utc::now();
         let machine = MachineUsage::read().map_err(|e| format!("reading the node's usage: {e}"))?;
-        let root_fs = fs_stats(&self.root_dir, now, None);
-        let node = NodeStats {
+        let root_fs = full.then(|| fs_stats(&self.root_dir, now, None)).flatten();
+        let mut node = NodeStats {
             node_name: self.node_name.clone(),
             start_time: boot_time().unwrap_or(now),
             cpu: Some(self.cpu("/", machine.cpu_usage_nanos, now)),
@@ -71,11 +95,14 @@ impl StatsProvider for KubeletStats {
             }),
             rlimit: Some(rlimit(now)),
         };
+        if !full {
+            (node.network, node.runtime, node.rlimit) = (None, None, None);
+        }
         let pods = self
             .statuses
             .pods()
             .iter()
-            .filter_map(|pod| self.pod_stats(pod, now))
+            .filter_map(|pod| self.pod_stats(pod, now, full, root_fs))
             .collect();
         // Forget the cgroups of pods gone for a while (the map would grow with every pod).
         let stale = now - chrono::Duration::minutes(5);
@@ -85,9 +112,7 @@ impl StatsProvider for KubeletStats {
             .retain(|_, (at, _)| *at >= stale);
         Ok(Summary { node, pods })
     }
-}
 
-impl KubeletStats {
     fn cpu(&self, key: &str, nanos: u64, now: DateTime<Utc>) -> CpuStats {
         let mut previous = self.previous_cpu.lock().unwrap_or_else(|p| p.into_inner());
         let rate = previous.get(key).and_then(|(at, before)| {
@@ -117,7 +142,15 @@ impl KubeletStats {
         Some((self.cpu(path.as_str(), usage.cpu_usage_nanos, now), memory))
     }
 
-    fn pod_stats(&self, pod: &Pod, now: DateTime<Utc>) -> Option<PodStats> {
+    /// A pod's figures, with its file systems (on `root_fs`, the node's), network and
+    /// processes if `full`.
+    fn pod_stats(
+        &self,
+        pod: &Pod,
+        now: DateTime<Utc>,
+        full: bool,
+        root_fs: Option<FsStats>,
+    ) -> Option<PodStats> {
         let status = pod.status.as_ref()?;
         let running: Vec<&ContainerStatus> = status
             .container_statuses
@@ -140,7 +173,9 @@ impl KubeletStats {
             cgroups.pod_path(qos, &uid).ok()
         });
         let log_dir = self.pod_log_dir.join(format!("{namespace}_{name}_{uid}"));
-        let log_fs = fs_stats(&self.pod_log_dir, now, Some(0));
+        let log_fs = full
+            .then(|| fs_stats(&self.pod_log_dir, now, Some(0)))
+            .flatten();
         let mut containers = Vec::new();
         for c in &running {
             let started = c
@@ -150,37 +185,49 @@ impl KubeletStats {
                 .and_then(|r| r.started_at.as_ref())
                 .and_then(|t| to_chrono(&t.0))
                 .unwrap_or(now);
+            let id = c
+                .container_id
+                .as_deref()
+                .and_then(|id| id.split_once("://"))
+                .and_then(|(_, id)| ContainerId::parse(id));
             let usage = pod_cgroup.as_ref().and_then(|pod_path| {
-                let id = c.container_id.as_deref()?.split_once("://")?.1;
-                let path = self.cgroups.as_ref()?.container_path(pod_path, id).ok()?;
+                let path = self
+                    .cgroups
+                    .as_ref()?
+                    .container_path(pod_path, id.as_ref()?.as_str())
+                    .ok()?;
                 self.usage(&path, now)
             });
             let logs = log_fs.map(|fs| FsStats {
                 used_bytes: Some(dir_size(&log_dir.join(&c.name))),
                 ..fs
             });
+            let rootfs = id
+                .as_ref()
+                .filter(|_| full)
+                .and_then(|id| self.runtime.writable_layer_usage(id))
+                .map(|layer| used_on(root_fs, layer, now));
             containers.push(ContainerStats {
                 name: c.name.clone(),
                 start_time: started,
                 cpu: usage.map(|u| u.0),
                 memory: usage.map(|u| u.1),
-                rootfs: None,
+                rootfs,
                 logs,
             });
         }
         containers.sort_by(|a, b| a.name.cmp(&b.name));
-        let ephemeral_storage = log_fs.map(|fs| FsStats {
-            used_bytes: Some(
-                containers
-                    .iter()
-                    .filter_map(|c| c.logs.and_then(|l| l.used_bytes))
-                    .sum(),
-            ),
-            ..fs
-        });
+        let volumes = if full {
+            self.volume_stats(pod, &uid, now)
+        } else {
+            Vec::new()
+        };
+        let ephemeral_storage =
+            full.then(|| ephemeral_storage(pod, &containers, &volumes, root_fs, now));
         let pod_usage = pod_cgroup.as_ref().and_then(|p| self.usage(p, now));
         let processes = pod_cgroup
             .as_ref()
+            .filter(|_| full)
             .and_then(|p| self.cgroups.as_ref()?.hierarchy().processes(p).ok())
             .unwrap_or_default();
         let network = processes.iter().find_map(|pid| {
@@ -202,12 +249,111 @@ impl KubeletStats {
             cpu: pod_usage.map(|u| u.0),
             memory: pod_usage.map(|u| u.1),
             network,
+            volumes,
             ephemeral_storage,
-            process_stats: pod_cgroup.is_some().then_some(ProcessStats {
+            process_stats: (full && pod_cgroup.is_some()).then_some(ProcessStats {
                 process_count: processes.len() as u64,
             }),
         })
     }
+
+    /// The pod's volumes that report usage (kubelet's `MetricsDu` ones: not hostPath), as
+    /// set up under `<root-dir>/pods/<uid>/volumes`; those not (yet) there are left out.
+    fn volume_stats(&self, pod: &Pod, uid: &str, now: DateTime<Utc>) -> Vec<VolumeStats> {
+        let volumes_dir = self.pods_dir.join(uid).join("volumes");
+        let mut stats: Vec<VolumeStats> = pod
+            .spec
+            .iter()
+            .flat_map(|spec| spec.volumes.iter().flatten())
+            .filter_map(|volume| {
+                let plugin = measured_plugin(volume)?;
+                let path = volumes_dir.join(plugin.dir_name()).join(&volume.name);
+                if !path.is_dir() {
+                    return None;
+                }
+                let usage = ironlet_runtime::fsutil::disk_usage_and_inodes(&path);
+                Some(VolumeStats {
+                    fs: used_on(fs_stats(&path, now, None), usage, now),
+                    name: volume.name.clone(),
+                })
+            })
+            .collect();
+        stats.sort_by(|a, b| a.name.cmp(&b.name));
+        stats
+    }
+}
+
+/// The plugin of a volume whose usage is measured, kubelet's `MetricsDu` volumes.
+fn measured_plugin(volume: &Volume) -> Option<VolumePlugin> {
+    if volume.empty_dir.is_some() {
+        Some(VolumePlugin::EmptyDir)
+    } else if volume.config_map.is_some() {
+        Some(VolumePlugin::ConfigMap)
+    } else if volume.secret.is_some() {
+        Some(VolumePlugin::Secret)
+    } else if volume.downward_api.is_some() {
+        Some(VolumePlugin::DownwardApi)
+    } else if volume.projected.is_some() {
+        Some(VolumePlugin::Projected)
+    } else {
+        None
+    }
+}
+
+/// kubelet's `IsLocalEphemeralVolume`: an emptyDir on the node's disk, or a configMap (the
+/// others are on tmpfs, counted as memory).
+fn is_local_ephemeral(volume: &Volume) -> bool {
+    volume
+        .empty_dir
+        .as_ref()
+        .is_some_and(|e| e.medium.as_deref().unwrap_or("").is_empty())
+        || volume.config_map.is_some()
+}
+
+/// `usage` with the figures of the file system it is on (`fs`).
+fn used_on(fs: Option<FsStats>, usage: DiskUsage, now: DateTime<Utc>) -> FsStats {
+    FsStats {
+        used_bytes: Some(usage.used_bytes),
+        inodes_used: Some(usage.inodes_used),
+        ..fs.unwrap_or(FsStats {
+            time: now,
+            ..FsStats::default()
+        })
+    }
+}
+
+/// kubelet's `calcEphemeralStorage`: the node fs's figures, with the pod's use of it: its
+/// containers' writable layers and logs, and its local ephemeral volumes.
+fn ephemeral_storage(
+    pod: &Pod,
+    containers: &[ContainerStats],
+    volumes: &[VolumeStats],
+    root_fs: Option<FsStats>,
+    now: DateTime<Utc>,
+) -> FsStats {
+    let local: Vec<&str> = pod
+        .spec
+        .iter()
+        .flat_map(|spec| spec.volumes.iter().flatten())
+        .filter(|v| is_local_ephemeral(v))
+        .map(|v| v.name.as_str())
+        .collect();
+    let mut total = DiskUsage::default();
+    let parts = containers
+        .iter()
+        .flat_map(|c| [c.rootfs, c.logs])
+        .chain(
+            volumes
+                .iter()
+                .filter(|v| local.contains(&v.name.as_str()))
+                .map(|v| Some(v.fs)),
+        )
+        .flatten();
+    for part in parts {
+        total.used_bytes += part.used_bytes.unwrap_or(0);
+        total.inodes_used += part.inodes_used.unwrap_or(0);
+    }
+    used_on(root_fs, total, now)
 }
 
 /// `statvfs` of the file system holding `dir`; `used` overrides the file system's used bytes
@@ -353,6 +499,8 @@ Inter-|   Receive                                                |  Transmit
             node_name: "n".into(),
             root_dir: "/".into(),
             pod_log_dir: "/".into(),
+            pods_dir: "/nonexistent-ironlet-stats".into(),
+            runtime: Arc::new(crate::testing::StaticRuntime),
             cgroups: None,
             statuses: Arc::new(StatusStore::load(Path::new("/nonexistent-ironlet-stats"))),
             previous_cpu: Mutex::default(),
@@ -392,5 +540,62 @@ Inter-|   Receive                                                |  Transmit
         let later = stats.cpu("/", 1_000 + 1_000_000_000, t1);
         assert_eq!(later.usage_nano_cores, Some(500_000_000));
         assert_eq!(later.usage_core_nano_seconds, 1_000_001_000);
+    }
+
+    #[test]
+    fn volumes_are_measured_and_local_ephemeral_ones_count_for_the_pod() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut stats = without_pods();
+        stats.pods_dir = tmp.path().into();
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "uid": "u"},
+            "spec": {"containers": [], "volumes": [
+                {"name": "data", "emptyDir": {}},
+                {"name": "mem", "emptyDir": {"medium": "Memory"}},
+                {"name": "cfg", "configMap": {"name": "c"}},
+                {"name": "sec", "secret": {"secretName": "s"}},
+                {"name": "host", "hostPath": {"path": "/"}},
+            ]},
+        }))
+        .unwrap();
+        let volumes = tmp.path().join("u/volumes");
+        for (dir, file, size) in [
+            ("kubernetes.io~empty-dir/data", "f", 64 * 1024),
+            ("kubernetes.io~empty-dir/mem", "f", 8 * 1024),
+            ("kubernetes.io~configmap/cfg", "key", 4 * 1024),
+        ] {
+            std::fs::create_dir_all(volumes.join(dir)).unwrap();
+            std::fs::write(volumes.join(dir).join(file), vec![1u8; size]).unwrap();
+        }
+        let now = Utc::now();
+        let measured = stats.volume_stats(&pod, "u", now);
+        // The secret was not set up and the hostPath is not measured.
+        let names: Vec<_> = measured.iter().map(|v| v.name.as_str()).collect();
+        assert_eq!(names, ["cfg", "data", "mem"]);
+        let data = &measured[1].fs;
+        assert!(data.used_bytes.unwrap() >= 64 * 1024, "{data:?}");
+        assert_eq!(data.inodes_used, Some(2));
+        assert!(data.capacity_bytes.unwrap() > 0, "{data:?}");
+
+        let containers = [ContainerStats {
+            rootfs: Some(FsStats {
+                used_bytes: Some(1000),
+                inodes_used: Some(10),
+                ..FsStats::default()
+            }),
+            logs: Some(FsStats {
+                used_bytes: Some(20),
+                ..FsStats::default()
+            }),
+            ..ContainerStats::default()
+        }];
+        let total = ephemeral_storage(&pod, &containers, &measured, None, now);
+        let cfg = measured[0].fs;
+        // The Memory emptyDir is not the node's disk.
+        assert_eq!(
+            total.used_bytes,
+            Some(1020 + data.used_bytes.unwrap() + cfg.used_bytes.unwrap())
+        );
+        assert_eq!(total.inodes_used, Some(10 + 2 + 2));
     }
 }

@@ -281,6 +281,22 @@ impl ImageStore {
         Ok(RootfsMode::Copy)
     }
 
+    /// What the container's writable layer under `target_dir` holds (CRI's
+    /// `ContainerStats.writable_layer`): the overlay's `upper`, or the whole copied `rootfs`
+    /// (a copy is all writable: the image's files count too). `None` when there is neither.
+    /// Walks the tree: call it off the async executor.
+    pub fn writable_layer_usage(&self, target_dir: &Path) -> Option<crate::fsutil::DiskUsage> {
+        let upper = target_dir.join("upper");
+        let layer = if upper.is_dir() {
+            upper
+        } else {
+            target_dir.join("rootfs")
+        };
+        layer
+            .is_dir()
+            .then(|| crate::fsutil::disk_usage_and_inodes(&layer))
+    }
+
     /// Undoes [`prepare_rootfs`](Self::prepare_rootfs); succeeds when there is nothing to undo.
     pub fn release_rootfs(&self, target_dir: &Path) -> Result<(), ImageError> {
         let target_dir = absolute(target_dir)?;

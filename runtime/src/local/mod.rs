@@ -496,6 +496,15 @@ impl Runtime for LocalRuntime {
         self.inner.run_pod_sandbox(config).await
     }
 
+    fn writable_layer_usage(&self, id: &ContainerId) -> Option<crate::fsutil::DiskUsage> {
+        if !self.inner.lock().containers.contains_key(id) {
+            return None;
+        }
+        self.inner
+            .images
+            .writable_layer_usage(&self.inner.container_dir(id))
+    }
+
     async fn stop_pod_sandbox(&self, id: &SandboxId) -> Result<(), RuntimeError> {
         self.inner.stop_pod_sandbox(id).await
     }

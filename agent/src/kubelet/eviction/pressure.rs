@@ -25,7 +25,7 @@ use crate::kubelet::stats::KubeletStats;
 use crate::kubelet::syncer::NodeSyncer;
 use crate::node::Pressure;
 use crate::pod_workers::{PodLifecycle, PodWorkers};
-use crate::server::kubelet_api::stats::{StatsProvider, Summary};
+use crate::server::kubelet_api::stats::{FsStats, StatsProvider, Summary};
 
 /// kubelet's `podCleanupTimeout`.
 const POD_CLEANUP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -229,14 +229,13 @@ impl NodePressure {
             return;
         }
         let stats = self.stats.clone();
-        let pods_dir = self.root_dir.join("pods");
         let kind = threshold.signal.pressure();
         let listed = candidates.clone();
         let measured = tokio::task::spawn_blocking(move || {
             let summary = stats.summary().ok();
             listed
                 .into_iter()
-                .map(|pod| measure(pod, summary.as_ref(), kind, &pods_dir))
+                .map(|pod| measure(pod, summary.as_ref(), kind))
                 .collect::<Vec<_>>()
         })
         .await;
@@ -282,7 +281,6 @@ fn measure(
     pod: Arc<Pod>,
     summary: Option<&Summary>,
     kind: PressureKind,
-    pods_dir: &std::path::Path,
 ) -> (PodUsage, Vec<ContainerUsage>) {
     let uid = pod_uid(&pod).to_owned();
     let stats = summary.and_then(|s| s.pods.iter().find(|p| p.pod_ref.uid == uid));
@@ -329,30 +327,27 @@ fn measure(
             )
         }
         PressureKind::Disk => {
+            // kubelet's `podDiskUsage` over rootfs, logs and local volumes: the Summary's
+            // `ephemeral-storage`; a container's share is its writable layer and its logs.
             let request = spec_containers.map(ephemeral_request).sum();
-            let volumes = pods_dir
-                .join(&uid)
-                .join("volumes")
-                .join(crate::volumes::VolumePlugin::EmptyDir.dir_name());
-            let empty_dirs = if volumes.exists() {
-                ironlet_runtime::fsutil::disk_usage(&volumes)
-            } else {
-                0
-            };
+            let used = |fs: Option<FsStats>| fs.and_then(|f| f.used_bytes).unwrap_or(0);
             let containers: Vec<ContainerUsage> = stats
                 .map(|s| {
                     s.containers
                         .iter()
                         .map(|c| ContainerUsage {
                             name: c.name.clone(),
-                            usage: c.logs.and_then(|l| l.used_bytes).unwrap_or(0),
+                            usage: used(c.rootfs) + used(c.logs),
                             request: container_request(&c.name),
                         })
                         .collect()
                 })
                 .unwrap_or_default();
-            let logs: u64 = containers.iter().map(|c| c.usage).sum();
-            (stats.map(|_| logs + empty_dirs), request, containers)
+            (
+                stats.map(|s| used(s.ephemeral_storage)),
+                request,
+                containers,
+            )
         }
         PressureKind::Pid => (
             stats.and_then(|s| s.process_stats.map(|p| p.process_count)),

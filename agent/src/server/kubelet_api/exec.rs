@@ -36,7 +36,7 @@ use std::time::Duration;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
 use futures_util::{SinkExt, StreamExt};
-use ironlet_runtime::types::{ExecReader, ExecSession};
+use ironlet_runtime::types::{ExecExit, ExecReader, ExecSession};
 use serde_json::{json, Value};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
@@ -352,14 +352,21 @@ where
 /// The status on the error channel: the `metav1.Status` (v4, v5); v1 sends nothing for
 /// success and the message as text for a failure (kubelet's `v1WriteStatusFunc`).
 async fn send_status(tx: &mpsc::Sender<Message>, protocol: Protocol, status: &Value) {
-    let payload = if protocol.status_json() {
-        status.to_string()
+    if let Some(payload) = status_payload(protocol.status_json(), status) {
+        let _ = tx.send(message(protocol, ERROR, payload.as_bytes())).await;
+    }
+}
+
+/// What the error channel carries for `status`: the JSON (`as_json`, v4 and later), else a
+/// failure's message as text and nothing for success.
+pub(super) fn status_payload(as_json: bool, status: &Value) -> Option<String> {
+    if as_json {
+        Some(status.to_string())
     } else if status["status"] == "Success" {
-        return;
+        None
     } else {
-        status["message"].as_str().unwrap_or_default().to_owned()
-    };
-    let _ = tx.send(message(protocol, ERROR, payload.as_bytes())).await;
+        Some(status["message"].as_str().unwrap_or_default().to_owned())
+    }
 }
 
 type Source<S> = futures_util::stream::SplitStream<WebSocketStream<S>>;
@@ -386,24 +393,19 @@ where
     let client = read_client(source, protocol, stdin, resize);
     let outputs = async {
         tokio::join!(
-            pump(stdout, protocol, STDOUT, opts.stdout.then_some(tx)),
-            pump(stderr, protocol, STDERR, opts.stderr.then_some(tx)),
-        )
+            pump(
+                stdout,
+                opts.stdout
+                    .then_some((tx, |d: &[u8]| message(protocol, STDOUT, d)))
+            ),
+            pump(
+                stderr,
+                opts.stderr
+                    .then_some((tx, |d: &[u8]| message(protocol, STDERR, d)))
+            ),
+        );
     };
-    let finished = async {
-        tokio::pin!(outputs);
-        let mut drained = false;
-        let code = loop {
-            tokio::select! {
-                _ = &mut outputs, if !drained => drained = true,
-                code = exit.wait() => break code,
-            }
-        };
-        if !drained {
-            let _ = tokio::time::timeout(DRAIN_AFTER_EXIT, outputs).await;
-        }
-        code
-    };
+    let finished = exit_after_output(&mut exit, outputs);
     tokio::select! {
         code = finished => {
             match code {
@@ -468,13 +470,32 @@ async fn read_client<S>(
     }
 }
 
-/// Copies one output of the process to the client on `channel` (or discards it when the
-/// client did not ask for it), until end-of-file or the client is gone.
-async fn pump(
+/// Waits for the process's exit while `outputs` copy what it writes; output still flowing
+/// [`DRAIN_AFTER_EXIT`] after the exit (a background child holding the pipes) is left.
+pub(super) async fn exit_after_output(
+    exit: &mut ExecExit,
+    outputs: impl std::future::Future<Output = ()>,
+) -> Option<i32> {
+    tokio::pin!(outputs);
+    let mut drained = false;
+    let code = loop {
+        tokio::select! {
+            _ = &mut outputs, if !drained => drained = true,
+            code = exit.wait() => break code,
+        }
+    };
+    if !drained {
+        let _ = tokio::time::timeout(DRAIN_AFTER_EXIT, outputs).await;
+    }
+    code
+}
+
+/// Copies one output of the process to the client, each chunk wrapped by `to`'s function
+/// (or discards it when the client did not ask for it), until end-of-file or the client is
+/// gone.
+pub(super) async fn pump<T>(
     mut from: ExecReader,
-    protocol: Protocol,
-    channel: u8,
-    to: Option<&mpsc::Sender<Message>>,
+    to: Option<(&mpsc::Sender<T>, impl Fn(&[u8]) -> T)>,
 ) {
     let mut buf = vec![0u8; READ_CHUNK];
     loop {
@@ -482,12 +503,8 @@ async fn pump(
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
-        if let Some(tx) = to {
-            if tx
-                .send(message(protocol, channel, &buf[..n]))
-                .await
-                .is_err()
-            {
+        if let Some((tx, wrap)) = &to {
+            if tx.send(wrap(&buf[..n])).await.is_err() {
                 return;
             }
         }

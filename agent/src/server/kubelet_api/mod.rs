@@ -7,8 +7,9 @@
 //!             ──► authenticate: client cert subject, else Bearer token → TokenReview  (401)
 //!             ──► authorize: SubjectAccessReview on nodes/<subresource>               (403)
 //!             ──► /containerLogs/…  streamed (logs)
-//!                 /exec/… /attach/…  upgraded to WebSocket, the process's or the
-//!                   container's stdio, with a terminal for tty=1 (exec)
+//!                 /exec/… /attach/…  upgraded to WebSocket (exec) or SPDY/3.1
+//!                   (exec_spdy), the process's or the container's stdio, with a terminal
+//!                   for tty=1
 //!                 /portForward/…  SPDY/3.1, plain or tunnelled in WebSocket (portforward)
 //!                 /stats/summary /metrics/resource  (stats, from the StatsProvider)
 //!                 /metrics/probes  (prober_probe_total of the probe workers)
@@ -22,6 +23,7 @@
 
 pub mod auth;
 pub mod exec;
+pub mod exec_spdy;
 pub mod logs;
 pub mod portforward;
 pub mod spdy;
@@ -291,7 +293,7 @@ async fn connection(
             let target = exec_target(namespace, pod, container, &request, services, attach);
             match target {
                 Err(response) => respond(&mut writer, response).await,
-                Ok((id, opts, head, protocol)) => {
+                Ok((id, opts, head, transport)) => {
                     let mut stream = reader.unsplit(writer);
                     let wrote = tokio::time::timeout(WRITE_TIMEOUT, stream.write_all(&head)).await;
                     if !matches!(wrote, Ok(Ok(()))) {
@@ -311,7 +313,14 @@ async fn connection(
                         };
                         session.map_err(|e| e.to_string())
                     };
-                    let code = exec::serve(stream, protocol, &opts, start).await;
+                    let code = match transport {
+                        ExecTransport::WebSocket(protocol) => {
+                            exec::serve(stream, protocol, &opts, start).await
+                        }
+                        ExecTransport::Spdy(version) => {
+                            exec_spdy::serve(stream, version, &opts, start).await
+                        }
+                    };
                     tracing::debug!(?code, command = ?opts.command, attach, tty = opts.tty, "exec ended");
                 }
             }
@@ -333,21 +342,29 @@ async fn connection(
             }
         }
         ["stats", "summary"] | ["stats", "summary", ""] => {
-            let response = get_only(&request, || match services.stats.summary() {
-                Ok(summary) => super::routes::json(200, &summary),
-                Err(err) => {
-                    tracing::error!(%err, "Failed to get system container stats");
-                    Response::text(500, format!("Internal Error: {err}\n"))
-                }
-            });
+            let only_cpu_and_memory = query_flag(&request, "only_cpu_and_memory");
+            let summary = read_stats(&request, services, only_cpu_and_memory).await;
+            let response = summary.map_or_else(
+                |response| response,
+                |summary| match summary {
+                    Ok(summary) => super::routes::json(200, &summary),
+                    Err(err) => {
+                        tracing::error!(%err, "Failed to get system container stats");
+                        Response::text(500, format!("Internal Error: {err}\n"))
+                    }
+                },
+            );
             respond(&mut writer, response).await;
         }
         ["metrics", "resource"] => {
-            let response = get_only(&request, || {
-                let summary = services.stats.summary();
-                let text = stats::resource_metrics(summary.as_ref().map_err(String::as_str));
-                Response::new(200, super::routes::METRICS_CONTENT_TYPE, text)
-            });
+            let summary = read_stats(&request, services, true).await;
+            let response = summary.map_or_else(
+                |response| response,
+                |summary| {
+                    let text = stats::resource_metrics(summary.as_ref().map_err(String::as_str));
+                    Response::new(200, super::routes::METRICS_CONTENT_TYPE, text)
+                },
+            );
             respond(&mut writer, response).await;
         }
         ["metrics", "probes"] => {
@@ -376,6 +393,39 @@ async fn connection(
 }
 
 /// `answer()` for GET (HEAD too, answered without a body by the writer), else 405.
+/// The StatsProvider's Summary (only CPU and memory if `cpu_and_memory_only`), read on a
+/// blocking thread (it walks file systems); `Err` is the answer to a method other than GET.
+async fn read_stats(
+    request: &Request,
+    services: &Services,
+    cpu_and_memory_only: bool,
+) -> Result<Result<stats::Summary, String>, Response> {
+    if request.method != "GET" && request.method != "HEAD" {
+        return Err(get_only(request, || Response::text(200, "")));
+    }
+    let provider = services.stats.clone();
+    let read = tokio::task::spawn_blocking(move || {
+        if cpu_and_memory_only {
+            provider.cpu_and_memory()
+        } else {
+            provider.summary()
+        }
+    });
+    Ok(read
+        .await
+        .unwrap_or_else(|err| Err(format!("reading the stats: {err}"))))
+}
+
+/// Whether the query sets `name=true` (kubelet's `QueryParameter(name) == "true"`).
+fn query_flag(request: &Request, name: &str) -> bool {
+    request
+        .query
+        .as_deref()
+        .unwrap_or("")
+        .split('&')
+        .any(|pair| pair.split_once('=') == Some((name, "true")))
+}
+
 fn get_only(request: &Request, answer: impl FnOnce() -> Response) -> Response {
     if request.method == "GET" || request.method == "HEAD" {
         answer()
@@ -555,7 +605,14 @@ fn container_logs(
     Ok((path, opts, Box::new(running)))
 }
 
-type ExecTarget = (ContainerId, exec::ExecOptions, Vec<u8>, exec::Protocol);
+/// How an exec's streams travel.
+#[derive(Debug, Clone, Copy)]
+enum ExecTransport {
+    WebSocket(exec::Protocol),
+    Spdy(exec_spdy::Version),
+}
+
+type ExecTarget = (ContainerId, exec::ExecOptions, Vec<u8>, ExecTransport);
 
 /// The running container an exec (or attach) goes to, its options and the upgrade answer;
 /// else the error response (kubelet's codes: 400 bad request, 404 unknown pod or container).
@@ -596,9 +653,13 @@ fn exec_target(
                 format!("container {container:?} not found in pod {pod_name:?}\n"),
             )
         })?;
+    if exec_spdy::is_spdy(request) {
+        let (head, version) = exec_spdy::upgrade_response(request)?;
+        return Ok((id, opts, head, ExecTransport::Spdy(version)));
+    }
     let (head, protocol) =
         exec::upgrade_response(request).map_err(|e| Response::text(400, format!("{e}\n")))?;
-    Ok((id, opts, head, protocol))
+    Ok((id, opts, head, ExecTransport::WebSocket(protocol)))
 }
 
 /// The sandbox a port-forward goes to and the upgrade answer; else kubelet's error

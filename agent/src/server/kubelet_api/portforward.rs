@@ -92,7 +92,7 @@ pub struct Target {
     pub netns: Option<PathBuf>,
 }
 
-fn is_upgrade(request: &Request) -> bool {
+pub(super) fn is_upgrade(request: &Request) -> bool {
     request.header("connection").is_some_and(|c| {
         c.split(',')
             .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
@@ -148,17 +148,7 @@ pub fn upgrade_response(request: &Request) -> Result<(Vec<u8>, Upgrade), Respons
         );
         return Ok((head.into_bytes(), Upgrade::WebSocketTunnel));
     }
-    let offered = header_values(request, "x-stream-protocol-version");
-    if offered.is_empty() {
-        return Err(Response::text(
-            400,
-            format!(
-                "unable to upgrade: header X-Stream-Protocol-Version does not exist in request \
-                 with {} headers\n",
-                request.headers.len()
-            ),
-        ));
-    }
+    let offered = offered_stream_protocols(request)?;
     if !offered.contains(&PROTOCOL) {
         return Err(negotiation_failed(&offered));
     }
@@ -173,6 +163,22 @@ pub fn upgrade_response(request: &Request) -> Result<(Vec<u8>, Upgrade), Respons
          X-Stream-Protocol-Version: {PROTOCOL}\r\n\r\n"
     );
     Ok((head.into_bytes(), Upgrade::Spdy))
+}
+
+/// The client's `X-Stream-Protocol-Version`s; none is `httpstream.Handshake`'s 400.
+pub(super) fn offered_stream_protocols(request: &Request) -> Result<Vec<&str>, Response> {
+    let offered = header_values(request, "x-stream-protocol-version");
+    if offered.is_empty() {
+        return Err(Response::text(
+            400,
+            format!(
+                "unable to upgrade: header X-Stream-Protocol-Version does not exist in request \
+                 with {} headers\n",
+                request.headers.len()
+            ),
+        ));
+    }
+    Ok(offered)
 }
 
 fn negotiation_failed(offered: &[&str]) -> Response {
@@ -218,12 +224,12 @@ where
 
 /// Where encoded frames go.
 #[async_trait::async_trait]
-trait Output: Send {
+pub(super) trait Output: Send {
     async fn send(&mut self, bytes: Vec<u8>) -> std::io::Result<()>;
     async fn close(&mut self);
 }
 
-struct RawOutput<W>(W);
+pub(super) struct RawOutput<W>(pub(super) W);
 
 #[async_trait::async_trait]
 impl<W: AsyncWrite + Send + Unpin> Output for RawOutput<W> {
@@ -260,14 +266,14 @@ impl<S: AsyncRead + AsyncWrite + Send + Unpin> Output for WsOutput<S> {
 }
 
 /// Encodes frames in order (one header compression context) and writes them in batches.
-async fn write_frames(mut frames: mpsc::Receiver<Frame>, mut output: Box<dyn Output>) {
+pub(super) async fn write_frames(mut frames: mpsc::Receiver<Frame>, mut output: Box<dyn Output>) {
     let mut writer = FrameWriter::new();
     while let Some(first) = frames.recv().await {
         let mut batch = Vec::with_capacity(READ_CHUNK + 64);
         let mut next = Some(first);
         while let Some(frame) = next.take() {
             if let Err(err) = writer.encode(&frame, &mut batch) {
-                tracing::warn!(%err, "encoding a port-forward frame");
+                tracing::warn!(%err, "encoding a SPDY frame");
             }
             if batch.len() < WRITE_BATCH {
                 next = frames.try_recv().ok();

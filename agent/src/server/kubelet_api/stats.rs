@@ -15,10 +15,16 @@ use std::fmt::Write as _;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-/// Where the agent's figures come from.
+/// Where the agent's figures come from. Both read files (the full one walks the containers'
+/// writable layers and the pods' volumes): call them off the async executor.
 pub trait StatsProvider: Send + Sync + 'static {
     /// A fresh Summary of the node and its running pods.
     fn summary(&self) -> Result<Summary, String>;
+    /// The CPU and memory figures only (kubelet's `GetCPUAndMemoryStats`: `/metrics/resource`
+    /// and `/stats/summary?only_cpu_and_memory=true`), without walking any file system.
+    fn cpu_and_memory(&self) -> Result<Summary, String> {
+        self.summary()
+    }
 }
 
 /// `stats/v1alpha1.Summary`.
@@ -73,6 +79,11 @@ pub struct PodStats {
     pub memory: Option<MemoryStats>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkStats>,
+    /// The pod's volumes that report usage (emptyDir, configMap, secret, downwardAPI,
+    /// projected; not hostPath).
+    #[serde(rename = "volume", skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<VolumeStats>,
+    /// Its writable layers, logs and local ephemeral volumes together, on the node's fs.
     #[serde(rename = "ephemeral-storage", skip_serializing_if = "Option::is_none")]
     pub ephemeral_storage: Option<FsStats>,
     #[serde(rename = "process_stats", skip_serializing_if = "Option::is_none")]
@@ -149,6 +160,16 @@ pub struct FsStats {
     pub inodes: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub inodes_used: Option<u64>,
+}
+
+/// `stats/v1alpha1.VolumeStats`: the figures of the file system holding the volume, with
+/// the volume's own `usedBytes` and `inodesUsed`.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct VolumeStats {
+    #[serde(flatten)]
+    pub fs: FsStats,
+    /// The volume's name in the pod's spec.
+    pub name: String,
 }
 
 /// `stats/v1alpha1.NetworkStats`: the default interface inline, and every interface.
@@ -529,5 +550,28 @@ scrape_error 0
         assert_eq!(container["startTime"], "2021-06-22T21:10:48Z");
         assert_eq!(json["node"]["nodeName"], "n");
         assert!(container.get("rootfs").is_none());
+        assert!(pod.get("volume").is_none(), "omitted when empty: {pod}");
+
+        s.pods[0].volumes.push(VolumeStats {
+            fs: FsStats {
+                time: at(1_624_396_278_302),
+                capacity_bytes: Some(100),
+                used_bytes: Some(40),
+                inodes_used: Some(3),
+                ..FsStats::default()
+            },
+            name: "data".into(),
+        });
+        let json = serde_json::to_value(&s).unwrap();
+        assert_eq!(
+            json["pods"][0]["volume"],
+            serde_json::json!([{
+                "time": "2021-06-22T21:11:18Z",
+                "capacityBytes": 100,
+                "usedBytes": 40,
+                "inodesUsed": 3,
+                "name": "data",
+            }])
+        );
     }
 }
