@@ -132,6 +132,9 @@ impl Entry {
 /// [`LocalRuntime::wait`] waits in rounds of this (a bound tokio's timer can represent).
 const WAIT_ROUND: Duration = Duration::from_secs(24 * 3600);
 
+/// How long an exit of a container not registered (yet) is kept for its create.
+const EARLY_EXIT_KEEP: Duration = Duration::from_secs(60);
+
 /// How long after an exit a status read may wait for the container's log pump to finish.
 const LOG_SETTLE_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -438,6 +441,10 @@ impl Inner {
     fn record_exit(&self, id: &ContainerId, status: WireExit, at: SystemTime) {
         let mut state = self.lock();
         let Some(entry) = state.containers.get_mut(id) else {
+            // Kept for a create whose reply is on its way; the exit of a container whose
+            // create was undone never finds its entry, so old ones go.
+            let cutoff = SystemTime::now() - EARLY_EXIT_KEEP;
+            state.early_exits.retain(|_, (_, at)| *at >= cutoff);
             state.early_exits.insert(id.to_string(), (status, at));
             return;
         };
