@@ -90,6 +90,14 @@ impl PodCache {
         self.lock().remove(uid);
     }
 
+    /// Keeps only the pods `keep` names. Housekeeping drops the entries of pods that are
+    /// neither desired nor have a worker or a sandbox: the PLEG refreshes the entry of a pod
+    /// whose containers are removed after its worker finished, so removing it once when the
+    /// worker goes is not enough (the cache grew with every pod ever run).
+    pub fn retain(&self, keep: impl Fn(&str) -> bool) {
+        self.lock().retain(|uid, _| keep(uid));
+    }
+
     /// UIDs with an entry.
     pub fn uids(&self) -> Vec<String> {
         self.lock().keys().cloned().collect()

@@ -101,10 +101,15 @@ pub fn write_atomic_mode(path: &Path, bytes: &[u8], mode: u32) -> std::io::Resul
     let name = path
         .file_name()
         .ok_or_else(|| std::io::Error::other("path has no file name"))?;
+    // One temp file per call: two threads saving the same record at once (a container's
+    // exit and its start's update) each rename their own. With one name per process, the
+    // second rename failed with ENOENT, or renamed a file the other was still writing.
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let tmp = dir.join(format!(
-        ".{}.tmp{}",
+        ".{}.tmp{}.{}",
         name.to_string_lossy(),
-        std::process::id()
+        std::process::id(),
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     ));
     let mut file = std::fs::OpenOptions::new()
         .write(true)
@@ -144,6 +149,29 @@ mod tests {
         assert_eq!(mode(&old), 0o700);
         narrowed_dir(&old, 0o750).unwrap();
         assert_eq!(mode(&old), 0o700, "a narrower directory is left alone");
+    }
+
+    #[test]
+    fn concurrent_atomic_writes_of_one_file_all_succeed_and_leave_a_whole_one() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("record.json");
+        let contents: Vec<Vec<u8>> = (0..8u8).map(|i| vec![b'a' + i; 64 << 10]).collect();
+        std::thread::scope(|scope| {
+            let writers: Vec<_> = contents
+                .iter()
+                .map(|bytes| {
+                    let path = &path;
+                    scope.spawn(move || (0..20).try_for_each(|_| write_atomic(path, bytes)))
+                })
+                .collect();
+            for w in writers {
+                w.join().unwrap().expect("a concurrent write failed");
+            }
+        });
+        let last = std::fs::read(&path).unwrap();
+        assert!(contents.contains(&last), "the file is a mix of writes");
+        let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().flatten().collect();
+        assert_eq!(left.len(), 1, "temp files left: {left:?}");
     }
 
     #[test]

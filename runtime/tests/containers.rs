@@ -110,6 +110,10 @@ fn main() {
             "a_missing_image_fails_create_and_leaves_nothing",
             missing_image,
         ),
+        (
+            "a_container_whose_sandbox_is_removed_during_its_create_is_refused_and_leaves_nothing",
+            create_racing_sandbox_removal,
+        ),
     ];
     let trials = tests
         .into_iter()
@@ -850,6 +854,95 @@ fn missing_image(env: &Env) -> Result<()> {
             );
         }
         cleanup(env, &sandbox).await
+    })
+}
+
+/// The id of the container whose record names `sandbox`, once its create has written it.
+fn record_of_sandbox(root: &Path, sandbox: &SandboxId) -> Option<String> {
+    std::fs::read_dir(root.join("containers"))
+        .ok()?
+        .flatten()
+        .find(|d| {
+            std::fs::read_to_string(d.path().join("record.json"))
+                .is_ok_and(|r| r.contains(sandbox.as_str()))
+        })
+        .map(|d| d.file_name().to_string_lossy().into_owned())
+}
+
+/// The soak's leak: a pod killed while one of its containers was being created lost its
+/// sandbox, then the create completed and registered a running container that belonged to
+/// no pod (nothing stops it: clean-up goes sandbox by sandbox), with its record, rootfs
+/// mount and processes. Now the create is refused once the sandbox is stopped or gone, and
+/// its container undone. The removal runs as soon as the create has written its first
+/// record, so it ends while the create is still under way; that interleaving must happen in
+/// at least one of the attempts.
+fn create_racing_sandbox_removal(env: &Env) -> Result<()> {
+    env.rt.block_on(async {
+        let mut raced = 0;
+        for attempt in 0..5 {
+            // Host network and IPC: no namespace files to join, whose removal would fail the
+            // create by itself; the removal is then all the runtime has to go by.
+            let sandbox = env
+                .runtime
+                .run_pod_sandbox(&PodSandboxConfig {
+                    host_network: true,
+                    host_ipc: true,
+                    ..sandbox_config(env, &format!("race{attempt}"))
+                })
+                .await?;
+            let config = busybox_sh("c", "sleep 3600");
+            let create = async {
+                let result = env.runtime.create_container(&sandbox, &config).await;
+                (result, Instant::now())
+            };
+            let remove = async {
+                let deadline = Instant::now() + Duration::from_secs(20);
+                let id = loop {
+                    if let Some(id) = record_of_sandbox(&env.root, &sandbox) {
+                        break Some(id);
+                    }
+                    if Instant::now() > deadline {
+                        break None;
+                    }
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                };
+                env.runtime.stop_pod_sandbox(&sandbox).await?;
+                env.runtime.remove_pod_sandbox(&sandbox).await?;
+                anyhow::Ok((id, Instant::now()))
+            };
+            let ((created, create_done), removed) = tokio::join!(create, remove);
+            let (id, remove_done) = removed?;
+            let id = id.context("the create never wrote its record")?;
+            if remove_done < create_done {
+                raced += 1;
+                ensure!(
+                    created.is_err(),
+                    "a create that ended after its sandbox's removal succeeded: {created:?}"
+                );
+            }
+            // Whichever ended first, nothing of the container may stay.
+            let all = ironlet_runtime::types::ContainerFilter::default();
+            let listed = env.runtime.list_containers(&all).await?;
+            ensure!(
+                !listed.iter().any(|c| c.sandbox_id == sandbox),
+                "a container of the removed sandbox is still listed: {listed:?}"
+            );
+            ensure!(
+                !env.root.join("containers").join(&id).exists(),
+                "the container's directory {id} is left"
+            );
+            let mounts = std::fs::read_to_string("/proc/self/mountinfo")?;
+            ensure!(!mounts.contains(&id), "a mount of container {id} is left");
+            let in_cgroup = std::fs::read_dir("/proc")?.flatten().any(|p| {
+                std::fs::read_to_string(p.path().join("cgroup")).is_ok_and(|c| c.contains(&id))
+            });
+            ensure!(!in_cgroup, "a process of container {id} is left");
+        }
+        ensure!(
+            raced > 0,
+            "the sandbox's removal never ended before the create: the race was not exercised"
+        );
+        Ok(())
     })
 }
 

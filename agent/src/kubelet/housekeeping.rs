@@ -8,7 +8,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use ironlet_cgroups::QosClass;
-use ironlet_runtime::types::{ContainerFilter, ContainerState, PodSandboxStatus, SandboxState};
+use ironlet_runtime::types::{
+    ContainerFilter, ContainerState, ContainerStatus, PodSandboxStatus, SandboxId, SandboxState,
+};
+use ironlet_runtime::RuntimeError;
 use k8s_openapi::api::core::v1::{Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
@@ -50,6 +53,9 @@ impl Kubelet {
                 return;
             }
         };
+        let sandbox_ids: HashSet<SandboxId> = sandboxes.iter().map(|s| s.id.clone()).collect();
+        self.remove_sandboxless_containers(&containers, &sandbox_ids)
+            .await;
         let mut by_uid: HashMap<String, Vec<PodSandboxStatus>> = HashMap::new();
         for sandbox in sandboxes {
             by_uid
@@ -66,6 +72,14 @@ impl Kubelet {
                     .is_some_and(|s| *s != PodLifecycle::Finished)
         })
         .await;
+        // What the syncer remembers per pod and per container goes with them (kubelet's
+        // pod cache entries go with the worker): a churning node would grow without bound.
+        self.syncer.cache.retain(|uid| {
+            desired.contains(uid) || with_sandbox.contains(uid) || states.contains_key(uid)
+        });
+        let container_ids: HashSet<String> = containers.iter().map(|c| c.id.to_string()).collect();
+        self.syncer
+            .forget_termination_messages(|id| container_ids.contains(id));
         for (uid, sandboxes) in by_uid {
             if desired.contains(&uid) {
                 continue;
@@ -143,6 +157,32 @@ impl Kubelet {
         for mirror in mirrors {
             if orphans.contains(&pod_full_name(&mirror)) {
                 let _ = commands.send(ApiCommand::DeleteMirror(mirror));
+            }
+        }
+    }
+
+    /// Containers whose sandbox is gone belong to no pod: nothing else would ever stop
+    /// them (every other clean-up goes pod by pod, sandbox by sandbox). The runtime refuses
+    /// such a container at its create; this removes any that a previous version or an
+    /// interrupted removal left. The sandbox is asked for again first: the two listings are
+    /// not one snapshot.
+    async fn remove_sandboxless_containers(
+        &self,
+        containers: &[ContainerStatus],
+        sandboxes: &HashSet<SandboxId>,
+    ) {
+        for c in containers
+            .iter()
+            .filter(|c| !sandboxes.contains(&c.sandbox_id))
+        {
+            match self.runtime.pod_sandbox_status(&c.sandbox_id).await {
+                Err(RuntimeError::NotFound { .. }) => {}
+                Ok(_) | Err(_) => continue,
+            }
+            tracing::info!(container_id = %c.id, sandbox = %c.sandbox_id, name = %c.name,
+                "removing a container whose sandbox is gone");
+            if let Err(err) = self.runtime.remove_container(&c.id).await {
+                tracing::warn!(container_id = %c.id, %err, "removing a container whose sandbox is gone failed");
             }
         }
     }

@@ -215,6 +215,14 @@ impl NodeSyncer {
         self.record_status(pod, runtime, &StatusLifecycle::Active);
     }
 
+    /// Keeps the remembered termination messages of the containers `exists` names.
+    pub(crate) fn forget_termination_messages(&self, exists: impl Fn(&str) -> bool) {
+        self.termination_messages
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|id, _| exists(id));
+    }
+
     /// Forgets the eviction of a pod that is gone.
     pub(crate) fn forget_eviction(&self, uid: &str) {
         self.lock_evictions().remove(uid);

@@ -72,16 +72,12 @@ impl Inner {
             },
         };
 
-        match self.make_container(&mut rec, &sandbox, &image, &dir).await {
-            Ok(stdio) => {
-                let (tx, _) = watch::channel(false);
-                let early = {
-                    let mut state = self.lock();
-                    state
-                        .containers
-                        .insert(id.clone(), Entry::new(rec.clone(), tx, true));
-                    state.early_exits.remove(id.as_str())
-                };
+        let made = self
+            .make_container(&mut rec, &sandbox, &image, &dir)
+            .await
+            .and_then(|stdio| self.register_created(&rec, stdio));
+        match made {
+            Ok((stdio, early)) => {
                 self.persist(&rec);
                 let log = logs::LogFile {
                     path: rec.log_path.clone(),
@@ -104,6 +100,42 @@ impl Inner {
                 }),
             },
         }
+    }
+
+    /// Registers a created container, unless its sandbox stopped or went while it was made
+    /// (a pod killed during the create): it would then run outside any pod, and nothing
+    /// would ever stop it. The check and the insert share one lock with
+    /// [`Inner::stop_pod_sandbox`]'s and [`Inner::remove_pod_sandbox`]'s turn to NotReady and
+    /// listing of the sandbox's containers, so the container is either listed by them or
+    /// refused here. Returns the stdio and an exit that arrived before the registration.
+    #[allow(clippy::type_complexity)]
+    fn register_created(
+        &self,
+        rec: &ContainerRecord,
+        stdio: crate::zygote::ContainerStdio,
+    ) -> Result<
+        (
+            crate::zygote::ContainerStdio,
+            Option<(crate::zygote::WireExit, SystemTime)>,
+        ),
+        RuntimeError,
+    > {
+        let mut state = self.lock();
+        let ready = state
+            .sandboxes
+            .get(&rec.sandbox_id)
+            .is_some_and(|s| s.state == SandboxState::Ready);
+        if !ready {
+            return Err(RuntimeError::InvalidConfig(format!(
+                "sandbox {} was stopped or removed while container {} was created",
+                rec.sandbox_id, rec.id
+            )));
+        }
+        let (tx, _) = watch::channel(false);
+        state
+            .containers
+            .insert(rec.id.clone(), Entry::new(rec.clone(), tx, true));
+        Ok((stdio, state.early_exits.remove(rec.id.as_str())))
     }
 
     /// Prepares the rootfs and bundle and asks the zygote to create the container; on

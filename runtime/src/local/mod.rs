@@ -132,6 +132,9 @@ impl Entry {
 /// [`LocalRuntime::wait`] waits in rounds of this (a bound tokio's timer can represent).
 const WAIT_ROUND: Duration = Duration::from_secs(24 * 3600);
 
+/// How long an exit of a container not registered (yet) is kept for its create.
+const EARLY_EXIT_KEEP: Duration = Duration::from_secs(60);
+
 /// How long after an exit a status read may wait for the container's log pump to finish.
 const LOG_SETTLE_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -157,6 +160,8 @@ pub(crate) struct Inner {
     network: Option<crate::network::Network>,
     /// What start-up re-adopted, when connected to a supervisor.
     recovery: std::sync::OnceLock<Recovery>,
+    /// Held while a container record is saved (see [`Inner::persist`]).
+    persisting: Mutex<()>,
 }
 
 /// The in-process runtime. Cheap to clone.
@@ -225,6 +230,7 @@ impl LocalRuntime {
             cgroups,
             network,
             recovery: std::sync::OnceLock::new(),
+            persisting: Mutex::new(()),
         });
         tokio::spawn(event_loop(Arc::downgrade(&inner), event_rx));
         if hello.supervised {
@@ -402,9 +408,24 @@ impl Inner {
         }
     }
 
+    /// Saves a container's record. Saves are serialized and write the entry's record as it
+    /// is when the save runs (`rec` only for a container not registered), so two saves racing
+    /// (an exit recorded while the start's update is being written) cannot leave the older
+    /// state on disk; a container removed meanwhile is not written again.
     fn persist(&self, rec: &ContainerRecord) {
+        let _one_at_a_time = self.persisting.lock().unwrap_or_else(|p| p.into_inner());
+        let current = self
+            .lock()
+            .containers
+            .get(&rec.id)
+            .map(|e| e.record.clone());
         let dir = self.container_dir(&rec.id);
-        if let Err(err) = record::save(&dir, rec) {
+        let rec = match current {
+            Some(current) => current,
+            None if !dir.exists() => return,
+            None => rec.clone(),
+        };
+        if let Err(err) = record::save(&dir, &rec) {
             tracing::error!(container_id = %rec.id, %err, "saving container record failed");
         }
     }
@@ -438,6 +459,10 @@ impl Inner {
     fn record_exit(&self, id: &ContainerId, status: WireExit, at: SystemTime) {
         let mut state = self.lock();
         let Some(entry) = state.containers.get_mut(id) else {
+            // Kept for a create whose reply is on its way; the exit of a container whose
+            // create was undone never finds its entry, so old ones go.
+            let cutoff = SystemTime::now() - EARLY_EXIT_KEEP;
+            state.early_exits.retain(|_, (_, at)| *at >= cutoff);
             state.early_exits.insert(id.to_string(), (status, at));
             return;
         };

@@ -171,21 +171,28 @@ impl Inner {
         }
     }
 
-    fn sandbox_containers(&self, id: &SandboxId) -> Vec<ContainerId> {
-        let state = self.lock();
-        state
-            .containers
-            .values()
-            .filter(|e| e.record.sandbox_id == *id)
-            .map(|e| e.record.id.clone())
-            .collect()
+    /// Turns the sandbox NotReady (in memory; `None` if unknown) and lists its containers, in
+    /// one lock: a create running meanwhile either registered its container before, and it
+    /// is listed, or registers it after and is refused (see `register_created`), so no
+    /// container outlives its sandbox's stop or removal.
+    fn close_sandbox(&self, id: &SandboxId) -> Option<Vec<ContainerId>> {
+        let mut state = self.lock();
+        state.sandboxes.get_mut(id)?.state = SandboxState::NotReady;
+        Some(
+            state
+                .containers
+                .values()
+                .filter(|e| e.record.sandbox_id == *id)
+                .map(|e| e.record.id.clone())
+                .collect(),
+        )
     }
 
     pub(crate) async fn stop_pod_sandbox(&self, id: &SandboxId) -> Result<(), RuntimeError> {
-        if !self.lock().sandboxes.contains_key(id) {
-            return Err(not_found("sandbox", id.as_str()));
-        }
-        for cid in self.sandbox_containers(id) {
+        let containers = self
+            .close_sandbox(id)
+            .ok_or_else(|| not_found("sandbox", id.as_str()))?;
+        for cid in containers {
             self.stop_container(&cid, Duration::ZERO).await?;
         }
         let rec = {
@@ -219,7 +226,7 @@ impl Inner {
     }
 
     pub(crate) async fn remove_pod_sandbox(&self, id: &SandboxId) -> Result<(), RuntimeError> {
-        for cid in self.sandbox_containers(id) {
+        for cid in self.close_sandbox(id).unwrap_or_default() {
             self.remove_container(&cid).await?;
         }
         let rec = self.lock().sandboxes.remove(id);
