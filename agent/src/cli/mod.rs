@@ -90,6 +90,29 @@ pub fn run(cli: Cli, matches: &clap::ArgMatches) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// Upper bound of the agent's blocking-pool threads (file, cgroup and image work). Tokio
+/// wakes idle pool threads in turn, so with steady work every thread the pool ever grew to
+/// stays alive: the pool sits at its high-water mark, and this bound is what makes that a
+/// known number (tokio's default is 512). Every blocking task ends on its own (none waits
+/// for another blocking task), so a full pool delays work but cannot deadlock.
+pub const MAX_BLOCKING_THREADS: usize = 64;
+
+/// Name of the agent's async-runtime threads (workers and blocking pool), so that a leak
+/// check can tell them from threads the agent starts itself.
+pub const RUNTIME_THREAD_NAME: &str = "ironlet-rt";
+
+/// The multi-threaded async runtime of an agent (`run`, `play`): two workers, a bounded
+/// blocking pool.
+pub fn agent_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(MAX_BLOCKING_THREADS)
+        .thread_name(RUNTIME_THREAD_NAME)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
 pub fn root_dir(flag: &Option<PathBuf>, rootless: bool) -> PathBuf {
     flag.clone()
         .unwrap_or_else(|| LocalRuntimeConfig::default_root_dir(rootless))

@@ -357,11 +357,7 @@ fn serve(
 ) -> anyhow::Result<ExitCode> {
     // The zygote must exist before any thread.
     let zygote = ironlet_runtime::zygote::spawn().context("starting the zygote")?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
+    let rt = super::agent_runtime()?;
     // Outer error: before the state directory is ours (nothing to remove); inner: after.
     let session = rt.block_on(async move {
         // From here on a Ctrl-C stops the play the orderly way, whenever it comes.

@@ -476,11 +476,7 @@ fn run_agent(
         bail!("--read-only-port is not served by ironlet (unauthenticated); leave it at 0");
     }
 
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
+    let rt = super::agent_runtime()?;
     rt.block_on(async move {
         // First: SIGPWR's default action would end the agent.
         let power_fail =
