@@ -1,7 +1,9 @@
 //! Image pull benchmark (issue 12): a cold pull + unpack of a ~200 MB image of 9 gzip layers
 //! built from the host's Debian package files (one ~100 MB layer, several small ones; see
 //! `debian_image`), from a loopback registry (Debian's `docker-registry`, TLS from a test CA),
-//! by ironlet (`ImageService::pull_image` into a fresh store, in this process), containerd
+//! by ironlet (`ImageService::pull_image` into a fresh store, in this process; as configured
+//! by default, with a `syncfs` before each layer's snapshot is marked done, and without it as
+//! containerd's default unpack), containerd
 //! (`ctr image pull`, which unpacks through the transfer service, a fresh throw-away
 //! containerd for every pull) and `skopeo copy docker://… dir:…` (download only: the network
 //! floor), interleaved in one run. Then the warm `Always` pull (image present, manifest
@@ -27,12 +29,12 @@ use nix::sys::resource::{getrusage, UsageWho};
 
 use ironlet_bench::debian_image::{build_layout, LAYERS};
 use ironlet_bench::stats::{ms, percentile};
-use ironlet_runtime::image::{ImageStore, LocalImageService, PullRequest};
+use ironlet_runtime::image::{ImageStore, ImageStoreConfig, LocalImageService, PullRequest};
 use ironlet_runtime::testkit::registry::{RegistryOptions, TestRegistry};
 use ironlet_runtime::ImageService;
 
 const REPO_TAG: &str = "bench/debian:1";
-const TOOLS: [&str; 3] = ["ironlet", "containerd", "skopeo"];
+const TOOLS: [&str; 4] = ["ironlet", "ironlet-nosync", "containerd", "skopeo"];
 
 fn main() -> Result<()> {
     ensure!(nix::unistd::geteuid().is_root(), "the benchmark needs root");
@@ -91,8 +93,9 @@ fn main() -> Result<()> {
             let tool = (round + k) % TOOLS.len();
             let dir = ctx.work.join(format!("{}-{round}", TOOLS[tool]));
             let sample = match tool {
-                0 => ctx.ironlet_cold(&dir)?,
-                1 => ctx.containerd_cold(&dir)?,
+                0 => ctx.ironlet_cold(&dir, true)?,
+                1 => ctx.ironlet_cold(&dir, false)?,
+                2 => ctx.containerd_cold(&dir)?,
                 _ => ctx.skopeo_cold(&dir)?,
             };
             remove_tree(&dir)?;
@@ -123,14 +126,22 @@ struct Sample {
 }
 
 impl Ctx {
-    fn ironlet_service(&self, root: &Path) -> Result<LocalImageService> {
-        let store = Arc::new(ImageStore::open(root)?);
+    /// `sync`: the store's `syncfs` before each snapshot is marked done (the default;
+    /// containerd's unpack does not sync unless `--sync-fs` / `image_pull_with_sync_fs`).
+    fn ironlet_service(&self, root: &Path, sync: bool) -> Result<LocalImageService> {
+        let store = Arc::new(ImageStore::open_with(
+            root,
+            ImageStoreConfig {
+                sync_snapshots: sync,
+                ..ImageStoreConfig::default()
+            },
+        )?);
         let config = self.registry.pull_config(&self.registry.host())?;
         Ok(LocalImageService::with_pull_config(store, config))
     }
 
-    fn ironlet_cold(&self, root: &Path) -> Result<Sample> {
-        let svc = self.ironlet_service(root)?;
+    fn ironlet_cold(&self, root: &Path, sync: bool) -> Result<Sample> {
+        let svc = self.ironlet_service(root, sync)?;
         let cpu = self_cpu();
         let started = Instant::now();
         let report = self
@@ -190,7 +201,7 @@ impl Ctx {
     fn warm(&self, warm: usize) -> Result<()> {
         let root = self.work.join("warm-ironlet");
         let dir = self.work.join("warm-containerd");
-        let svc = self.ironlet_service(&root)?;
+        let svc = self.ironlet_service(&root, true)?;
         self.rt
             .block_on(svc.pull_image(&self.reference, PullRequest::default()))?;
         let daemon = Containerd::start(&self.bin, &dir)?;
@@ -344,7 +355,7 @@ impl Containerd {
         let out = run(self.ctr_command().args(["snapshots", "ls"]))?;
         Ok(String::from_utf8_lossy(&out)
             .lines()
-            .filter(|l| l.split_whitespace().nth(2) == Some("Committed"))
+            .filter(|l| l.split_whitespace().last() == Some("Committed"))
             .count())
     }
 
