@@ -365,7 +365,11 @@ impl Job {
             provider_errors = errors;
         }
         let mut last = None;
-        for endpoint in endpoints {
+        let count = endpoints.len();
+        for (n, endpoint) in endpoints.into_iter().enumerate() {
+            // A connection failure moves on to the next endpoint at once; at the last one
+            // (the registry itself, usually) the first request is retried.
+            let retry = n + 1 == count;
             let target = format!("{}/{}", endpoint.host, endpoint.repository);
             let mut candidates: Vec<Option<&Credentials>> = Vec::new();
             for c in [&self.keyring, &registries_ring, &node_ring]
@@ -381,7 +385,7 @@ impl Job {
             }
             for creds in candidates {
                 let remote = Remote::new(endpoint.clone(), creds, self.reference.to_string())?;
-                match self.resolve(Arc::new(remote)).await {
+                match self.resolve(Arc::new(remote), retry).await {
                     Ok(r) => return Ok(r),
                     Err(e) => {
                         tracing::warn!(reference = %self.reference, endpoint = %endpoint.host,
@@ -405,13 +409,13 @@ impl Job {
         Err(with_provider_errors(err, &provider_errors))
     }
 
-    async fn resolve(&self, remote: Arc<Remote>) -> Result<Resolved, ImageError> {
+    async fn resolve(&self, remote: Arc<Remote>, retry: bool) -> Result<Resolved, ImageError> {
         let wanted = self
             .reference
             .digest()
             .map(str::to_owned)
             .unwrap_or_else(|| self.reference.tag().unwrap_or("latest").to_owned());
-        remote.authenticate(&wanted).await?;
+        remote.authenticate(&wanted, retry).await?;
         let (mut bytes, mut digest) = remote.manifest(&wanted).await?;
         let location = remote.location(&digest);
         if is_index_document(&bytes) {

@@ -105,13 +105,36 @@ impl Remote {
     }
 
     /// Authenticates (Basic, or the Bearer token flow the registry's challenge asks for).
-    pub(crate) async fn authenticate(&self, tag_or_digest: &str) -> Result<(), ImageError> {
+    /// This is a pull's first request (`GET /v2/`): with `retry`, one that fails before any
+    /// byte of a response (connection refused, reset, closed; not a timeout) is tried again
+    /// after each of [`CONNECT_RETRIES`], so a registry that is restarting or comes up late
+    /// does not fail the pull.
+    pub(crate) async fn authenticate(
+        &self,
+        tag_or_digest: &str,
+        retry: bool,
+    ) -> Result<(), ImageError> {
         let r = self.reference(tag_or_digest);
-        self.client
-            .auth(&r, &self.auth, RegistryOperation::Pull)
-            .await
-            .map(drop)
-            .map_err(|e| self.error(e))
+        let mut waits = CONNECT_RETRIES.iter().filter(|_| retry);
+        loop {
+            let err = match self
+                .client
+                .auth(&r, &self.auth, RegistryOperation::Pull)
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(e) => e,
+            };
+            match waits.next() {
+                Some(wait) if is_connection_failure(&err) => {
+                    tracing::info!(reference = %self.display, endpoint = %self.endpoint.host,
+                        err = %error_chain(&err), retry_in_ms = wait.as_millis() as u64,
+                        "registry connection failed; retrying");
+                    tokio::time::sleep(*wait).await;
+                }
+                _ => return Err(self.error(err)),
+            }
+        }
     }
 
     fn reference(&self, tag_or_digest: &str) -> OciReference {
@@ -282,6 +305,48 @@ impl Remote {
             },
         }
     }
+}
+
+/// The waits before each new try of a pull's first request that failed to connect: four
+/// more tries over 3.75 s.
+pub(crate) const CONNECT_RETRIES: [std::time::Duration; 4] = [
+    std::time::Duration::from_millis(250),
+    std::time::Duration::from_millis(500),
+    std::time::Duration::from_millis(1000),
+    std::time::Duration::from_millis(2000),
+];
+
+/// A request that failed before any byte of a response: the connection (TCP or TLS) was
+/// refused, reset or closed. Timeouts are not (they already took their time).
+fn is_connection_failure(e: &OciDistributionError) -> bool {
+    let OciDistributionError::RequestError(e) = e else {
+        return false;
+    };
+    if e.is_timeout() || e.status().is_some() {
+        return false;
+    }
+    if e.is_connect() {
+        return true;
+    }
+    let mut cur = std::error::Error::source(e);
+    while let Some(s) = cur {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            use std::io::ErrorKind::*;
+            if matches!(
+                io.kind(),
+                ConnectionRefused
+                    | ConnectionReset
+                    | ConnectionAborted
+                    | BrokenPipe
+                    | UnexpectedEof
+            ) {
+                return true;
+            }
+        }
+        cur = s.source();
+    }
+    // hyper's IncompleteMessage: the connection closed before a response began.
+    error_chain(e).contains("connection closed before message completed")
 }
 
 /// The error and its causes (reqwest hides "connection refused" in a source).
