@@ -104,7 +104,9 @@ fn main() -> Result<()> {
             }
         }
     }
-    report_cold(&mut samples, rounds);
+    if rounds > 0 {
+        report_cold(&mut samples, rounds);
+    }
     ctx.warm(warm)?;
     Ok(())
 }

@@ -462,6 +462,42 @@ async fn connections_dropped_before_any_byte_are_retried_within_the_same_pull() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_pull_reuses_the_registry_connection_of_the_previous_pull() {
+    let reg = registry(false);
+    reg.push(&test_images().unwrap().join("layered"), "layered:1", &[])
+        .unwrap();
+    let proxy = TcpProxy::start(&reg.host(), ProxySettings::default()).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let svc = LocalImageService::with_pull_config(
+        Arc::new(ImageStore::open(tmp.path()).unwrap()),
+        reg.pull_config(&proxy.host()).unwrap(),
+    );
+    let reference = format!("{}/layered:1", proxy.host());
+    let cold = svc
+        .pull_image(&reference, PullRequest::default())
+        .await
+        .unwrap();
+    assert!(cold.layers_fetched > 0);
+    let opened = proxy.connections();
+    assert!(opened > 0);
+    // The `Always` pulls that follow (manifest unchanged) go over the kept connection: no
+    // new TCP connection, no new TLS handshake.
+    for _ in 0..3 {
+        let warm = svc
+            .pull_image(&reference, PullRequest::default())
+            .await
+            .unwrap();
+        assert_eq!(warm.layers_fetched, 0);
+        assert_eq!(warm.image.id, cold.image.id);
+    }
+    assert_eq!(
+        proxy.connections(),
+        opened,
+        "a warm pull opened a connection"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pull_with_wrong_credentials_never_joins_one_with_the_right_ones() {
     let (reg, _tmp, svc, reference) = pushed(true, "layered");
     let right = {

@@ -39,6 +39,8 @@ struct Shared {
     stop: AtomicBool,
     cuts: AtomicUsize,
     dropped: AtomicUsize,
+    /// Connections relayed.
+    relayed: AtomicUsize,
     /// Bytes relayed downstream, every connection.
     down: AtomicU64,
     open: Mutex<Vec<TcpStream>>,
@@ -74,6 +76,7 @@ impl TcpProxy {
                         }
                         let _ = client.set_nonblocking(false);
                         if let Ok(server) = TcpStream::connect(&upstream) {
+                            s.relayed.fetch_add(1, Ordering::SeqCst);
                             relay(&s, client, server);
                         }
                     }
@@ -105,6 +108,11 @@ impl TcpProxy {
     /// How many connections were cut.
     pub fn cuts(&self) -> usize {
         self.shared.cuts.load(Ordering::SeqCst)
+    }
+
+    /// How many connections were relayed (opened by clients and passed upstream).
+    pub fn connections(&self) -> usize {
+        self.shared.relayed.load(Ordering::SeqCst)
     }
 
     /// How many connections were closed unrelayed ([`ProxySettings::drop_first`]).

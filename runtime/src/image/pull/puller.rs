@@ -28,7 +28,7 @@ use super::layer::fetch_layer;
 use super::platform::PlatformSpec;
 use super::provider::CredentialProviders;
 use super::registries::RegistriesConfig;
-use super::remote::Remote;
+use super::remote::{ClientCache, Remote};
 use crate::image::digest::Digest;
 use crate::image::error::ImageError;
 use crate::image::fsx::LockKind;
@@ -115,6 +115,7 @@ pub struct Puller {
     store: Arc<ImageStore>,
     config: PullConfig,
     in_flight: Arc<Mutex<HashMap<String, SharedPull>>>,
+    clients: Arc<ClientCache>,
 }
 
 impl std::fmt::Debug for Puller {
@@ -131,6 +132,7 @@ impl Puller {
             store,
             config,
             in_flight: Arc::new(Mutex::new(HashMap::new())),
+            clients: Arc::new(ClientCache::default()),
         }
     }
 
@@ -166,6 +168,7 @@ impl Puller {
                         platform,
                         keyring: request.keyring,
                         progress: request.progress,
+                        clients: Arc::clone(&self.clients),
                     };
                     // The task, not the caller, leaves the table: a caller may be dropped.
                     let table = Arc::clone(&self.in_flight);
@@ -210,6 +213,7 @@ struct Job {
     platform: PlatformSpec,
     keyring: Keyring,
     progress: Option<tokio::sync::mpsc::UnboundedSender<PullProgress>>,
+    clients: Arc<ClientCache>,
 }
 
 /// A manifest found at an endpoint.
@@ -384,7 +388,12 @@ impl Job {
                 candidates.push(None);
             }
             for creds in candidates {
-                let remote = Remote::new(endpoint.clone(), creds, self.reference.to_string())?;
+                let remote = Remote::new(
+                    endpoint.clone(),
+                    creds,
+                    self.reference.to_string(),
+                    &self.clients,
+                )?;
                 match self.resolve(Arc::new(remote), retry).await {
                     Ok(r) => return Ok(r),
                     Err(e) => {

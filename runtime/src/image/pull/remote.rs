@@ -43,11 +43,65 @@ pub(crate) struct Remote {
     pub(crate) display: String,
 }
 
+/// Most clients kept; past it the cache starts over (pull secrets can vary per pod).
+const MAX_CACHED_CLIENTS: usize = 64;
+
+/// Registry clients kept across pulls, one per endpoint settings and credentials: a pull
+/// reuses the previous one's connections and Bearer tokens (oci-client caches them until
+/// they expire) instead of loading the system roots and shaking hands again, which is most
+/// of a warm `Always` pull.
+#[derive(Default)]
+pub(crate) struct ClientCache {
+    clients: std::sync::Mutex<std::collections::HashMap<String, Client>>,
+}
+
+impl ClientCache {
+    fn get_or_build(
+        &self,
+        key: String,
+        build: impl FnOnce() -> Result<Client, ImageError>,
+    ) -> Result<Client, ImageError> {
+        let mut clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = clients.get(&key) {
+            return Ok(c.clone());
+        }
+        let client = build()?;
+        if clients.len() >= MAX_CACHED_CLIENTS {
+            clients.clear();
+        }
+        clients.insert(key, client.clone());
+        Ok(client)
+    }
+}
+
+/// What a client depends on: the endpoint's host and TLS settings and the credentials
+/// (hashed, so the key holds no secret).
+fn client_key(endpoint: &Endpoint, creds: Option<&Credentials>) -> String {
+    use sha2::{Digest as _, Sha256};
+    let mut h = Sha256::new();
+    for part in [
+        endpoint.host.as_bytes(),
+        &[
+            u8::from(endpoint.plain_http),
+            u8::from(endpoint.insecure_skip_verify),
+        ],
+        endpoint.ca_pem.as_deref().unwrap_or_default(),
+        endpoint.client_identity_pem.as_deref().unwrap_or_default(),
+        creds.map(|c| c.username.as_bytes()).unwrap_or_default(),
+        creds.map(|c| c.password.as_bytes()).unwrap_or_default(),
+    ] {
+        h.update((part.len() as u64).to_le_bytes());
+        h.update(part);
+    }
+    hex::encode(h.finalize())
+}
+
 impl Remote {
     pub(crate) fn new(
         endpoint: Endpoint,
         creds: Option<&Credentials>,
         display: String,
+        cache: &ClientCache,
     ) -> Result<Self, ImageError> {
         let config = ClientConfig {
             protocol: if endpoint.plain_http {
@@ -71,10 +125,12 @@ impl Remote {
             platform_resolver: None,
             ..ClientConfig::default()
         };
-        let client = Client::try_from(config).map_err(|e| ImageError::Registry {
-            reference: display.clone(),
-            endpoint: endpoint.host.clone(),
-            message: format!("setting up the client: {e}"),
+        let client = cache.get_or_build(client_key(&endpoint, creds), || {
+            Client::try_from(config).map_err(|e| ImageError::Registry {
+                reference: display.clone(),
+                endpoint: endpoint.host.clone(),
+                message: format!("setting up the client: {e}"),
+            })
         })?;
         let auth = match creds {
             Some(c) => RegistryAuth::Basic(c.username.clone(), c.password.clone()),
