@@ -68,6 +68,36 @@ fn pushed(auth: bool, image: &str) -> (TestRegistry, tempfile::TempDir, LocalIma
     (reg, tmp, svc, reference)
 }
 
+/// A relay with `settings` in front of `reg`, an empty store whose service pulls through
+/// it, and the reference of `repo_tag` through the relay.
+fn proxied(
+    reg: &TestRegistry,
+    settings: ProxySettings,
+    repo_tag: &str,
+) -> (TcpProxy, tempfile::TempDir, LocalImageService, String) {
+    let proxy = TcpProxy::start(&reg.host(), settings).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let svc = LocalImageService::with_pull_config(
+        Arc::new(ImageStore::open(tmp.path()).unwrap()),
+        reg.pull_config(&proxy.host()).unwrap(),
+    );
+    let reference = format!("{}/{repo_tag}", proxy.host());
+    (proxy, tmp, svc, reference)
+}
+
+/// A registry that requires a client certificate, holding busybox as `busybox:1`, and
+/// busybox's layout.
+fn mutual_tls_busybox() -> (TestRegistry, std::path::PathBuf) {
+    let reg = TestRegistry::start(RegistryOptions {
+        client_auth: true,
+        ..RegistryOptions::default()
+    })
+    .expect("start docker-registry with client certificates required");
+    let layout = test_images().unwrap().join("busybox");
+    reg.push(&layout, "busybox:1", &[]).unwrap();
+    (reg, layout)
+}
+
 fn creds(reg: &TestRegistry, password: &str) -> PullRequest {
     let mut keyring = Keyring::default();
     keyring.add(
@@ -435,20 +465,11 @@ async fn connections_dropped_before_any_byte_are_retried_within_the_same_pull() 
         .unwrap();
     // The registry's port accepts and closes the first two connections (a TLS handshake
     // that gets EOF): the pull's first request fails twice, then goes through.
-    let proxy = TcpProxy::start(
-        &reg.host(),
-        ProxySettings {
-            drop_first: 2,
-            ..ProxySettings::default()
-        },
-    )
-    .unwrap();
-    let tmp = tempfile::tempdir().unwrap();
-    let svc = LocalImageService::with_pull_config(
-        Arc::new(ImageStore::open(tmp.path()).unwrap()),
-        reg.pull_config(&proxy.host()).unwrap(),
-    );
-    let reference = format!("{}/busybox:1", proxy.host());
+    let settings = ProxySettings {
+        drop_first: 2,
+        ..ProxySettings::default()
+    };
+    let (proxy, _tmp, svc, reference) = proxied(&reg, settings, "busybox:1");
     let report = svc
         .pull_image(&reference, PullRequest::default())
         .await
@@ -466,13 +487,7 @@ async fn a_warm_pull_reuses_the_registry_connection_of_the_previous_pull() {
     let reg = registry(false);
     reg.push(&test_images().unwrap().join("layered"), "layered:1", &[])
         .unwrap();
-    let proxy = TcpProxy::start(&reg.host(), ProxySettings::default()).unwrap();
-    let tmp = tempfile::tempdir().unwrap();
-    let svc = LocalImageService::with_pull_config(
-        Arc::new(ImageStore::open(tmp.path()).unwrap()),
-        reg.pull_config(&proxy.host()).unwrap(),
-    );
-    let reference = format!("{}/layered:1", proxy.host());
+    let (proxy, _tmp, svc, reference) = proxied(&reg, ProxySettings::default(), "layered:1");
     let cold = svc
         .pull_image(&reference, PullRequest::default())
         .await
@@ -615,13 +630,7 @@ async fn a_connection_dropped_in_the_middle_of_a_blob_is_resumed_and_the_whole_b
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_containerd_hosts_dir_gives_the_mirror_its_ca_and_client_certificate() {
-    let reg = TestRegistry::start(RegistryOptions {
-        client_auth: true,
-        ..RegistryOptions::default()
-    })
-    .expect("start docker-registry with client certificates required");
-    let layout = test_images().unwrap().join("busybox");
-    reg.push(&layout, "busybox:1", &[]).unwrap();
+    let (reg, layout) = mutual_tls_busybox();
     // containerd's layout: certs.d/<registry>/hosts.toml. example.invalid is served by the
     // test registry as its mirror, whose CA (relative to the host's directory) and client
     // certificate the file names; the registry itself would not resolve.
@@ -677,13 +686,7 @@ async fn a_containerd_hosts_dir_gives_the_mirror_its_ca_and_client_certificate()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_registry_requiring_a_client_certificate_is_pulled_from_with_cert_file_and_key_file() {
-    let reg = TestRegistry::start(RegistryOptions {
-        client_auth: true,
-        ..RegistryOptions::default()
-    })
-    .expect("start docker-registry with client certificates required");
-    let layout = test_images().unwrap().join("busybox");
-    reg.push(&layout, "busybox:1", &[]).unwrap();
+    let (reg, layout) = mutual_tls_busybox();
     let reference = format!("{}/busybox:1", reg.host());
     // Trusting the registry's CA is not enough: the TLS handshake fails without a
     // client certificate.
