@@ -1,4 +1,5 @@
-//! What the benchmark binaries share (`stats`, `peer_bundle`); each binary's module docs say what it measures.
+//! What the benchmark binaries share (`stats`, `peer_bundle`, `debian_image`); each binary's module docs say what it measures.
 
+pub mod debian_image;
 pub mod peer_bundle;
 pub mod stats;

@@ -3,10 +3,13 @@
 //! gzip/zstd/uncompressed layers, wrong passwords, tampered and truncated blobs, shared
 //! layers and concurrent pulls; a connection cut in the middle of a blob (a relay in front
 //! of the registry) resumed with a Range request, the digest checked over the whole blob; a store on a small full tmpfs (the blob, or the unpacked layer, runs
-//! out of space); a registry requiring a client certificate (mutual TLS).
+//! out of space); a registry requiring a client certificate (mutual TLS); containerd's
+//! `certs.d/<host>/hosts.toml` as the registry config; a registry that comes up late or
+//! drops the first connections (the first request retried).
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use ironlet_runtime::image::{
     Credentials, ImageError, ImageStore, Keyring, LocalImageService, PlatformSpec, PullConfig,
@@ -63,6 +66,36 @@ fn pushed(auth: bool, image: &str) -> (TestRegistry, tempfile::TempDir, LocalIma
     let svc = service(&reg, tmp.path());
     let reference = format!("{}/{image}:1", reg.host());
     (reg, tmp, svc, reference)
+}
+
+/// A relay with `settings` in front of `reg`, an empty store whose service pulls through
+/// it, and the reference of `repo_tag` through the relay.
+fn proxied(
+    reg: &TestRegistry,
+    settings: ProxySettings,
+    repo_tag: &str,
+) -> (TcpProxy, tempfile::TempDir, LocalImageService, String) {
+    let proxy = TcpProxy::start(&reg.host(), settings).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let svc = LocalImageService::with_pull_config(
+        Arc::new(ImageStore::open(tmp.path()).unwrap()),
+        reg.pull_config(&proxy.host()).unwrap(),
+    );
+    let reference = format!("{}/{repo_tag}", proxy.host());
+    (proxy, tmp, svc, reference)
+}
+
+/// A registry that requires a client certificate, holding busybox as `busybox:1`, and
+/// busybox's layout.
+fn mutual_tls_busybox() -> (TestRegistry, std::path::PathBuf) {
+    let reg = TestRegistry::start(RegistryOptions {
+        client_auth: true,
+        ..RegistryOptions::default()
+    })
+    .expect("start docker-registry with client certificates required");
+    let layout = test_images().unwrap().join("busybox");
+    reg.push(&layout, "busybox:1", &[]).unwrap();
+    (reg, layout)
 }
 
 fn creds(reg: &TestRegistry, password: &str) -> PullRequest {
@@ -379,20 +412,104 @@ async fn an_interrupted_download_registers_nothing_and_a_repull_gets_identical_d
         .exists());
 }
 
+/// The back-off of a pull's first request (remote.rs `CONNECT_RETRIES`): 0.25 + 0.5 + 1 + 2 s.
+const CONNECT_BACKOFF: Duration = Duration::from_millis(3750);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_registry_fails_the_pull_with_its_endpoint_named() {
     let (mut reg, _tmp, svc, reference) = pushed(false, "busybox");
     reg.stop();
+    let started = Instant::now();
     let err = svc
         .pull_image(&reference, PullRequest::default())
         .await
         .unwrap_err();
+    // Tried again through the whole back-off before giving up.
+    assert!(
+        started.elapsed() >= CONNECT_BACKOFF,
+        "{:?}",
+        started.elapsed()
+    );
     assert!(matches!(err, ImageError::Registry { .. }), "{err:?}");
     assert!(err.to_string().contains(&reg.host()), "{err}");
+    assert!(err.to_string().contains("Connection refused"), "{err}");
     reg.restart().unwrap();
     svc.pull_image(&reference, PullRequest::default())
         .await
         .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_that_comes_up_late_is_waited_for_within_the_same_pull() {
+    let (mut reg, tmp, svc, reference) = pushed(false, "busybox");
+    reg.stop();
+    // Back 0.5 s after the pull starts: its first tries are refused, a later one connects.
+    let restarted = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(500));
+        reg.restart().map(|()| reg)
+    });
+    let report = svc
+        .pull_image(&reference, PullRequest::default())
+        .await
+        .unwrap();
+    let _reg = restarted.join().unwrap().unwrap();
+    assert_eq!(report.layers_fetched, 1);
+    assert!(svc.is_pulled(&reference).await.unwrap());
+    assert_clean_staging(tmp.path());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_dropped_before_any_byte_are_retried_within_the_same_pull() {
+    let reg = registry(false);
+    reg.push(&test_images().unwrap().join("busybox"), "busybox:1", &[])
+        .unwrap();
+    // The registry's port accepts and closes the first two connections (a TLS handshake
+    // that gets EOF): the pull's first request fails twice, then goes through.
+    let settings = ProxySettings {
+        drop_first: 2,
+        ..ProxySettings::default()
+    };
+    let (proxy, _tmp, svc, reference) = proxied(&reg, settings, "busybox:1");
+    let report = svc
+        .pull_image(&reference, PullRequest::default())
+        .await
+        .unwrap();
+    assert_eq!(proxy.dropped(), 2);
+    assert_eq!(report.layers_fetched, 1);
+    assert_eq!(
+        report.image.id,
+        imported_id(&test_images().unwrap().join("busybox"))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_pull_reuses_the_registry_connection_of_the_previous_pull() {
+    let reg = registry(false);
+    reg.push(&test_images().unwrap().join("layered"), "layered:1", &[])
+        .unwrap();
+    let (proxy, _tmp, svc, reference) = proxied(&reg, ProxySettings::default(), "layered:1");
+    let cold = svc
+        .pull_image(&reference, PullRequest::default())
+        .await
+        .unwrap();
+    assert!(cold.layers_fetched > 0);
+    let opened = proxy.connections();
+    assert!(opened > 0);
+    // The `Always` pulls that follow (manifest unchanged) go over the kept connection: no
+    // new TCP connection, no new TLS handshake.
+    for _ in 0..3 {
+        let warm = svc
+            .pull_image(&reference, PullRequest::default())
+            .await
+            .unwrap();
+        assert_eq!(warm.layers_fetched, 0);
+        assert_eq!(warm.image.id, cold.image.id);
+    }
+    assert_eq!(
+        proxy.connections(),
+        opened,
+        "a warm pull opened a connection"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -434,10 +551,17 @@ async fn a_mirror_that_is_down_falls_back_and_a_rewrite_maps_the_repository() {
         },
     );
     let reference = "example.invalid/library/busybox:1";
+    let started = Instant::now();
     let report = svc
         .pull_image(reference, PullRequest::default())
         .await
         .unwrap();
+    // A mirror that refuses is left at once (no back-off: the next endpoint is the retry).
+    assert!(
+        started.elapsed() < CONNECT_BACKOFF,
+        "{:?}",
+        started.elapsed()
+    );
     assert_eq!(report.image.id, imported_id(&layout));
     assert!(svc.get_image(reference).await.unwrap().is_some());
 }
@@ -505,14 +629,64 @@ async fn a_connection_dropped_in_the_middle_of_a_blob_is_resumed_and_the_whole_b
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_containerd_hosts_dir_gives_the_mirror_its_ca_and_client_certificate() {
+    let (reg, layout) = mutual_tls_busybox();
+    // containerd's layout: certs.d/<registry>/hosts.toml. example.invalid is served by the
+    // test registry as its mirror, whose CA (relative to the host's directory) and client
+    // certificate the file names; the registry itself would not resolve.
+    let certs_d = tempfile::tempdir().unwrap();
+    let host_dir = certs_d.path().join("example.invalid");
+    std::fs::create_dir_all(&host_dir).unwrap();
+    std::fs::copy(reg.ca_file(), host_dir.join("mirror-ca.crt")).unwrap();
+    let write_hosts = |client: bool| {
+        let client = if client {
+            format!(
+                "  client = [\"{}\", \"{}\"]\n",
+                reg.client_cert_file().display(),
+                reg.client_key_file().display()
+            )
+        } else {
+            String::new()
+        };
+        std::fs::write(
+            host_dir.join("hosts.toml"),
+            format!(
+                "server = \"https://example.invalid\"\n\n[host.\"https://{}\"]\n  \
+                 capabilities = [\"pull\", \"resolve\"]\n  ca = \"mirror-ca.crt\"\n{client}",
+                reg.host()
+            ),
+        )
+        .unwrap();
+    };
+    let pull = |root: &Path| {
+        let registries = RegistriesConfig::load(certs_d.path()).unwrap();
+        let svc = LocalImageService::with_pull_config(
+            Arc::new(ImageStore::open(root).unwrap()),
+            PullConfig {
+                registries,
+                ..PullConfig::default()
+            },
+        );
+        async move {
+            svc.pull_image("example.invalid/busybox:1", PullRequest::default())
+                .await
+        }
+    };
+    // Without `client` the mirror refuses the handshake (and the registry itself does not
+    // exist): the hosts file is what was read.
+    write_hosts(false);
+    let tmp = tempfile::tempdir().unwrap();
+    let err = pull(tmp.path()).await.unwrap_err();
+    assert!(matches!(err, ImageError::Registry { .. }), "{err:?}");
+    write_hosts(true);
+    let report = pull(tmp.path()).await.unwrap();
+    assert_eq!(report.image.id, imported_id(&layout));
+    assert_eq!(report.layers_fetched, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_registry_requiring_a_client_certificate_is_pulled_from_with_cert_file_and_key_file() {
-    let reg = TestRegistry::start(RegistryOptions {
-        client_auth: true,
-        ..RegistryOptions::default()
-    })
-    .expect("start docker-registry with client certificates required");
-    let layout = test_images().unwrap().join("busybox");
-    reg.push(&layout, "busybox:1", &[]).unwrap();
+    let (reg, layout) = mutual_tls_busybox();
     let reference = format!("{}/busybox:1", reg.host());
     // Trusting the registry's CA is not enough: the TLS handshake fails without a
     // client certificate.

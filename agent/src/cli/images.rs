@@ -34,7 +34,8 @@ pub enum ImagesCommand {
         /// Platform to take from a multi-platform image, os/arch[/variant].
         #[arg(long)]
         platform: Option<String>,
-        /// Registry mirrors, TLS and credentials (k3s' registries.yaml schema).
+        /// Registry mirrors, TLS and credentials: a k3s registries.yaml, or a directory of
+        /// containerd hosts.toml files (DIR/<registry>/hosts.toml).
         #[arg(long = "registry-config")]
         registry_config: Option<PathBuf>,
         /// Layers downloaded at once.

@@ -193,7 +193,8 @@ pub struct RunArgs {
     /// Longest delay before the supervisor restarts a crashed agent.
     #[arg(long = "agent-restart-backoff-max", value_parser = parse_duration, default_value = "10s")]
     pub agent_restart_backoff_max: Duration,
-    /// Registry mirrors, rewrites, TLS and credentials, in k3s' registries.yaml schema.
+    /// Registry mirrors, rewrites, TLS and credentials, in k3s' registries.yaml schema; or a
+    /// directory of containerd hosts.toml files (DIR/<registry>/hosts.toml).
     #[arg(long = "registry-config")]
     pub registry_config: Option<PathBuf>,
     #[command(flatten)]

@@ -1,10 +1,12 @@
 //! [`TcpProxy`]: a loopback TCP relay in front of the test registry, for pulls that must be
-//! slow (so a test can `kill -9` the puller in the middle of a layer) or cut (a registry
-//! whose connection drops in the middle of a blob). It relays bytes, TLS included, so the
-//! registry's certificate (SAN 127.0.0.1) stays valid through it.
+//! slow (so a test can `kill -9` the puller in the middle of a layer), cut (a registry
+//! whose connection drops in the middle of a blob) or dropped
+//! at first (closed before any byte). It relays bytes, TLS included, so the registry's
+//! certificate (SAN 127.0.0.1) stays valid through it.
 //!
 //! ```text
 //!  client ──► 127.0.0.1:<proxy> ──► upstream (registry)
+//!         ✕   the first drop_first connections: closed on accept
 //!         ◄── throttled to bytes_per_sec; the first connection that carries more than
 //!             cut_once_after bytes downstream is shut down there
 //! ```
@@ -26,6 +28,9 @@ pub struct ProxySettings {
     /// The first connection to carry more than this many bytes downstream is cut there
     /// (then the setting clears itself).
     pub cut_once_after: Option<u64>,
+    /// This many new connections are closed as soon as they are accepted, before any byte
+    /// (a registry whose listener is up but drops connections); then the rest are relayed.
+    pub drop_first: usize,
 }
 
 #[derive(Debug, Default)]
@@ -33,6 +38,9 @@ struct Shared {
     settings: Mutex<ProxySettings>,
     stop: AtomicBool,
     cuts: AtomicUsize,
+    dropped: AtomicUsize,
+    /// Connections relayed.
+    relayed: AtomicUsize,
     /// Bytes relayed downstream, every connection.
     down: AtomicU64,
     open: Mutex<Vec<TcpStream>>,
@@ -62,8 +70,13 @@ impl TcpProxy {
             while !s.stop.load(Ordering::SeqCst) {
                 match listener.accept() {
                     Ok((client, _)) => {
+                        if s.drop_one() {
+                            let _ = client.shutdown(Shutdown::Both);
+                            continue;
+                        }
                         let _ = client.set_nonblocking(false);
                         if let Ok(server) = TcpStream::connect(&upstream) {
+                            s.relayed.fetch_add(1, Ordering::SeqCst);
                             relay(&s, client, server);
                         }
                     }
@@ -97,9 +110,32 @@ impl TcpProxy {
         self.shared.cuts.load(Ordering::SeqCst)
     }
 
+    /// How many connections were relayed (opened by clients and passed upstream).
+    pub fn connections(&self) -> usize {
+        self.shared.relayed.load(Ordering::SeqCst)
+    }
+
+    /// How many connections were closed unrelayed ([`ProxySettings::drop_first`]).
+    pub fn dropped(&self) -> usize {
+        self.shared.dropped.load(Ordering::SeqCst)
+    }
+
     /// Bytes relayed from upstream to clients so far (TLS records included).
     pub fn bytes_down(&self) -> u64 {
         self.shared.down.load(Ordering::SeqCst)
+    }
+}
+
+impl Shared {
+    /// Whether to drop the connection just accepted (and count it).
+    fn drop_one(&self) -> bool {
+        let mut s = self.settings.lock().unwrap_or_else(|p| p.into_inner());
+        if s.drop_first == 0 {
+            return false;
+        }
+        s.drop_first -= 1;
+        self.dropped.fetch_add(1, Ordering::SeqCst);
+        true
     }
 }
 

@@ -5,9 +5,11 @@
 //! pulls), `remote` (oci-client: auth, manifests, blob streams), `layer` (a layer streamed
 //! into its snapshot in one pass), `platform` (index selection), `credentials` (docker
 //! config files and pull secrets), `provider` (kubelet's credential provider plugins),
-//! `registries` (`registries.yaml`: mirrors, TLS, auth).
+//! `registries` (`registries.yaml`: mirrors, TLS, auth), `hosts_dir` (containerd's
+//! `certs.d/<host>/hosts.toml`, the same settings).
 
 mod credentials;
+mod hosts_dir;
 mod layer;
 mod platform;
 mod provider;

@@ -28,7 +28,7 @@ use super::layer::fetch_layer;
 use super::platform::PlatformSpec;
 use super::provider::CredentialProviders;
 use super::registries::RegistriesConfig;
-use super::remote::Remote;
+use super::remote::{ClientCache, Remote};
 use crate::image::digest::Digest;
 use crate::image::error::ImageError;
 use crate::image::fsx::LockKind;
@@ -115,6 +115,7 @@ pub struct Puller {
     store: Arc<ImageStore>,
     config: PullConfig,
     in_flight: Arc<Mutex<HashMap<String, SharedPull>>>,
+    clients: Arc<ClientCache>,
 }
 
 impl std::fmt::Debug for Puller {
@@ -131,6 +132,7 @@ impl Puller {
             store,
             config,
             in_flight: Arc::new(Mutex::new(HashMap::new())),
+            clients: Arc::new(ClientCache::default()),
         }
     }
 
@@ -166,6 +168,7 @@ impl Puller {
                         platform,
                         keyring: request.keyring,
                         progress: request.progress,
+                        clients: Arc::clone(&self.clients),
                     };
                     // The task, not the caller, leaves the table: a caller may be dropped.
                     let table = Arc::clone(&self.in_flight);
@@ -210,6 +213,7 @@ struct Job {
     platform: PlatformSpec,
     keyring: Keyring,
     progress: Option<tokio::sync::mpsc::UnboundedSender<PullProgress>>,
+    clients: Arc<ClientCache>,
 }
 
 /// A manifest found at an endpoint.
@@ -365,7 +369,11 @@ impl Job {
             provider_errors = errors;
         }
         let mut last = None;
-        for endpoint in endpoints {
+        let count = endpoints.len();
+        for (n, endpoint) in endpoints.into_iter().enumerate() {
+            // A connection failure moves on to the next endpoint at once; at the last one
+            // (the registry itself, usually) the first request is retried.
+            let retry = n + 1 == count;
             let target = format!("{}/{}", endpoint.host, endpoint.repository);
             let mut candidates: Vec<Option<&Credentials>> = Vec::new();
             for c in [&self.keyring, &registries_ring, &node_ring]
@@ -380,8 +388,13 @@ impl Job {
                 candidates.push(None);
             }
             for creds in candidates {
-                let remote = Remote::new(endpoint.clone(), creds, self.reference.to_string())?;
-                match self.resolve(Arc::new(remote)).await {
+                let remote = Remote::new(
+                    endpoint.clone(),
+                    creds,
+                    self.reference.to_string(),
+                    &self.clients,
+                )?;
+                match self.resolve(Arc::new(remote), retry).await {
                     Ok(r) => return Ok(r),
                     Err(e) => {
                         tracing::warn!(reference = %self.reference, endpoint = %endpoint.host,
@@ -405,13 +418,13 @@ impl Job {
         Err(with_provider_errors(err, &provider_errors))
     }
 
-    async fn resolve(&self, remote: Arc<Remote>) -> Result<Resolved, ImageError> {
+    async fn resolve(&self, remote: Arc<Remote>, retry: bool) -> Result<Resolved, ImageError> {
         let wanted = self
             .reference
             .digest()
             .map(str::to_owned)
             .unwrap_or_else(|| self.reference.tag().unwrap_or("latest").to_owned());
-        remote.authenticate(&wanted).await?;
+        remote.authenticate(&wanted, retry).await?;
         let (mut bytes, mut digest) = remote.manifest(&wanted).await?;
         let location = remote.location(&digest);
         if is_index_document(&bytes) {

@@ -100,18 +100,36 @@ pub struct Endpoint {
 }
 
 impl RegistriesConfig {
-    /// Reads and checks a `registries.yaml` (CA files are read now, so a typo fails here).
+    /// Reads and checks a `registries.yaml`, or a containerd host directory
+    /// (`<dir>/<host>/hosts.toml`, see `hosts_dir.rs`) when `path` is a directory. The files
+    /// it names are opened now, so a typo fails here.
     pub fn load(path: &Path) -> Result<Self, ImageError> {
+        if path.is_dir() {
+            let cfg = super::hosts_dir::load(path)?;
+            cfg.check(path)?;
+            return Ok(cfg);
+        }
         let text = std::fs::read_to_string(path).map_err(|e| ImageError::io("reading", path, e))?;
         Self::parse(&text, path)
     }
 
     pub fn parse(text: &str, path: &Path) -> Result<Self, ImageError> {
+        let cfg: Self = serde_yaml::from_str(text).map_err(|e| ImageError::RegistryConfig {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        cfg.check(path)?;
+        Ok(cfg)
+    }
+
+    /// Client certificates come with their keys, named files open, rewrites compile and
+    /// endpoints are URLs.
+    fn check(&self, path: &Path) -> Result<(), ImageError> {
         let bad = |message: String| ImageError::RegistryConfig {
             path: path.to_path_buf(),
             message,
         };
-        let cfg: Self = serde_yaml::from_str(text).map_err(|e| bad(e.to_string()))?;
+        let cfg = self;
         for (host, c) in &cfg.configs {
             if let Some(tls) = &c.tls {
                 if tls.cert_file.is_some() != tls.key_file.is_some() {
@@ -141,7 +159,7 @@ impl RegistriesConfig {
                     .ok_or_else(|| bad(format!("mirrors.{host}.endpoint {ep:?} is not a URL")))?;
             }
         }
-        Ok(cfg)
+        Ok(())
     }
 
     /// The endpoints to try for `reference`, mirrors first, the registry itself last.
@@ -178,6 +196,8 @@ impl RegistriesConfig {
             |path: &PathBuf| std::fs::read(path).map_err(|e| ImageError::io("reading", path, e));
         let ca_pem = tls.and_then(|t| t.ca_file.as_ref()).map(read).transpose()?;
         let client_identity_pem = match tls.map(|t| (&t.cert_file, &t.key_file)) {
+            // One PEM file holding both (containerd's `client = "client.pem"`).
+            Some((Some(cert), Some(key))) if cert == key => Some(read(cert)?),
             Some((Some(cert), Some(key))) => {
                 let mut pem = read(cert)?;
                 if !pem.ends_with(b"\n") {
@@ -226,7 +246,7 @@ impl RegistriesConfig {
 }
 
 /// `https://host:port/path` → (plain_http, `host:port`); a bare host is https.
-fn split_url(url: &str) -> Option<(bool, String)> {
+pub(super) fn split_url(url: &str) -> Option<(bool, String)> {
     let (plain, rest) = if let Some(r) = url.strip_prefix("http://") {
         (true, r)
     } else if let Some(r) = url.strip_prefix("https://") {

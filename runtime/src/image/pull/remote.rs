@@ -43,11 +43,65 @@ pub(crate) struct Remote {
     pub(crate) display: String,
 }
 
+/// Most clients kept; past it the cache starts over (pull secrets can vary per pod).
+const MAX_CACHED_CLIENTS: usize = 64;
+
+/// Registry clients kept across pulls, one per endpoint settings and credentials: a pull
+/// reuses the previous one's connections and Bearer tokens (oci-client caches them until
+/// they expire) instead of loading the system roots and shaking hands again, which is most
+/// of a warm `Always` pull.
+#[derive(Default)]
+pub(crate) struct ClientCache {
+    clients: std::sync::Mutex<std::collections::HashMap<String, Client>>,
+}
+
+impl ClientCache {
+    fn get_or_build(
+        &self,
+        key: String,
+        build: impl FnOnce() -> Result<Client, ImageError>,
+    ) -> Result<Client, ImageError> {
+        let mut clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = clients.get(&key) {
+            return Ok(c.clone());
+        }
+        let client = build()?;
+        if clients.len() >= MAX_CACHED_CLIENTS {
+            clients.clear();
+        }
+        clients.insert(key, client.clone());
+        Ok(client)
+    }
+}
+
+/// What a client depends on: the endpoint's host and TLS settings and the credentials
+/// (hashed, so the key holds no secret).
+fn client_key(endpoint: &Endpoint, creds: Option<&Credentials>) -> String {
+    use sha2::{Digest as _, Sha256};
+    let mut h = Sha256::new();
+    for part in [
+        endpoint.host.as_bytes(),
+        &[
+            u8::from(endpoint.plain_http),
+            u8::from(endpoint.insecure_skip_verify),
+        ],
+        endpoint.ca_pem.as_deref().unwrap_or_default(),
+        endpoint.client_identity_pem.as_deref().unwrap_or_default(),
+        creds.map(|c| c.username.as_bytes()).unwrap_or_default(),
+        creds.map(|c| c.password.as_bytes()).unwrap_or_default(),
+    ] {
+        h.update((part.len() as u64).to_le_bytes());
+        h.update(part);
+    }
+    hex::encode(h.finalize())
+}
+
 impl Remote {
     pub(crate) fn new(
         endpoint: Endpoint,
         creds: Option<&Credentials>,
         display: String,
+        cache: &ClientCache,
     ) -> Result<Self, ImageError> {
         let config = ClientConfig {
             protocol: if endpoint.plain_http {
@@ -71,10 +125,12 @@ impl Remote {
             platform_resolver: None,
             ..ClientConfig::default()
         };
-        let client = Client::try_from(config).map_err(|e| ImageError::Registry {
-            reference: display.clone(),
-            endpoint: endpoint.host.clone(),
-            message: format!("setting up the client: {e}"),
+        let client = cache.get_or_build(client_key(&endpoint, creds), || {
+            Client::try_from(config).map_err(|e| ImageError::Registry {
+                reference: display.clone(),
+                endpoint: endpoint.host.clone(),
+                message: format!("setting up the client: {e}"),
+            })
         })?;
         let auth = match creds {
             Some(c) => RegistryAuth::Basic(c.username.clone(), c.password.clone()),
@@ -105,13 +161,36 @@ impl Remote {
     }
 
     /// Authenticates (Basic, or the Bearer token flow the registry's challenge asks for).
-    pub(crate) async fn authenticate(&self, tag_or_digest: &str) -> Result<(), ImageError> {
+    /// This is a pull's first request (`GET /v2/`): with `retry`, one that fails before any
+    /// byte of a response (connection refused, reset, closed; not a timeout) is tried again
+    /// after each of [`CONNECT_RETRIES`], so a registry that is restarting or comes up late
+    /// does not fail the pull.
+    pub(crate) async fn authenticate(
+        &self,
+        tag_or_digest: &str,
+        retry: bool,
+    ) -> Result<(), ImageError> {
         let r = self.reference(tag_or_digest);
-        self.client
-            .auth(&r, &self.auth, RegistryOperation::Pull)
-            .await
-            .map(drop)
-            .map_err(|e| self.error(e))
+        let mut waits = CONNECT_RETRIES.iter().filter(|_| retry);
+        loop {
+            let err = match self
+                .client
+                .auth(&r, &self.auth, RegistryOperation::Pull)
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(e) => e,
+            };
+            match waits.next() {
+                Some(wait) if is_connection_failure(&err) => {
+                    tracing::info!(reference = %self.display, endpoint = %self.endpoint.host,
+                        err = %error_chain(&err), retry_in_ms = wait.as_millis() as u64,
+                        "registry connection failed; retrying");
+                    tokio::time::sleep(*wait).await;
+                }
+                _ => return Err(self.error(err)),
+            }
+        }
     }
 
     fn reference(&self, tag_or_digest: &str) -> OciReference {
@@ -282,6 +361,48 @@ impl Remote {
             },
         }
     }
+}
+
+/// The waits before each new try of a pull's first request that failed to connect: four
+/// more tries over 3.75 s.
+pub(crate) const CONNECT_RETRIES: [std::time::Duration; 4] = [
+    std::time::Duration::from_millis(250),
+    std::time::Duration::from_millis(500),
+    std::time::Duration::from_millis(1000),
+    std::time::Duration::from_millis(2000),
+];
+
+/// A request that failed before any byte of a response: the connection (TCP or TLS) was
+/// refused, reset or closed. Timeouts are not (they already took their time).
+fn is_connection_failure(e: &OciDistributionError) -> bool {
+    let OciDistributionError::RequestError(e) = e else {
+        return false;
+    };
+    if e.is_timeout() || e.status().is_some() {
+        return false;
+    }
+    if e.is_connect() {
+        return true;
+    }
+    let mut cur = std::error::Error::source(e);
+    while let Some(s) = cur {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            use std::io::ErrorKind::*;
+            if matches!(
+                io.kind(),
+                ConnectionRefused
+                    | ConnectionReset
+                    | ConnectionAborted
+                    | BrokenPipe
+                    | UnexpectedEof
+            ) {
+                return true;
+            }
+        }
+        cur = s.source();
+    }
+    // hyper's IncompleteMessage: the connection closed before a response began.
+    error_chain(e).contains("connection closed before message completed")
 }
 
 /// The error and its causes (reqwest hides "connection refused" in a source).
