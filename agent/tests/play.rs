@@ -9,7 +9,8 @@
 //! without waiting for the grace period; `-d` leaves the pod running and `--down` removes
 //! it; a missing ConfigMap or an invalid pod fails before anything runs. Rootless, a pod gets
 //! a network (pasta): the host's address as its IP, outbound access and its `hostPort`
-//! published on the host, all gone after Ctrl-C. Needs root (to create the users and cgroups);
+//! published on the host, back after pasta is killed (with a `PodNetworkRestarted` event on
+//! stderr), all gone after Ctrl-C. Needs root (to create the users and cgroups);
 //! skips otherwise.
 
 mod support;
@@ -683,12 +684,53 @@ fn play_rootless_pod_has_an_ip_reaches_out_and_publishes_its_host_port() {
         processes(|_, uid, cmdline| uid == user.uid && cmdline.contains("pasta --config-net"));
     assert_eq!(pasta.len(), 1, "one pasta for the pod: {pasta:?}");
 
+    // pasta dies: the keeper restarts it and the user sees the pod's event on stderr.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pasta[0].0),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill pasta");
+    assert_eq!(
+        support::answer_at("127.0.0.1", host_port, Duration::from_secs(10)).as_deref(),
+        Some(format!("pod {mark} answers\n").as_str()),
+        "hostPort after pasta's restart: {}",
+        play.stderr()
+    );
+    // The runtime checks for restarts every second and notes what it reported beside them.
+    let sandboxes = player.root_dir().join("play").join(&id).join("sandboxes");
+    let reported = || {
+        std::fs::read_dir(&sandboxes)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|e| e.path().join("pasta-restarts.reported").exists())
+    };
+    let start = Instant::now();
+    while !reported() && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
     play.signal(nix::sys::signal::Signal::SIGINT);
     assert_eq!(
         play.exit_code(Duration::from_secs(60)),
         130,
         "{}",
         play.stderr()
+    );
+    // stderr is read to its end once play has exited.
+    let stderr = play.stderr();
+    let events: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("PodNetworkRestarted"))
+        .collect();
+    assert_eq!(events.len(), 1, "one event for the restart: {stderr}");
+    assert!(
+        events[0].contains("net-")
+            && events[0].contains(&format!(
+                "pasta (pid {}) ended (signal SIGKILL)",
+                pasta[0].0
+            )),
+        "the event names the pod and how pasta ended: {}",
+        events[0]
     );
     // pasta and the namespace holder are the user's: assert_nothing_left covers them.
     player.assert_nothing_left(&id, &[mark]);

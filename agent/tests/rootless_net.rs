@@ -269,6 +269,26 @@ spec:
         log.contains("pasta of a rootless pod ended") && log.contains("pasta restarted"),
         "the restart is logged as a warning:\n{log}"
     );
+    // …and reported as the pod's event, once.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let events = loop {
+        let events: Vec<String> = agent_log()
+            .lines()
+            .filter(|l| l.contains("PodNetworkRestarted"))
+            .map(str::to_owned)
+            .collect();
+        if !events.is_empty() || Instant::now() > deadline {
+            break events;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(events.len(), 1, "one event:\n{}", agent_log());
+    assert!(
+        events[0].contains("web-rootless-net_default")
+            && events[0].contains(&format!("pasta (pid {pasta}) ended (signal SIGKILL)")),
+        "{}",
+        events[0]
+    );
 
     // The pod goes: its network with it.
     std::fs::remove_file(&manifest).expect("remove manifest");
