@@ -372,6 +372,17 @@ impl Playing {
             .expect("signal play");
     }
 
+    /// Ctrl-C: SIGINT, then the exit with 130 within a minute.
+    fn interrupt(&mut self) {
+        self.signal(nix::sys::signal::Signal::SIGINT);
+        assert_eq!(
+            self.exit_code(Duration::from_secs(60)),
+            130,
+            "{}",
+            self.stderr()
+        );
+    }
+
     /// Waits for the exit; its code.
     fn exit_code(&mut self, timeout: Duration) -> i32 {
         let start = Instant::now();
@@ -432,13 +443,7 @@ fn web_streams_becomes_ready_and_sigint_removes_everything(player: &Player, mark
         std::thread::sleep(Duration::from_millis(200));
     }
     let before = play.lines().len();
-    play.signal(nix::sys::signal::Signal::SIGINT);
-    assert_eq!(
-        play.exit_code(Duration::from_secs(60)),
-        130,
-        "{}",
-        play.stderr()
-    );
+    play.interrupt();
     let lines = play.lines();
     let after = &lines[before..];
     assert!(
@@ -709,13 +714,7 @@ fn play_rootless_pod_has_an_ip_reaches_out_and_publishes_its_host_port() {
     while !reported() && start.elapsed() < Duration::from_secs(10) {
         std::thread::sleep(Duration::from_millis(100));
     }
-    play.signal(nix::sys::signal::Signal::SIGINT);
-    assert_eq!(
-        play.exit_code(Duration::from_secs(60)),
-        130,
-        "{}",
-        play.stderr()
-    );
+    play.interrupt();
     // stderr is read to its end once play has exited.
     let stderr = play.stderr();
     let events: Vec<&str> = stderr
