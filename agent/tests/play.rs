@@ -7,7 +7,10 @@
 //! cgroup or network namespace; a failing `restartPolicy: Never` pod makes `play` exit with
 //! the container's code; init containers and restarts stream too; a second SIGINT kills
 //! without waiting for the grace period; `-d` leaves the pod running and `--down` removes
-//! it; a missing ConfigMap or an invalid pod fails before anything runs. Needs root (to create the users and cgroups);
+//! it; a missing ConfigMap or an invalid pod fails before anything runs. Rootless, a pod gets
+//! a network (pasta): the host's address as its IP, outbound access and its `hostPort`
+//! published on the host, back after pasta is killed (with a `PodNetworkRestarted` event on
+//! stderr), all gone after Ctrl-C. Needs root (to create the users and cgroups);
 //! skips otherwise.
 
 mod support;
@@ -238,8 +241,8 @@ impl Player {
         }
     }
 
-    /// The READY column of the play's pod `name`, from `ironlet pods` on its socket.
-    fn ready(&self, id: &str, name: &str) -> Option<String> {
+    /// The row of the play's pod `name` in `ironlet pods` on its socket, split in columns.
+    fn pod_row(&self, id: &str, name: &str) -> Option<Vec<String>> {
         let out = Command::new(BIN)
             .arg("--root-dir")
             .arg(self.root_dir().join("play").join(id))
@@ -250,7 +253,12 @@ impl Player {
         listing
             .lines()
             .find(|l| l.starts_with(&format!("{name}-")))
-            .and_then(|l| l.split_whitespace().nth(1).map(str::to_owned))
+            .map(|l| l.split_whitespace().map(str::to_owned).collect())
+    }
+
+    /// The READY column of the play's pod `name`.
+    fn ready(&self, id: &str, name: &str) -> Option<String> {
+        self.pod_row(id, name)?.get(1).cloned()
     }
 
     /// Nothing of play `id` is left: state directory, mounts, processes (by `marks`), the
@@ -364,6 +372,17 @@ impl Playing {
             .expect("signal play");
     }
 
+    /// Ctrl-C: SIGINT, then the exit with 130 within a minute.
+    fn interrupt(&mut self) {
+        self.signal(nix::sys::signal::Signal::SIGINT);
+        assert_eq!(
+            self.exit_code(Duration::from_secs(60)),
+            130,
+            "{}",
+            self.stderr()
+        );
+    }
+
     /// Waits for the exit; its code.
     fn exit_code(&mut self, timeout: Duration) -> i32 {
         let start = Instant::now();
@@ -424,13 +443,7 @@ fn web_streams_becomes_ready_and_sigint_removes_everything(player: &Player, mark
         std::thread::sleep(Duration::from_millis(200));
     }
     let before = play.lines().len();
-    play.signal(nix::sys::signal::Signal::SIGINT);
-    assert_eq!(
-        play.exit_code(Duration::from_secs(60)),
-        130,
-        "{}",
-        play.stderr()
-    );
+    play.interrupt();
     let lines = play.lines();
     let after = &lines[before..];
     assert!(
@@ -603,6 +616,127 @@ fn play_rootless_streams_fails_with_the_code_detaches_and_cleans_up() {
     failing_pod_sets_the_exit_code(&player);
     web_streams_becomes_ready_and_sigint_removes_everything(&player, mark(2));
     detach_then_down(&player, mark(3));
+}
+
+/// A pod that prints its address, reaches a server on the host (`HOST_PORT_OUT`, at the
+/// gateway: the host's loopback seen from the pod) and serves on a `hostPort`.
+const NETWORKED: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: net}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: c
+    image: busybox
+    command: [sh, -c, 'set -- $(ip -4 -o addr show eth0); echo addr $4; set -- $(ip route | grep ^default); sleep 2 | timeout 20 nc $3 OUT_PORT | sed "s/^/outbound: /"; while true; do echo pod MARK answers | nc -l -p 8080; done']
+    ports: [{containerPort: 8080, hostPort: HOST_PORT}]
+"#;
+
+#[test]
+fn play_rootless_pod_has_an_ip_reaches_out_and_publishes_its_host_port() {
+    if !is_root() {
+        return;
+    }
+    let player = Player::user("playnet");
+    let Player::User(user) = &player else {
+        unreachable!("a user player")
+    };
+    let mark = mark(5);
+    let (out_port, serving) = support::serve_once_on_loopback("pong from the host\n");
+    let host_port = support::free_port();
+    let yaml = NETWORKED
+        .replace("OUT_PORT", &out_port.to_string())
+        .replace("HOST_PORT", &host_port.to_string());
+    let file = player.write("net.yaml", &yaml, mark);
+    let mut play = player.spawn(&[&file]);
+    let address = support::host_address();
+    play.wait_line(
+        "net/c | outbound: pong from the host",
+        Duration::from_secs(60),
+    );
+    assert!(
+        serving.join().expect("server thread"),
+        "the host server was reached"
+    );
+    assert!(
+        play.lines()
+            .iter()
+            .any(|l| l.starts_with(&format!("net/c | addr {address}/"))),
+        "eth0 has the host's address {address}: {:?}",
+        play.lines()
+    );
+    assert_eq!(
+        support::answer_at("127.0.0.1", host_port, Duration::from_secs(20)).as_deref(),
+        Some(format!("pod {mark} answers\n").as_str()),
+        "hostPort {host_port} from the host: {:?}\n{}",
+        play.lines(),
+        play.stderr()
+    );
+    let id = player.play_id(Duration::from_secs(1));
+    let row = player.pod_row(&id, "net").unwrap_or_default();
+    assert_eq!(
+        row.last(),
+        Some(&address),
+        "the pod's IP is reported: {row:?}"
+    );
+    assert!(
+        !play.stderr().contains("rootless networking unavailable"),
+        "{}",
+        play.stderr()
+    );
+    let pasta =
+        processes(|_, uid, cmdline| uid == user.uid && cmdline.contains("pasta --config-net"));
+    assert_eq!(pasta.len(), 1, "one pasta for the pod: {pasta:?}");
+
+    // pasta dies: the keeper restarts it and the user sees the pod's event on stderr.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pasta[0].0),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill pasta");
+    assert_eq!(
+        support::answer_at("127.0.0.1", host_port, Duration::from_secs(10)).as_deref(),
+        Some(format!("pod {mark} answers\n").as_str()),
+        "hostPort after pasta's restart: {}",
+        play.stderr()
+    );
+    // The runtime checks for restarts every second and notes what it reported beside them.
+    let sandboxes = player.root_dir().join("play").join(&id).join("sandboxes");
+    let reported = || {
+        std::fs::read_dir(&sandboxes)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|e| e.path().join("pasta-restarts.reported").exists())
+    };
+    let start = Instant::now();
+    while !reported() && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    play.interrupt();
+    // stderr is read to its end once play has exited.
+    let stderr = play.stderr();
+    let events: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("PodNetworkRestarted"))
+        .collect();
+    assert_eq!(events.len(), 1, "one event for the restart: {stderr}");
+    assert!(
+        events[0].contains("net-")
+            && events[0].contains(&format!(
+                "pasta (pid {}) ended (signal SIGKILL)",
+                pasta[0].0
+            )),
+        "the event names the pod and how pasta ended: {}",
+        events[0]
+    );
+    // pasta and the namespace holder are the user's: assert_nothing_left covers them.
+    player.assert_nothing_left(&id, &[mark]);
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", host_port)).is_err(),
+        "the host port is closed"
+    );
 }
 
 #[test]

@@ -11,13 +11,12 @@
 
 mod support;
 
-use std::io::Write;
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use support::rootless::{text, TestUser};
-use support::{answer_at, host_address};
+use support::{answer_at, free_port, host_address, serve_once_on_loopback};
 
 fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
@@ -26,12 +25,6 @@ fn is_root() -> bool {
 /// A subordinate range distinct from rootless_ids' (which uses 400000 + pid % 512 * 65536).
 fn range_start(slot: u32) -> u32 {
     40_000_000 + ((std::process::id() % 256) * 4 + slot) * 65536
-}
-
-/// A free TCP port on the host's loopback.
-fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-    listener.local_addr().expect("addr").port()
 }
 
 /// Connects to `127.0.0.1:port` until it answers, or `timeout` passes.
@@ -72,23 +65,7 @@ fn a_rootless_container_has_an_address_reaches_the_host_and_publishes_a_port() {
     // Outbound: a server on the host's loopback, reached at the pod's gateway address. The
     // container does not half-close first: pasta 2023-03 then loses the host's FIN (the
     // connection stays in FIN_WAIT2 in the pod), hence `sleep | nc`, bounded by `timeout`.
-    let server = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let port = server.local_addr().expect("addr").port();
-    server.set_nonblocking(true).expect("nonblocking");
-    let serving = std::thread::spawn(move || {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while Instant::now() < deadline {
-            match server.accept() {
-                Ok((mut conn, _)) => {
-                    let _ = conn.set_nonblocking(false);
-                    let _ = conn.write_all(b"pong from the host\n");
-                    return true;
-                }
-                Err(_) => std::thread::sleep(Duration::from_millis(20)),
-            }
-        }
-        false
-    });
+    let (port, serving) = serve_once_on_loopback("pong from the host\n");
     let run = user.sh(
         "busybox",
         &[],
@@ -291,6 +268,26 @@ spec:
     assert!(
         log.contains("pasta of a rootless pod ended") && log.contains("pasta restarted"),
         "the restart is logged as a warning:\n{log}"
+    );
+    // …and reported as the pod's event, once.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let events = loop {
+        let events: Vec<String> = agent_log()
+            .lines()
+            .filter(|l| l.contains("PodNetworkRestarted"))
+            .map(str::to_owned)
+            .collect();
+        if !events.is_empty() || Instant::now() > deadline {
+            break events;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(events.len(), 1, "one event:\n{}", agent_log());
+    assert!(
+        events[0].contains("web-rootless-net_default")
+            && events[0].contains(&format!("pasta (pid {pasta}) ended (signal SIGKILL)")),
+        "{}",
+        events[0]
     );
 
     // The pod goes: its network with it.

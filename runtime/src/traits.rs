@@ -33,6 +33,13 @@ pub enum RuntimeEvent {
     },
     /// The kernel OOM killer killed a process in the container's cgroup.
     ContainerOom { id: ContainerId, pod_uid: String },
+    /// A rootless pod's pasta ended and was restarted: its published ports were down
+    /// meanwhile and connections through it were lost. `message` says how it ended.
+    PodNetworkRestarted {
+        sandbox_id: SandboxId,
+        pod_uid: String,
+        message: String,
+    },
 }
 
 /// Sandboxes and containers (CRI `RuntimeService`).
@@ -112,7 +119,7 @@ pub trait Runtime: Send + Sync {
         None
     }
 
-    /// Subscribes to container exits and OOM kills.
+    /// Subscribes to container exits, OOM kills and pod network restarts.
     fn subscribe(&self) -> tokio::sync::broadcast::Receiver<RuntimeEvent>;
 }
 

@@ -512,7 +512,9 @@ async fn drive(
     Ok(outcome)
 }
 
-/// The play's runtime on its state directory; pod networking as `ironlet run` has it.
+/// The play's runtime on its state directory; pod networking as `ironlet run` has it: the
+/// node's CNI network as root, pasta rootless (the runtime ignores the CNI settings then,
+/// but needs them present: `None` means loopback only).
 async fn open_runtime(
     play: &Play,
     args: &PlayArgs,
@@ -520,7 +522,7 @@ async fn open_runtime(
     zygote: ironlet_runtime::zygote::ZygoteHandle,
     store: Arc<ironlet_runtime::image::ImageStore>,
 ) -> anyhow::Result<LocalRuntime> {
-    let cni = args.network.cni("10.85.0.0/16").filter(|_| !rootless);
+    let cni = args.network.cni("10.85.0.0/16");
     let config = LocalRuntimeConfig {
         root_dir: play.state.clone(),
         rootless,

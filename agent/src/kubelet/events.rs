@@ -41,6 +41,9 @@ pub mod reason {
     pub const FAILED_PRE_STOP_HOOK: &str = "FailedPreStopHook";
     pub const FAILED_CREATE_POD_SANDBOX: &str = "FailedCreatePodSandBox";
     pub const SANDBOX_CHANGED: &str = "SandboxChanged";
+    /// ironlet's own: a rootless pod's pasta ended and was restarted (no kubelet
+    /// equivalent; rootless pods have no CNI plugin whose failure kubelet would report).
+    pub const POD_NETWORK_RESTARTED: &str = "PodNetworkRestarted";
     pub const ERR_IMAGE_NEVER_PULL: &str = "ErrImageNeverPull";
     /// The eviction manager evicted the pod (kubelet's `eviction.Reason`).
     pub const EVICTED: &str = "Evicted";

@@ -22,6 +22,7 @@ pub mod events;
 pub mod eviction;
 mod housekeeping;
 pub mod image_gc;
+mod network_events;
 pub mod node_shutdown;
 pub mod security;
 pub mod stats;
@@ -117,6 +118,9 @@ pub struct Kubelet {
     reclaim_sender: mpsc::Sender<eviction::pressure::ReclaimRequest>,
     /// Graceful node shutdown: its events, state and the pods' kill task.
     node_shutdown: node_shutdown::ShutdownManager,
+    /// The runtime's events, subscribed at start, for the pod network restarts
+    /// ([`network_events`]); taken by [`Kubelet::run`].
+    network_events: Option<tokio::sync::broadcast::Receiver<ironlet_runtime::RuntimeEvent>>,
 }
 
 impl Kubelet {
@@ -166,6 +170,7 @@ impl Kubelet {
         };
 
         let cache = Arc::new(PodCache::new(runtime.clone()));
+        let network_events = Some(runtime.subscribe());
         let pleg_config = PlegConfig {
             relist_period: config.pleg_relist_period,
             ..PlegConfig::default()
@@ -325,6 +330,7 @@ impl Kubelet {
             reclaim_requests,
             reclaim_sender,
             node_shutdown: node_shutdown::ShutdownManager::new(config_shutdown),
+            network_events,
         })
     }
 
@@ -424,6 +430,13 @@ impl Kubelet {
                 last_announced: None,
             },
         )));
+        let _network_events = self.network_events.take().map(|events| {
+            AbortOnDrop(tokio::spawn(network_events::report_restarts(
+                events,
+                self.pod_manager.clone(),
+                self.syncer.events.clone(),
+            )))
+        });
         let _image_gc = AbortOnDrop(tokio::spawn(self.image_gc.clone().run(
             self.config.image_gc_period,
             self.syncer.images_changed.clone(),

@@ -178,6 +178,8 @@ impl Pleg {
                 ..
             } => (pod_uid, id, Some(observed_at)),
             RuntimeEvent::ContainerOom { id, pod_uid } => (pod_uid, id, None),
+            // No container changed: the kubelet reports it as the pod's event.
+            RuntimeEvent::PodNetworkRestarted { .. } => return,
         };
         if let Err(err) = self.cache.refresh(&pod_uid).await {
             tracing::warn!(%pod_uid, %err, "reading pod status after a container exit failed");

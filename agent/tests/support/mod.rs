@@ -57,6 +57,35 @@ pub fn answer_at(address: &str, port: u16, timeout: Duration) -> Option<String> 
     None
 }
 
+/// A free TCP port on the host's loopback.
+pub fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.local_addr().expect("addr").port()
+}
+
+/// A server on the host's loopback that answers one connection with `answer` within 60 s;
+/// its port, and the thread that tells whether it was reached.
+pub fn serve_once_on_loopback(answer: &'static str) -> (u16, std::thread::JoinHandle<bool>) {
+    let server = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = server.local_addr().expect("addr").port();
+    server.set_nonblocking(true).expect("nonblocking");
+    let serving = std::thread::spawn(move || {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            match server.accept() {
+                Ok((mut conn, _)) => {
+                    let _ = conn.set_nonblocking(false);
+                    let _ = conn.write_all(answer.as_bytes());
+                    return true;
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+        false
+    });
+    (port, serving)
+}
+
 /// The test images, built once.
 pub fn images_out() -> PathBuf {
     ironlet_runtime::testkit::test_images().expect("images/build produces the test images")

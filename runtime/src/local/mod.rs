@@ -233,6 +233,9 @@ impl LocalRuntime {
             persisting: Mutex::new(()),
         });
         tokio::spawn(event_loop(Arc::downgrade(&inner), event_rx));
+        if inner.config.rootless && inner.config.cni.is_some() {
+            tokio::spawn(report_pasta_restarts(Arc::downgrade(&inner)));
+        }
         if hello.supervised {
             let report = inner.recover(&hello).await;
             let _ = inner.recovery.set(report);
@@ -505,6 +508,46 @@ async fn event_loop(inner: std::sync::Weak<Inner>, mut rx: mpsc::UnboundedReceiv
             return;
         };
         inner.on_event(event);
+    }
+}
+
+/// How often rootless sandboxes are checked for pasta restarts to report.
+const PASTA_RESTARTS_POLL: Duration = Duration::from_secs(1);
+
+/// Reports the pasta restarts the keepers record (`zygote/holder.rs`) as
+/// [`RuntimeEvent::PodNetworkRestarted`], each once, while someone subscribes: a runtime
+/// nobody listens to (`ctr`'s) leaves them for the agent's.
+async fn report_pasta_restarts(inner: std::sync::Weak<Inner>) {
+    let mut tick = tokio::time::interval(PASTA_RESTARTS_POLL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        if inner.events.receiver_count() == 0 {
+            continue;
+        }
+        let networked: Vec<(SandboxId, String)> = inner
+            .lock()
+            .sandboxes
+            .values()
+            .filter(|r| r.holder.is_some())
+            .map(|r| (r.id.clone(), r.config.pod_uid.clone()))
+            .collect();
+        for (sandbox_id, pod_uid) in networked {
+            let dir = inner.config.sandboxes_dir().join(sandbox_id.as_str());
+            for what in crate::network::rootless::take_new_restarts(&dir) {
+                let _ = inner.events.send(RuntimeEvent::PodNetworkRestarted {
+                    sandbox_id: sandbox_id.clone(),
+                    pod_uid: pod_uid.clone(),
+                    message: format!(
+                        "{what}: the pod's published ports were unreachable and connections \
+                         through it were lost meanwhile"
+                    ),
+                });
+            }
+        }
     }
 }
 

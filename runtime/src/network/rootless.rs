@@ -159,9 +159,67 @@ pub fn read_pod_ip(dir: &Path) -> Option<String> {
     Some(ip.to_string())
 }
 
+/// In a sandbox directory: one line per pasta restart, appended by the keeper
+/// (`zygote/holder.rs`).
+pub const RESTARTS_FILE: &str = "pasta-restarts";
+/// In a sandbox directory: how many lines of [`RESTARTS_FILE`] have been reported (written
+/// by the runtime that reports them, so that an agent restart does not report them again).
+const REPORTED_FILE: &str = "pasta-restarts.reported";
+
+/// Appends one restart (`what`: how pasta ended and what replaced it) to `dir`'s
+/// [`RESTARTS_FILE`]. One `write` of a whole line on an `O_APPEND` descriptor: a reader
+/// sees complete lines.
+pub fn record_restart(dir: &Path, what: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut line = what.replace('\n', " ");
+    line.push('\n');
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join(RESTARTS_FILE))?
+        .write_all(line.as_bytes())
+}
+
+/// The restarts recorded in `dir` since the last call (across processes: the count
+/// reported is kept beside them); empty when there are none or the file is unreadable.
+pub fn take_new_restarts(dir: &Path) -> Vec<String> {
+    let Ok(text) = std::fs::read_to_string(dir.join(RESTARTS_FILE)) else {
+        return Vec::new();
+    };
+    let lines: Vec<&str> = text.lines().collect();
+    let reported = std::fs::read_to_string(dir.join(REPORTED_FILE))
+        .ok()
+        .and_then(|t| t.trim().parse::<usize>().ok())
+        .unwrap_or(0);
+    if lines.len() <= reported {
+        return Vec::new();
+    }
+    if let Err(err) = std::fs::write(dir.join(REPORTED_FILE), lines.len().to_string()) {
+        tracing::warn!(dir = %dir.display(), %err, "recording the reported pasta restarts failed");
+    }
+    lines[reported..].iter().map(|l| (*l).to_owned()).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn restarts_are_taken_once_each_even_by_a_new_reader() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        assert!(take_new_restarts(dir.path()).is_empty(), "no file yet");
+        record_restart(dir.path(), "ended (signal SIGKILL); restarted as pid 7").expect("record");
+        assert_eq!(
+            take_new_restarts(dir.path()),
+            ["ended (signal SIGKILL); restarted as pid 7"]
+        );
+        assert!(take_new_restarts(dir.path()).is_empty(), "taken once");
+        record_restart(dir.path(), "two\nlines").expect("record");
+        record_restart(dir.path(), "three").expect("record");
+        // The count is on disk: what a restarted agent reads.
+        assert_eq!(take_new_restarts(dir.path()), ["two lines", "three"]);
+        assert!(take_new_restarts(dir.path()).is_empty());
+    }
 
     fn port(protocol: Protocol, host_ip: &str, host: u16, ctr: u16) -> PortMapping {
         PortMapping {

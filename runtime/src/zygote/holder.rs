@@ -25,7 +25,8 @@
 //! keeper gets SIGKILL should the holder die otherwise, and pasta should the keeper. A pasta
 //! that dies on its own (killed, crashed) is restarted by the keeper for the same namespace
 //! with the same port forwards (its tap device went with it; the new one is configured
-//! anew), with a warning in the agent's log and in `<dir>/pasta.log`; restarts of a pasta
+//! anew), with a warning in the agent's log and in `<dir>/pasta.log`, and a line in
+//! `<dir>/pasta-restarts` that the runtime reports as the pod's event; restarts of a pasta
 //! that keeps failing are spaced out, up to [`RESTART_DELAY_MAX`] apart.
 
 use std::io::{Read, Write};
@@ -274,6 +275,13 @@ fn keep(argv: &[std::ffi::CString], mut log: std::fs::File, pid_file: &Path, san
                     "pasta restarted for the rootless pod"
                 );
                 let _ = writeln!(log, "ironlet: pasta restarted (pid {new})");
+                // The runtime turns it into the pod's event (`local/mod.rs`).
+                if let Some(dir) = pid_file.parent() {
+                    let what = format!("pasta (pid {pasta}) ended ({how}); restarted as pid {new}");
+                    if let Err(err) = crate::network::rootless::record_restart(dir, &what) {
+                        tracing::warn!(sandbox, %err, "recording pasta's restart failed");
+                    }
+                }
                 pasta = new;
                 started = Instant::now();
             }
