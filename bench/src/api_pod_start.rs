@@ -24,14 +24,14 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context, Result};
 use futures_util::StreamExt;
 use ironlet_e2e::{eventually, ClusterAgent, ControlPlane};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
-use kube::Client;
 use serde_json::json;
 
 mod peer_node;
+use ironlet_bench::cluster::{describe_node, wait_node_ready};
 use ironlet_bench::stats::{ms, percentile};
 use peer_node::PeerNode;
 
@@ -462,39 +462,6 @@ fn report(nodes: &[String], samples: &[Vec<Sample>]) {
             ire.p99 / kre.p99
         );
     }
-}
-
-async fn wait_node_ready(client: &Client, node: &str) -> Result<()> {
-    let nodes: Api<Node> = Api::all(client.clone());
-    eventually(
-        &format!("node {node} Ready"),
-        Duration::from_secs(120),
-        || async {
-            let Some(n) = nodes.get_opt(node).await? else {
-                return Ok(None);
-            };
-            let ready = n
-                .status
-                .and_then(|s| s.conditions)
-                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-            Ok(ready.then_some(()))
-        },
-    )
-    .await
-}
-
-async fn describe_node(client: &Client, node: &str) -> Result<String> {
-    let nodes: Api<Node> = Api::all(client.clone());
-    let info = nodes
-        .get(node)
-        .await?
-        .status
-        .and_then(|s| s.node_info)
-        .context("node without nodeInfo")?;
-    Ok(format!(
-        "node {node}: kubelet {} runtime {}",
-        info.kubelet_version, info.container_runtime_version
-    ))
 }
 
 /// Deletes every bench pod (1 s grace) and waits until the API has none left, i.e. until
