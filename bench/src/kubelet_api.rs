@@ -97,15 +97,17 @@ fn main() -> Result<()> {
     let host_ip = routable_host_ip().context("no routable host address for the nodes")?;
     // Dropped in reverse order: peer, agent, control plane.
     let plane = ControlPlane::up()?;
-    let ironlet_name = "bench-ironlet".to_owned();
+    // Names of their own: api-pod-start's node (`bench-ironlet`, data root
+    // /tmp/ironlet-e2e-bench-ironlet) may be running for someone else.
+    let ironlet_name = "kapi-bench-ironlet".to_owned();
     let agent = ClusterAgent::start_on(
         &plane.node_kubeconfig(&ironlet_name)?,
         &ironlet_name,
-        201,
+        252,
         &["--container-log-max-size".as_ref(), LOG_MAX_SIZE.as_ref()],
         host_ip,
     )?;
-    let peer = PeerNode::up(&plane, "bench-kubelet")?;
+    let peer = PeerNode::up(&plane, "kapi-bench-kubelet")?;
     let nodes = [
         BenchNode {
             name: ironlet_name,
