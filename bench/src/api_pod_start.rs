@@ -31,7 +31,9 @@ use kube::runtime::WatchStreamExt;
 use serde_json::json;
 
 mod peer_node;
-use ironlet_bench::cluster::{describe_node, wait_node_ready};
+use ironlet_bench::cluster::{
+    describe_node, ironlet_bin_beside_this, load_average, wait_node_ready,
+};
 use ironlet_bench::stats::{ms, percentile};
 use peer_node::PeerNode;
 
@@ -83,17 +85,8 @@ fn parse_args() -> Result<Args> {
 fn main() -> Result<()> {
     ensure!(nix::unistd::geteuid().is_root(), "the benchmark needs root");
     let args = parse_args()?;
-    if std::env::var_os("IRONLET_BIN").is_none() {
-        let exe = std::env::current_exe().context("locating this executable")?;
-        let bin = exe.with_file_name("ironlet");
-        ensure!(
-            bin.exists(),
-            "{} missing: cargo build --release -p ironlet",
-            bin.display()
-        );
-        // Before any thread exists: ClusterAgent reads it.
-        std::env::set_var("IRONLET_BIN", &bin);
-    }
+    // Before any thread exists: ClusterAgent reads it.
+    ironlet_bin_beside_this()?;
     println!("load average at start: {}", load_average());
     // Dropped in reverse order: peer, agent, control plane.
     let plane = ControlPlane::up()?;
@@ -131,12 +124,6 @@ fn main() -> Result<()> {
     drop(plane);
     println!("load average at end: {}", load_average());
     outcome.and(cleanup)
-}
-
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "?".into())
 }
 
 /// First sightings, in watch events, of each bench pod's phase Running and Ready condition.

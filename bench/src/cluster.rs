@@ -1,12 +1,36 @@
-//! Node helpers the API benchmarks share: waiting for a node to be Ready, and what it runs.
+//! What the API benchmarks share: the `ironlet` binary they start, the load average they
+//! print, waiting for a node to be Ready, and what it runs.
 
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{ensure, Context, Result};
 use ironlet_e2e::eventually;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
 use kube::Client;
+
+/// Sets `IRONLET_BIN` (what `ClusterAgent` starts) to the `ironlet` beside this executable
+/// unless it is set. Call it before any thread exists.
+pub fn ironlet_bin_beside_this() -> Result<()> {
+    if std::env::var_os("IRONLET_BIN").is_none() {
+        let exe = std::env::current_exe().context("locating this executable")?;
+        let bin = exe.with_file_name("ironlet");
+        ensure!(
+            bin.exists(),
+            "{} missing: cargo build --release -p ironlet, or set IRONLET_BIN",
+            bin.display()
+        );
+        std::env::set_var("IRONLET_BIN", &bin);
+    }
+    Ok(())
+}
+
+/// The 1, 5 and 15 minute load averages.
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "?".into())
+}
 
 /// Waits (up to 120 s) until node `node` exists with the Ready condition True.
 pub async fn wait_node_ready(client: &Client, node: &str) -> Result<()> {

@@ -23,7 +23,7 @@
 //! one file on each. Teardown (always, also after a failure): every bench pod deleted and
 //! awaited, the peer's `down`, the agent stopped, the control plane `down`.
 
-use std::io::{BufRead, Read, Write};
+use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -31,13 +31,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use ironlet_e2e::{eventually, routable_host_ip, ClusterAgent, ControlPlane};
+use ironlet_e2e::{
+    create_pod, eventually, forwarded_port, routable_host_ip, ClusterAgent, ControlPlane,
+};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams};
 use serde_json::json;
 
 mod peer_node;
-use ironlet_bench::cluster::{describe_node, wait_node_ready};
+use ironlet_bench::cluster::{
+    describe_node, ironlet_bin_beside_this, load_average, wait_node_ready,
+};
 use ironlet_bench::stats::{ms, percentile};
 use peer_node::PeerNode;
 
@@ -86,12 +90,7 @@ fn main() -> Result<()> {
     ensure!(nix::unistd::geteuid().is_root(), "the benchmark needs root");
     let args = parse_args()?;
     // Before any thread exists: ClusterAgent and scripts/peer-kubelet read them.
-    if std::env::var_os("IRONLET_BIN").is_none() {
-        let exe = std::env::current_exe().context("locating this executable")?;
-        let bin = exe.with_file_name("ironlet");
-        ensure!(bin.exists(), "{} missing: set IRONLET_BIN", bin.display());
-        std::env::set_var("IRONLET_BIN", &bin);
-    }
+    ironlet_bin_beside_this()?;
     std::env::set_var("IRONLET_PEER_CONTAINER_LOG_MAX_SIZE", LOG_MAX_SIZE);
     println!("load average at start: {}", load_average());
     let host_ip = routable_host_ip().context("no routable host address for the nodes")?;
@@ -138,12 +137,6 @@ fn main() -> Result<()> {
     outcome.and(cleanup)
 }
 
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "?".into())
-}
-
 fn run(
     rt: &tokio::runtime::Runtime,
     plane: &ControlPlane,
@@ -158,8 +151,8 @@ fn run(
         }
         let pods: Api<Pod> = Api::namespaced(client, NAMESPACE);
         for node in nodes {
-            create(&pods, &logs_pod(node)?).await?;
-            create(&pods, &web_pod(node)?).await?;
+            create_pod(&pods, &logs_pod(node)?).await?;
+            create_pod(&pods, &web_pod(node)?).await?;
         }
         for node in nodes {
             wait_running(&pods, &format!("{}-logs", node.short)).await?;
@@ -287,19 +280,6 @@ fn web_pod(node: &BenchNode) -> Result<Pod> {
              && exec httpd -f -p 80 -h /www"
         ),
     )
-}
-
-async fn create(pods: &Api<Pod>, pod: &Pod) -> Result<()> {
-    // The first pods wait for the default ServiceAccount of the fresh control plane.
-    eventually(
-        "a bench pod is created",
-        Duration::from_secs(60),
-        || async {
-            pods.create(&PostParams::default(), pod).await?;
-            Ok(Some(()))
-        },
-    )
-    .await
 }
 
 async fn wait_running(pods: &Api<Pod>, name: &str) -> Result<()> {
@@ -502,24 +482,7 @@ impl PortForward {
             .spawn()
             .context("starting kubectl port-forward")?;
         let stdout = child.stdout.take().context("kubectl's stdout")?;
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            // "Forwarding from 127.0.0.1:40123 -> 80"; later lines are read and dropped so
-            // that kubectl never blocks on a full pipe.
-            let mut tx = Some(tx);
-            for line in std::io::BufReader::new(stdout)
-                .lines()
-                .map_while(|l| l.ok())
-            {
-                let port = line
-                    .strip_prefix("Forwarding from 127.0.0.1:")
-                    .and_then(|rest| rest.split(' ').next())
-                    .and_then(|p| p.parse::<u16>().ok());
-                if let (Some(port), Some(tx)) = (port, tx.take()) {
-                    let _ = tx.send(port);
-                }
-            }
-        });
+        let rx = forwarded_port(stdout);
         let mut forward = Self {
             child,
             local: 0,

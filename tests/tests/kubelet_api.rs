@@ -1866,25 +1866,7 @@ impl PortForward {
             .spawn()
             .context("starting kubectl port-forward")?;
         let stdout = child.stdout.take().context("kubectl's stdout")?;
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            use std::io::BufRead;
-            // "Forwarding from 127.0.0.1:40123 -> 80"; later lines are read and dropped so
-            // that kubectl never blocks on a full pipe.
-            let mut tx = Some(tx);
-            for line in std::io::BufReader::new(stdout)
-                .lines()
-                .map_while(|l| l.ok())
-            {
-                let port = line
-                    .strip_prefix("Forwarding from 127.0.0.1:")
-                    .and_then(|rest| rest.split(' ').next())
-                    .and_then(|p| p.parse::<u16>().ok());
-                if let (Some(port), Some(tx)) = (port, tx.take()) {
-                    let _ = tx.send(port);
-                }
-            }
-        });
+        let rx = ironlet_e2e::forwarded_port(stdout);
         let mut forward = Self {
             child,
             local: 0,

@@ -19,11 +19,12 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
 use ironlet_e2e::{
-    block_on, eventually, routable_host_ip, run_suite, ClusterAgent, ControlPlane, SuiteTest,
+    block_on, create_pod, eventually, routable_host_ip, run_suite, ClusterAgent, ControlPlane,
+    SuiteTest,
 };
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams};
 use serde_json::json;
 
 struct Env {
@@ -275,11 +276,7 @@ async fn logs_through_the_api(env: &Env) -> Result<()> {
             }],
         },
     }))?;
-    eventually("the pod is created", TIMEOUT, || async {
-        pods.create(&PostParams::default(), &pod).await?;
-        Ok(Some(()))
-    })
-    .await?;
+    create_pod(&pods, &pod).await?;
     let result = eventually("kubectl logs through the API server", TIMEOUT, || async {
         match env.plane.kubectl(&["logs", name]) {
             Ok(out) if out.contains("served-by-a-rotated-cert") => Ok(Some(())),

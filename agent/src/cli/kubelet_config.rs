@@ -791,6 +791,17 @@ mod tests {
     }
 
     #[test]
+    fn server_tls_bootstrap_turns_on_the_serving_certificate_rotation() -> anyhow::Result<()> {
+        let args = run_with(&format!("{HEAD}serverTLSBootstrap: true\n"), &[])?;
+        assert!(args.rotate_server_certificates);
+        let configz = effective(&args, &ironlet::kubelet::KubeletConfig::new("n", "/tmp/r"));
+        assert_eq!(configz["serverTLSBootstrap"], true);
+        assert!(!run_with(HEAD, &[])?.rotate_server_certificates);
+        assert!(run_with(HEAD, &["--rotate-server-certificates"])?.rotate_server_certificates);
+        Ok(())
+    }
+
+    #[test]
     fn unsupported_fields_are_named() -> anyhow::Result<()> {
         let text = format!(
             "{HEAD}maxPods: 20\nfailSwapOn: false\nimageGCHighThresholdPercent: 85\n\
