@@ -25,14 +25,14 @@ use anyhow::{bail, ensure, Context, Result};
 use futures_util::StreamExt;
 use ironlet_e2e::{eventually, ClusterAgent, ControlPlane};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, PostParams};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use serde_json::json;
 
 mod peer_node;
 use ironlet_bench::cluster::{
-    describe_node, ironlet_bin_beside_this, load_average, wait_node_ready,
+    delete_labelled, describe_node, ironlet_bin_beside_this, load_average, wait_node_ready,
 };
 use ironlet_bench::stats::{ms, percentile};
 use peer_node::PeerNode;
@@ -459,13 +459,5 @@ async fn delete_all(plane: &ControlPlane) -> Result<()> {
 }
 
 async fn delete_all_in(pods: &Api<Pod>) -> Result<()> {
-    let params = DeleteParams::default().grace_period(1);
-    let list = ListParams::default().labels(LABEL);
-    pods.delete_collection(&params, &list)
-        .await
-        .context("deleting the bench pods")?;
-    eventually("every bench pod gone", Duration::from_secs(180), || async {
-        Ok(pods.list(&list).await?.items.is_empty().then_some(()))
-    })
-    .await
+    delete_labelled(pods, LABEL).await
 }

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 use ironlet_e2e::eventually;
-use k8s_openapi::api::core::v1::Node;
-use kube::api::Api;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, DeleteParams, ListParams};
 use kube::Client;
 
 /// Sets `IRONLET_BIN` (what `ClusterAgent` starts) to the `ironlet` beside this executable
@@ -65,4 +65,18 @@ pub async fn describe_node(client: &Client, node: &str) -> Result<String> {
         "node {node}: kubelet {} runtime {}",
         info.kubelet_version, info.container_runtime_version
     ))
+}
+
+/// Deletes every pod matching `label` (1 s grace) and waits (up to 180 s) until the API has
+/// none left, i.e. until their nodes confirmed the containers stopped.
+pub async fn delete_labelled(pods: &Api<Pod>, label: &str) -> Result<()> {
+    let params = DeleteParams::default().grace_period(1);
+    let list = ListParams::default().labels(label);
+    pods.delete_collection(&params, &list)
+        .await
+        .context("deleting the bench pods")?;
+    eventually("every bench pod gone", Duration::from_secs(180), || async {
+        Ok(pods.list(&list).await?.items.is_empty().then_some(()))
+    })
+    .await
 }

@@ -35,12 +35,12 @@ use ironlet_e2e::{
     create_pod, eventually, forwarded_port, routable_host_ip, ClusterAgent, ControlPlane,
 };
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, ListParams};
+use kube::api::Api;
 use serde_json::json;
 
 mod peer_node;
 use ironlet_bench::cluster::{
-    describe_node, ironlet_bin_beside_this, load_average, wait_node_ready,
+    delete_labelled, describe_node, ironlet_bin_beside_this, load_average, wait_node_ready,
 };
 use ironlet_bench::stats::{ms, percentile};
 use peer_node::PeerNode;
@@ -618,13 +618,5 @@ fn report(
 /// Deletes every bench pod (1 s grace) and waits until the API has none left.
 async fn delete_all(plane: &ControlPlane) -> Result<()> {
     let pods: Api<Pod> = Api::namespaced(plane.admin_client().await?, NAMESPACE);
-    let params = DeleteParams::default().grace_period(1);
-    let list = ListParams::default().labels(&format!("{LABEL_KEY}={LABEL_VALUE}"));
-    pods.delete_collection(&params, &list)
-        .await
-        .context("deleting the bench pods")?;
-    eventually("every bench pod gone", Duration::from_secs(180), || async {
-        Ok(pods.list(&list).await?.items.is_empty().then_some(()))
-    })
-    .await
+    delete_labelled(&pods, &format!("{LABEL_KEY}={LABEL_VALUE}")).await
 }
