@@ -16,8 +16,8 @@
 //! - `kubectl port-forward`: one connection fetching 100 MiB (random bytes, busybox `httpd`
 //!   in the pod) through the tunnel, MB/s.
 //!
-//! Usage (root): `kubelet-api [N] [--rounds=R]` (R, rounds of logs and port-forward, default
-//! 3), with `IRONLET_BIN` naming the `ironlet` binary (default: beside this binary) and
+//! Usage (root): `kubelet-api [N] [--rounds=R] [--no-peer]` (R, rounds of logs and
+//! port-forward, default 3; `--no-peer`: ironlet alone, no ratios), with `IRONLET_BIN` naming the `ironlet` binary (default: beside this binary) and
 //! `scripts/peer-kubelet build` done once. Both nodes rotate container logs at 200 MiB
 //! (`--container-log-max-size`, `containerLogMaxSize`) so that the whole 100 MiB log stays in
 //! one file on each. Teardown (always, also after a failure): every bench pod deleted and
@@ -58,12 +58,20 @@ const LOG_MAX_SIZE: &str = "200Mi";
 struct Args {
     n: usize,
     rounds: usize,
+    /// No peer node: ironlet's figures alone (no ratios).
+    peer: bool,
 }
 
 fn parse_args() -> Result<Args> {
-    let mut args = Args { n: 50, rounds: 3 };
+    let mut args = Args {
+        n: 50,
+        rounds: 3,
+        peer: true,
+    };
     for arg in std::env::args().skip(1) {
-        if let Some(r) = arg.strip_prefix("--rounds=") {
+        if arg == "--no-peer" {
+            args.peer = false;
+        } else if let Some(r) = arg.strip_prefix("--rounds=") {
             args.rounds = r
                 .parse()
                 .with_context(|| format!("--rounds must be a number: {r}"))?;
@@ -106,19 +114,23 @@ fn main() -> Result<()> {
         &["--container-log-max-size".as_ref(), LOG_MAX_SIZE.as_ref()],
         host_ip,
     )?;
-    let peer = PeerNode::up(&plane, "kapi-bench-kubelet")?;
-    let nodes = [
-        BenchNode {
-            name: ironlet_name,
-            short: "ironlet",
-            exes: vec![agent.root.join("ironlet")],
-        },
-        BenchNode {
+    let peer = if args.peer {
+        Some(PeerNode::up(&plane, "kapi-bench-kubelet")?)
+    } else {
+        None
+    };
+    let mut nodes = vec![BenchNode {
+        name: ironlet_name,
+        short: "ironlet",
+        exes: vec![agent.root.join("ironlet")],
+    }];
+    if let Some(peer) = &peer {
+        nodes.push(BenchNode {
             name: peer.node.clone(),
             short: "kubelet",
             exes: vec![peer.bin.clone()],
-        },
-    ];
+        });
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -127,7 +139,9 @@ fn main() -> Result<()> {
     let cleanup = rt.block_on(delete_all(&plane));
     if outcome.is_err() || cleanup.is_err() {
         eprintln!("ironlet agent log tail:\n{}", agent.log_tail(40));
-        eprintln!("{}", peer.log_tails(30));
+        if let Some(peer) = &peer {
+            eprintln!("{}", peer.log_tails(30));
+        }
     }
     drop(rt);
     drop(peer);
