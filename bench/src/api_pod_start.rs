@@ -24,14 +24,16 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context, Result};
 use futures_util::StreamExt;
 use ironlet_e2e::{eventually, ClusterAgent, ControlPlane};
-use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, PostParams};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
-use kube::Client;
 use serde_json::json;
 
 mod peer_node;
+use ironlet_bench::cluster::{
+    delete_labelled, describe_node, ironlet_bin_beside_this, load_average, wait_node_ready,
+};
 use ironlet_bench::stats::{ms, percentile};
 use peer_node::PeerNode;
 
@@ -83,17 +85,8 @@ fn parse_args() -> Result<Args> {
 fn main() -> Result<()> {
     ensure!(nix::unistd::geteuid().is_root(), "the benchmark needs root");
     let args = parse_args()?;
-    if std::env::var_os("IRONLET_BIN").is_none() {
-        let exe = std::env::current_exe().context("locating this executable")?;
-        let bin = exe.with_file_name("ironlet");
-        ensure!(
-            bin.exists(),
-            "{} missing: cargo build --release -p ironlet",
-            bin.display()
-        );
-        // Before any thread exists: ClusterAgent reads it.
-        std::env::set_var("IRONLET_BIN", &bin);
-    }
+    // Before any thread exists: ClusterAgent reads it.
+    ironlet_bin_beside_this()?;
     println!("load average at start: {}", load_average());
     // Dropped in reverse order: peer, agent, control plane.
     let plane = ControlPlane::up()?;
@@ -131,12 +124,6 @@ fn main() -> Result<()> {
     drop(plane);
     println!("load average at end: {}", load_average());
     outcome.and(cleanup)
-}
-
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "?".into())
 }
 
 /// First sightings, in watch events, of each bench pod's phase Running and Ready condition.
@@ -464,39 +451,6 @@ fn report(nodes: &[String], samples: &[Vec<Sample>]) {
     }
 }
 
-async fn wait_node_ready(client: &Client, node: &str) -> Result<()> {
-    let nodes: Api<Node> = Api::all(client.clone());
-    eventually(
-        &format!("node {node} Ready"),
-        Duration::from_secs(120),
-        || async {
-            let Some(n) = nodes.get_opt(node).await? else {
-                return Ok(None);
-            };
-            let ready = n
-                .status
-                .and_then(|s| s.conditions)
-                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-            Ok(ready.then_some(()))
-        },
-    )
-    .await
-}
-
-async fn describe_node(client: &Client, node: &str) -> Result<String> {
-    let nodes: Api<Node> = Api::all(client.clone());
-    let info = nodes
-        .get(node)
-        .await?
-        .status
-        .and_then(|s| s.node_info)
-        .context("node without nodeInfo")?;
-    Ok(format!(
-        "node {node}: kubelet {} runtime {}",
-        info.kubelet_version, info.container_runtime_version
-    ))
-}
-
 /// Deletes every bench pod (1 s grace) and waits until the API has none left, i.e. until
 /// their nodes confirmed the containers stopped.
 async fn delete_all(plane: &ControlPlane) -> Result<()> {
@@ -505,13 +459,5 @@ async fn delete_all(plane: &ControlPlane) -> Result<()> {
 }
 
 async fn delete_all_in(pods: &Api<Pod>) -> Result<()> {
-    let params = DeleteParams::default().grace_period(1);
-    let list = ListParams::default().labels(LABEL);
-    pods.delete_collection(&params, &list)
-        .await
-        .context("deleting the bench pods")?;
-    eventually("every bench pod gone", Duration::from_secs(180), || async {
-        Ok(pods.list(&list).await?.items.is_empty().then_some(()))
-    })
-    .await
+    delete_labelled(pods, LABEL).await
 }

@@ -13,6 +13,9 @@ pub struct PeerNode {
     script: PathBuf,
     dir: PathBuf,
     pub node: String,
+    /// The directory of its binaries (kubelet, containerd, the shim); kubelet-api reads it.
+    #[allow(dead_code)]
+    pub bin: PathBuf,
 }
 
 impl PeerNode {
@@ -25,11 +28,13 @@ impl PeerNode {
         if !build.status.success() {
             bail!("scripts/peer-kubelet build failed:\n{}", describe(&build));
         }
+        let bin = PathBuf::from(String::from_utf8_lossy(&build.stdout).trim());
         let kubeconfig = plane.node_kubeconfig(node)?;
         let peer = Self {
             script,
             dir: std::env::temp_dir().join(format!("ironlet-peer-{}", std::process::id())),
             node: node.to_owned(),
+            bin,
         };
         // `peer` exists before `up` runs: a half-done `up` is torn down by the drop.
         let output = Command::new(&peer.script)

@@ -171,6 +171,30 @@ impl Drop for ControlPlane {
     }
 }
 
+/// The local port a `kubectl port-forward … :REMOTE` reports on `stdout` ("Forwarding from
+/// 127.0.0.1:40123 -> 80"), sent once; a thread reads and drops the later lines so that
+/// kubectl never blocks on a full pipe.
+pub fn forwarded_port(stdout: std::process::ChildStdout) -> std::sync::mpsc::Receiver<u16> {
+    use std::io::BufRead;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut tx = Some(tx);
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(|l| l.ok())
+        {
+            let port = line
+                .strip_prefix("Forwarding from 127.0.0.1:")
+                .and_then(|rest| rest.split(' ').next())
+                .and_then(|p| p.parse::<u16>().ok());
+            if let (Some(port), Some(tx)) = (port, tx.take()) {
+                let _ = tx.send(port);
+            }
+        }
+    });
+    rx
+}
+
 /// Runs `<script> down <dir>` (the teardown of `scripts/controlplane` and
 /// `scripts/peer-kubelet`), for a `Drop`: a failure is reported on stderr, not returned.
 pub fn script_down(script: &Path, dir: &Path) {

@@ -15,6 +15,8 @@ mod suite;
 
 pub use agent::{images_out, ironlet_binary, routable_host_ip, ClusterAgent};
 
-pub use controlplane::{client_from_kubeconfig, describe, eventually, script_down, ControlPlane};
+pub use controlplane::{
+    client_from_kubeconfig, describe, eventually, forwarded_port, script_down, ControlPlane,
+};
 pub use pods::{create_pod, pod_condition};
 pub use suite::{block_on, is_selected, run_suite, SuiteTest};

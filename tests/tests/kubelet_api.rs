@@ -6,7 +6,9 @@
 //! `kubectl exec` (streams, exit code, stdin, `kubectl cp` both ways, a container that exits
 //! under it, a client killed mid-exec leaves no process) through the WebSocket the API
 //! server proxies to the node (`ExtendWebSocketsToKubelet`); `kubectl exec -i` over SPDY/3.1
-//! (`KUBECTL_REMOTE_COMMAND_WEBSOCKETS=false`): stdin, stdout, stderr, exit code; a raw WebSocket exec through
+//! (`KUBECTL_REMOTE_COMMAND_WEBSOCKETS=false`): stdin, stdout, stderr, exit code, and
+//! `kubectl attach -i` over SPDY/3.1 to a container with `stdin` (no terminal): a line typed
+//! reaches it, its stdout and stderr come back; a raw WebSocket exec through
 //! `kubectl proxy` with the older `channel.k8s.io` and `base64.channel.k8s.io` (the
 //! conformance spec's protocols): `cat /etc/resolv.conf` on channel 1, a failure's message
 //! as text on channel 3, then the Close; and the node itself refuses requests without credentials (401), with a token whose user has no
@@ -40,7 +42,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use ironlet_e2e::{
     block_on, eventually, routable_host_ip, run_suite, ClusterAgent, ControlPlane, SuiteTest,
 };
@@ -88,6 +90,10 @@ const TESTS: &[SuiteTest<Env>] = &[
     (
         "kubectl_exec_over_spdy_carries_stdin_stdout_stderr_and_the_exit_code",
         exec_spdy,
+    ),
+    (
+        "kubectl_attach_i_over_spdy_feeds_stdin_and_carries_stdout_and_stderr",
+        attach_spdy,
     ),
     (
         "kubectl_cp_copies_a_file_into_and_out_of_the_pod_unchanged",
@@ -842,6 +848,69 @@ fn exec_spdy(env: &Env) -> Result<()> {
         assert_eq!(big.stdout.len(), 3_000_000);
         assert!(big.stdout.iter().all(|b| *b == b'x'));
         Ok(())
+    })
+}
+
+/// `kubectl attach -i` made to speak SPDY/3.1 (as for [`exec_spdy`]) to a container started
+/// with `stdin` and no terminal, which waits for a line: the line kubectl is fed reaches it,
+/// and what it then prints on stdout and stderr comes back until it exits.
+fn attach_spdy(env: &Env) -> Result<()> {
+    let name = "kapi-attach-spdy";
+    block_on(async {
+        let pods = create_pod(
+            env,
+            json!({
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": { "name": name, "namespace": "default" },
+                "spec": {
+                    "nodeName": env.agent.node_name,
+                    "restartPolicy": "Never",
+                    "terminationGracePeriodSeconds": 1,
+                    "containers": [{
+                        "name": "main",
+                        "image": "busybox",
+                        "imagePullPolicy": "Never",
+                        "stdin": true,
+                        "command": ["sh", "-c",
+                            "read line; echo \"out:$line\"; echo \"err:$line\" >&2; sleep 1; exit 4"],
+                    }],
+                },
+            }),
+        )
+        .await?;
+        let result = async {
+            wait_running(&pods, name, 0).await?;
+            let spdy = [("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false")];
+            let args = ["attach", "-i", name, "-c", "main"];
+            let out = kubectl_with_stdin_env(env, &spdy, &args, b"typed-through-spdy\n")?;
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            ensure!(
+                stdout.contains("out:typed-through-spdy\n"),
+                "stdout {stdout:?}, stderr {stderr:?}"
+            );
+            ensure!(
+                stderr.contains("err:typed-through-spdy\n"),
+                "stdout {stdout:?}, stderr {stderr:?}"
+            );
+            // The container ended with its own code (attach ends with it).
+            let code = eventually("the container terminated", RUNNING_TIMEOUT, || async {
+                let pod = pods.get(name).await?;
+                Ok(pod
+                    .status
+                    .and_then(|s| s.container_statuses)
+                    .into_iter()
+                    .flatten()
+                    .find_map(|c| c.state?.terminated.map(|t| t.exit_code)))
+            })
+            .await?;
+            ensure!(code == 4, "exit code {code}");
+            Ok(())
+        }
+        .await;
+        remove_pod(&pods, name).await?;
+        result
     })
 }
 
@@ -1797,25 +1866,7 @@ impl PortForward {
             .spawn()
             .context("starting kubectl port-forward")?;
         let stdout = child.stdout.take().context("kubectl's stdout")?;
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            use std::io::BufRead;
-            // "Forwarding from 127.0.0.1:40123 -> 80"; later lines are read and dropped so
-            // that kubectl never blocks on a full pipe.
-            let mut tx = Some(tx);
-            for line in std::io::BufReader::new(stdout)
-                .lines()
-                .map_while(|l| l.ok())
-            {
-                let port = line
-                    .strip_prefix("Forwarding from 127.0.0.1:")
-                    .and_then(|rest| rest.split(' ').next())
-                    .and_then(|p| p.parse::<u16>().ok());
-                if let (Some(port), Some(tx)) = (port, tx.take()) {
-                    let _ = tx.send(port);
-                }
-            }
-        });
+        let rx = ironlet_e2e::forwarded_port(stdout);
         let mut forward = Self {
             child,
             local: 0,

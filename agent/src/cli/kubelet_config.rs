@@ -43,6 +43,8 @@ struct KubeletConfiguration {
     streaming_connection_idle_timeout: Option<String>,
     tls_cert_file: Option<PathBuf>,
     tls_private_key_file: Option<PathBuf>,
+    #[serde(rename = "serverTLSBootstrap")]
+    server_tls_bootstrap: Option<bool>,
     authentication: Option<Authentication>,
     authorization: Option<Authorization>,
     #[serde(rename = "clusterDNS")]
@@ -266,6 +268,7 @@ impl KubeletConfiguration {
             self.tls_private_key_file.map(resolve).map(Some)
         );
         set!(client_ca_file, client_ca.map(Some));
+        set!(rotate_server_certificates, self.server_tls_bootstrap);
         set!(cluster_dns, self.cluster_dns);
         set!(cluster_domain, self.cluster_domain);
         set!(resolv_conf, self.resolv_conf.map(resolve));
@@ -452,6 +455,7 @@ pub fn effective(args: &RunArgs, config: &ironlet::kubelet::KubeletConfig) -> Va
         "healthzBindAddress": args.healthz_bind_address.to_string(),
         "tlsCertFile": path(&args.tls_cert_file),
         "tlsPrivateKeyFile": path(&args.tls_private_key_file),
+        "serverTLSBootstrap": args.rotate_server_certificates,
         "authentication": {
             "x509": {"clientCAFile": path(&args.client_ca_file)},
             "anonymous": {"enabled": false},
@@ -783,6 +787,17 @@ mod tests {
             &[],
         )?;
         assert!(super::super::run::shutdown_settings(&critical_too_long).is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn server_tls_bootstrap_turns_on_the_serving_certificate_rotation() -> anyhow::Result<()> {
+        let args = run_with(&format!("{HEAD}serverTLSBootstrap: true\n"), &[])?;
+        assert!(args.rotate_server_certificates);
+        let configz = effective(&args, &ironlet::kubelet::KubeletConfig::new("n", "/tmp/r"));
+        assert_eq!(configz["serverTLSBootstrap"], true);
+        assert!(!run_with(HEAD, &[])?.rotate_server_certificates);
+        assert!(run_with(HEAD, &["--rotate-server-certificates"])?.rotate_server_certificates);
         Ok(())
     }
 

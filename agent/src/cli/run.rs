@@ -180,6 +180,11 @@ pub struct RunArgs {
     /// Key of --tls-cert-file (PEM).
     #[arg(long = "tls-private-key-file", requires = "tls_cert_file")]
     pub tls_private_key_file: Option<PathBuf>,
+    /// Request the kubelet API's serving certificate from the cluster (a
+    /// kubernetes.io/kubelet-serving CertificateSigningRequest) and renew it at 70–90 % of its
+    /// lifetime; the file or self-signed certificate is served until the first is signed.
+    #[arg(long = "rotate-server-certificates")]
+    pub rotate_server_certificates: bool,
     /// CA bundle that client certificates of the kubelet API are verified against.
     #[arg(long = "client-ca-file")]
     pub client_ca_file: Option<PathBuf>,
@@ -532,7 +537,7 @@ fn run_agent(
         let machine = ironlet::node::MachineConfig {
             node_name: config.node_name.clone(),
             node_ip: args.node_ip,
-            kubelet_port: kubelet_api.as_ref().map(|(api, _)| api.port()),
+            kubelet_port: kubelet_api.as_ref().map(|(api, _, _)| api.port()),
             root_dir: root_dir.clone(),
             max_pods: config.max_pods,
             reserved: ironlet::node::Reserved {
@@ -592,7 +597,9 @@ fn run_agent(
             let _ = server_stopped.await;
         }));
         let (stop_api, api_stopped) = tokio::sync::oneshot::channel::<()>();
-        let api_serving = kubelet_api.map(|(api, (authenticator, authorizer))| {
+        let mut _rotation = None;
+        let api_serving = kubelet_api.map(|(api, (authenticator, authorizer), rotation)| {
+            _rotation = rotation;
             let services = ironlet::server::kubelet_api::Services {
                 view: kubelet.view(),
                 metrics: kubelet.metrics(),
@@ -666,12 +673,19 @@ type ApiAuth = (
     Arc<dyn ironlet::server::kubelet_api::auth::Authorizer>,
 );
 
+/// The serving certificate's rotation task (`--rotate-server-certificates`), stopped on drop.
+type RotationTask = Option<AbortOnDrop>;
+
 /// Binds the kubelet API (HTTPS) with its certificate and the API server's webhooks.
 async fn bind_kubelet_api(
     args: &RunArgs,
     config: &KubeletConfig,
     client: &kube::Client,
-) -> anyhow::Result<(ironlet::server::kubelet_api::KubeletApi, ApiAuth)> {
+) -> anyhow::Result<(
+    ironlet::server::kubelet_api::KubeletApi,
+    ApiAuth,
+    RotationTask,
+)> {
     use ironlet::server::kubelet_api::{auth, tls, KubeletApi, KubeletApiConfig};
     let cert = tls::serving_cert(
         args.tls_cert_file.as_deref(),
@@ -680,8 +694,24 @@ async fn bind_kubelet_api(
         &config.node_name,
     )
     .context("loading the kubelet API's serving certificate")?;
-    let tls = tls::server_config(cert, args.client_ca_file.as_deref())
+    let current = tls::CurrentCert::new(cert).context("loading the serving certificate's key")?;
+    let tls = tls::server_config(current.clone(), args.client_ca_file.as_deref())
         .context("configuring the kubelet API's TLS")?;
+    let rotation = args.rotate_server_certificates.then(|| {
+        let rotation = ironlet::server::kubelet_api::rotation::Rotation {
+            client: client.clone(),
+            node_name: config.node_name.clone(),
+            hostnames: vec![config.node_name.clone()],
+            ips: args
+                .node_ip
+                .or_else(ironlet::node::default_route_ip)
+                .into_iter()
+                .collect(),
+            cert_dir: config.root_dir.join("pki"),
+            current,
+        };
+        AbortOnDrop(tokio::spawn(rotation.run()))
+    });
     let api = KubeletApi::bind(KubeletApiConfig {
         address: args.address,
         port: args.port,
@@ -702,7 +732,7 @@ async fn bind_kubelet_api(
         client.clone(),
         config.node_name.clone(),
     ));
-    Ok((api, (authenticator, authorizer)))
+    Ok((api, (authenticator, authorizer), rotation))
 }
 
 /// A kube client from a kubeconfig file.

@@ -260,7 +260,7 @@ impl Filesystem {
 
 /// The source address the kernel would use to reach the Internet: the address of the
 /// default route's interface. `connect` on a UDP socket only picks a route; nothing is sent.
-fn default_route_ip() -> Option<IpAddr> {
+pub fn default_route_ip() -> Option<IpAddr> {
     let socket = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).ok()?;
     // TEST-NET-1 (RFC 5737): routed like any public address, never actually contacted.
     socket.connect((Ipv4Addr::new(192, 0, 2, 1), 9)).ok()?;

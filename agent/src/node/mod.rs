@@ -58,6 +58,6 @@ pub use conditions::{
 pub use config::NodeConfig;
 pub use controller::NodeController;
 pub use error::{Error, Result};
-pub use machine::{ImageList, MachineConfig, MachineStatus, Reserved};
+pub use machine::{default_route_ip, ImageList, MachineConfig, MachineStatus, Reserved};
 pub use object::{default_labels, go_arch, memory_quantity};
 pub use provider::{NodeResources, NodeStatusProvider, Pressure, ProviderError, Readiness};

@@ -26,6 +26,7 @@ pub mod exec;
 pub mod exec_spdy;
 pub mod logs;
 pub mod portforward;
+pub mod rotation;
 pub mod spdy;
 pub mod stats;
 pub mod tls;

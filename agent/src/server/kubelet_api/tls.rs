@@ -1,16 +1,19 @@
 //! The kubelet API's TLS: the serving certificate (`--tls-cert-file`/`--tls-private-key-file`,
 //! else a self-signed one kept under `<root-dir>/pki` as kubelet does) and the rustls server
 //! configuration that asks for — but does not require — a client certificate signed by
-//! `--client-ca-file` (a request without one may still carry a bearer token).
+//! `--client-ca-file` (a request without one may still carry a bearer token). Handshakes take
+//! the certificate from a [`CurrentCert`], which `--rotate-server-certificates` (the
+//! `rotation` module) replaces while the server runs.
 
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use rustls::server::WebPkiClientVerifier;
+use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
+use rustls::sign::CertifiedKey;
 use rustls::{RootCertStore, ServerConfig};
 
 /// kubelet's file names for its self-signed pair under `--cert-dir` (`<root-dir>/pki`).
@@ -82,7 +85,7 @@ fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
     })
 }
 
-fn load_pair(cert: &Path, key: &Path) -> Result<ServingCert, TlsError> {
+pub(super) fn load_pair(cert: &Path, key: &Path) -> Result<ServingCert, TlsError> {
     let chain: Vec<_> = CertificateDer::pem_slice_iter(&read(cert)?)
         .filter_map(Result::ok)
         .collect();
@@ -120,7 +123,7 @@ fn write_self_signed(dir: &Path, cert: &Path, key: &Path, node: &str) -> Result<
 }
 
 /// Writes a new owner-only file (write, then rename, so a crash leaves no half file).
-fn write_private(path: &Path, bytes: &[u8]) -> Result<(), TlsError> {
+pub(super) fn write_private(path: &Path, bytes: &[u8]) -> Result<(), TlsError> {
     let err = |source| TlsError::Write {
         path: path.to_owned(),
         source,
@@ -140,10 +143,50 @@ fn write_private(path: &Path, bytes: &[u8]) -> Result<(), TlsError> {
     std::fs::rename(&tmp, path).map_err(err)
 }
 
-/// The server configuration: HTTP/1.1 only; with a client CA, client certificates are
-/// verified against it (and optional, as bearer tokens are the other way in).
+/// The serving certificate handshakes use; [`CurrentCert::set`] replaces it for the
+/// connections that follow.
+#[derive(Debug)]
+pub struct CurrentCert(RwLock<Arc<CertifiedKey>>);
+
+impl CurrentCert {
+    pub fn new(cert: ServingCert) -> Result<Arc<Self>, TlsError> {
+        Ok(Arc::new(Self(RwLock::new(certified_key(cert)?))))
+    }
+
+    /// Serves `cert` from now on.
+    pub fn set(&self, cert: ServingCert) -> Result<(), TlsError> {
+        let key = certified_key(cert)?;
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = key;
+        Ok(())
+    }
+
+    /// The chain served now (leaf first).
+    pub fn chain(&self) -> Vec<CertificateDer<'static>> {
+        self.current().cert.clone()
+    }
+
+    fn current(&self) -> Arc<CertifiedKey> {
+        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+impl ResolvesServerCert for CurrentCert {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.current())
+    }
+}
+
+fn certified_key(cert: ServingCert) -> Result<Arc<CertifiedKey>, TlsError> {
+    let provider = rustls::crypto::ring::default_provider();
+    let signing = provider.key_provider.load_private_key(cert.key)?;
+    Ok(Arc::new(CertifiedKey::new(cert.chain, signing)))
+}
+
+/// The server configuration: HTTP/1.1 only, the certificate of `cert` at each handshake;
+/// with a client CA, client certificates are verified against it (and optional, as bearer
+/// tokens are the other way in).
 pub fn server_config(
-    cert: ServingCert,
+    cert: Arc<CurrentCert>,
     client_ca: Option<&Path>,
 ) -> Result<Arc<ServerConfig>, TlsError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -167,7 +210,7 @@ pub fn server_config(
         }
         None => builder.with_no_client_auth(),
     };
-    let mut config = builder.with_single_cert(cert.chain, cert.key)?;
+    let mut config = builder.with_cert_resolver(cert);
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Arc::new(config))
 }
@@ -191,7 +234,7 @@ mod tests {
         }
         let again = serving_cert(None, None, &pki, "node-a").expect("loaded");
         assert_eq!(first.chain, again.chain);
-        assert!(server_config(again, None).is_ok());
+        assert!(server_config(CurrentCert::new(again).expect("key"), None).is_ok());
     }
 
     #[test]
@@ -208,6 +251,7 @@ mod tests {
             Err(TlsError::HalfPair)
         ));
         let cert = serving_cert(None, None, dir.path(), "n").expect("generated");
+        let cert = CurrentCert::new(cert).expect("key");
         assert!(matches!(
             server_config(cert, Some(&junk)),
             Err(TlsError::ClientCa { .. })
