@@ -232,8 +232,15 @@ pub fn generate_pod_status(inputs: &StatusInputs<'_>) -> PodStatus {
         }
     };
 
+    // kubelet's `SetPodStatus`: the generation of the pod the status reflects, never older
+    // than the one published before (a status computed from an older copy of the pod).
+    let observed_generation = conditions::generation(pod)
+        .max(old.observed_generation)
+        .filter(|g| *g != 0);
+
     if let PodLifecycle::Rejected { reason, message } = inputs.lifecycle {
         return PodStatus {
+            observed_generation,
             phase: Some(Phase::Failed.as_str().to_owned()),
             reason: Some(reason.clone()),
             message: Some(format!("Pod was rejected: {message}")),
@@ -300,7 +307,7 @@ pub fn generate_pod_status(inputs: &StatusInputs<'_>) -> PodStatus {
         ..
     } = inputs.lifecycle
     {
-        all = conditions::with_disruption_target(all, message);
+        all = conditions::with_disruption_target(all, message, conditions::generation(pod));
     }
     let conditions = conditions::with_transition_times(all, old, &now);
 
@@ -314,6 +321,7 @@ pub fn generate_pod_status(inputs: &StatusInputs<'_>) -> PodStatus {
     }
 
     PodStatus {
+        observed_generation,
         phase: Some(phase.as_str().to_owned()),
         reason,
         message,
@@ -422,6 +430,62 @@ mod tests {
         s.previous = Some(s.generate());
         s.runtime.sandboxes.clear();
         assert_eq!(s.generate().pod_ip.as_deref(), Some("10.88.0.5"));
+    }
+
+    #[test]
+    fn the_status_and_the_kubelets_conditions_carry_the_pods_generation() {
+        let mut s = Scenario::new(
+            "readinessGates: [{conditionType: example.com/gate}]\ncontainers: [{name: a, image: i}]",
+            vec![running("a", 0, 100)],
+        );
+        let gate = k8s_openapi::api::core::v1::PodCondition {
+            type_: "example.com/gate".into(),
+            status: "True".into(),
+            observed_generation: Some(1),
+            ..Default::default()
+        };
+        s.pod.status = Some(PodStatus {
+            conditions: Some(vec![gate.clone()]),
+            ..PodStatus::default()
+        });
+        let status = s.generate();
+        assert_eq!(
+            status.observed_generation, None,
+            "a pod without a generation"
+        );
+        s.pod.metadata.generation = Some(3);
+        let status = s.generate();
+        assert_eq!(status.observed_generation, Some(3));
+        for c in status.conditions.iter().flatten() {
+            let want = if c.type_ == gate.type_ {
+                Some(1)
+            } else {
+                Some(3)
+            };
+            assert_eq!(c.observed_generation, want, "{c:?}");
+        }
+        // A status from an older copy of the pod never takes the published one back.
+        s.previous = Some(PodStatus {
+            observed_generation: Some(5),
+            ..status
+        });
+        assert_eq!(s.generate().observed_generation, Some(5));
+        s.previous = None;
+        s.lifecycle = PodLifecycle::Rejected {
+            reason: "OutOfmemory".into(),
+            message: "no".into(),
+        };
+        assert_eq!(s.generate().observed_generation, Some(3));
+        s.lifecycle = PodLifecycle::Evicted {
+            reason: "Evicted".into(),
+            message: "low".into(),
+            disruption_target: true,
+        };
+        let status = s.generate();
+        assert_eq!(
+            condition(&status, "DisruptionTarget").observed_generation,
+            Some(3)
+        );
     }
 
     #[test]

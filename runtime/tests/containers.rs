@@ -71,6 +71,10 @@ fn main() {
         ),
         ("exec_returns_output_and_exit_code", exec_output),
         (
+            "an_exec_runs_as_the_containers_user_with_its_no_new_privs_either_way",
+            exec_follows_the_container,
+        ),
+        (
             "a_streaming_exec_takes_stdin_to_eof_and_dropping_it_kills_the_process_tree",
             exec_streaming,
         ),
@@ -475,7 +479,7 @@ fn seccomp_eperm(env: &Env) -> Result<()> {
 fn seccomp_without_no_new_privs(env: &Env) -> Result<()> {
     env.rt.block_on(async {
         let script = concat!(
-            "grep -E '^(NoNewPrivs|Seccomp):' /proc/self/status; ",
+            "grep -E '^(CapPrm|CapEff|CapBnd|NoNewPrivs|Seccomp):' /proc/self/status; ",
             "unshare -U true 2>&1; echo rc=$?; sleep 60"
         );
         let mut c = busybox_sh("escalating", script);
@@ -484,7 +488,7 @@ fn seccomp_without_no_new_privs(env: &Env) -> Result<()> {
         let (sandbox, id) = start_one(env, &c).await?;
         let checked = async {
             let st = env.runtime.container_status(&id).await?;
-            let lines = log_lines(&st.log_path, 4).await;
+            let lines = log_lines(&st.log_path, 7).await;
             let text: String = lines.iter().map(|(_, l)| format!("{l}\n")).collect();
             ensure!(text.contains("NoNewPrivs:\t0\n"), "{text}");
             ensure!(text.contains("Seccomp:\t2\n"), "not filtered: {text}");
@@ -492,19 +496,80 @@ fn seccomp_without_no_new_privs(env: &Env) -> Result<()> {
                 text.contains("Operation not permitted") && !text.contains("rc=0"),
                 "unshare escaped the profile: {text}"
             );
-            // An exec'd process gets the same profile (libcontainer runs it with `no_new_privs`
-            // and without the spec's profile; the zygote installs the copy).
-            let out = exec_10s(env, &id, &["grep", "^Seccomp:", "/proc/self/status"]).await?;
+            // An exec'd process gets the same profile, without `no_new_privs` as runc runs
+            // it, and none of the capabilities it held to install the filter (the zygote
+            // installs the copy, libcontainer does not).
+            let out = exec_10s(
+                env,
+                &id,
+                &[
+                    "grep",
+                    "-E",
+                    "^(CapPrm|CapEff|CapBnd|NoNewPrivs|Seccomp):",
+                    "/proc/self/status",
+                ],
+            )
+            .await?;
             let stdout = String::from_utf8_lossy(&out.stdout);
+            let init: String = lines
+                .iter()
+                .filter(|(_, l)| {
+                    l.starts_with("Cap") || l.starts_with("NoNewPrivs") || l.starts_with("Seccomp")
+                })
+                .map(|(_, l)| format!("{l}\n"))
+                .collect();
             ensure!(
-                out.exit_code == 0 && stdout == "Seccomp:\t2\n",
-                "exec: {out:?}"
+                out.exit_code == 0 && stdout == init,
+                "exec: {out:?}, the container's init: {init}"
             );
             Ok(())
         }
         .await;
         cleanup(env, &sandbox).await?;
         checked
+    })
+}
+
+/// An exec'd process (exec probes, `kubectl exec`, exec hooks) is the container's process
+/// with other arguments, as runc runs it: its user and groups, and `no_new_privs` exactly
+/// when the container has it (kubelet: `allowPrivilegeEscalation: false`). It used to be
+/// root and always `no_new_privs`, so a setuid binary run by exec could not escalate in a
+/// container allowed to.
+fn exec_follows_the_container(env: &Env) -> Result<()> {
+    env.rt.block_on(async {
+        for (nnp, seccomp) in [
+            (false, SeccompProfile::Unconfined),
+            (true, SeccompProfile::Unconfined),
+            (true, SeccompProfile::RuntimeDefault),
+        ] {
+            let mut c = busybox_sh(&format!("exec-nnp-{nnp}"), "sleep 60");
+            c.security.no_new_privs = nnp;
+            c.security.seccomp = seccomp.clone();
+            c.security.run_as_user = Some(1000);
+            c.security.run_as_group = Some(3000);
+            c.security.supplemental_groups = vec![4000];
+            c.env = vec![("FROM_SPEC".into(), "spec".into())];
+            let (sandbox, id) = start_one(env, &c).await?;
+            let script = "grep -E '^(NoNewPrivs|Seccomp):' /proc/self/status; \
+                          echo \"$(id -u) $(id -g) $(id -G) $FROM_SPEC\"";
+            let checked = exec_10s(env, &id, &["sh", "-c", script]).await;
+            cleanup(env, &sandbox).await?;
+            let out = checked?;
+            let want = format!(
+                "NoNewPrivs:\t{}\nSeccomp:\t{}\n1000 3000 3000 4000 spec\n",
+                u8::from(nnp),
+                if seccomp == SeccompProfile::RuntimeDefault {
+                    2
+                } else {
+                    0
+                },
+            );
+            ensure!(
+                out.exit_code == 0 && String::from_utf8_lossy(&out.stdout) == want,
+                "no_new_privs {nnp}, {seccomp:?}: {out:?}, want {want:?}"
+            );
+        }
+        Ok(())
     })
 }
 

@@ -91,9 +91,16 @@ def main():
     os.makedirs(out, exist_ok=True)
 
     base = b.busybox_layer()
-    # upstream's agnhost image adds this user and group (alpine's adduser/addgroup)
-    passwd = base.entries["etc/passwd"][2] + b"user-defined-in-image:x:1000:1000::/home/app:/bin/sh\n"
-    group = base.entries["etc/group"][2] + b"group-defined-in-image:x:50000:user-defined-in-image\n"
+    # upstream's agnhost image adds this user and group (alpine's adduser/addgroup), and has
+    # no other uid / gid 1000: the base's `app` would be the name of uid 1000 (the first
+    # entry wins) and hide the user's membership of group 50000.
+    def without_id_1000(text):
+        return b"".join(l for l in text.splitlines(True) if l.split(b":")[2:3] != [b"1000"])
+
+    passwd = without_id_1000(base.entries["etc/passwd"][2]) \
+        + b"user-defined-in-image:x:1000:1000::/home/app:/bin/sh\n"
+    group = without_id_1000(base.entries["etc/group"][2]) \
+        + b"user-defined-in-image:x:1000:\ngroup-defined-in-image:x:50000:user-defined-in-image\n"
     agnhost = b.Layer()
     agnhost.dir("etc")
     agnhost.file("etc/passwd", passwd)

@@ -7,7 +7,8 @@
 //! once it exists; pods keep running through a 60 s apiserver outage (SIGSTOP) and status
 //! converges within 10 s after it; a pod filling its emptyDir beyond `sizeLimit` is evicted;
 //! a non-root container writes its termination message at a custom path; a running pod whose
-//! `activeDeadlineSeconds` is shortened ends `DeadlineExceeded`. ConfigMaps and Secrets are
+//! `activeDeadlineSeconds` is shortened ends `DeadlineExceeded`; the status and the
+//! kubelet's conditions observe each new generation of a pod. ConfigMaps and Secrets are
 //! watched (issue 17): a pod waiting for a missing ConfigMap runs within 4 s of its creation
 //! (the failed-sync back-off alone is 10 s); an update of a mounted ConfigMap and Secret is
 //! seen in the container within 10 s (kubelet's bound is its 60 s sync period); deleting the
@@ -96,6 +97,10 @@ const TESTS: &[(&str, TestFn)] = &[
     (
         "a_running_pod_whose_active_deadline_is_shortened_ends_deadline_exceeded",
         active_deadline_shortened,
+    ),
+    (
+        "the_status_and_the_kubelets_conditions_observe_each_new_generation_of_the_pod",
+        observed_generation,
     ),
 ];
 
@@ -922,6 +927,99 @@ fn active_deadline_shortened(env: &Env) -> Result<()> {
         .await?;
         pods.delete("deadline", &DeleteParams::default()).await?;
         wait_gone(&pods, "deadline", Duration::from_secs(30)).await
+    })
+}
+
+/// The pod's generation, its `status.observedGeneration` and the observed generations of
+/// the conditions the kubelet writes, in kubelet's order.
+fn generations(pod: &Pod) -> (i64, Option<i64>, Vec<Option<i64>>) {
+    const KUBELET_CONDITIONS: [&str; 5] = [
+        "PodReadyToStartContainers",
+        "Initialized",
+        "Ready",
+        "ContainersReady",
+        "PodScheduled",
+    ];
+    let status = pod.status.clone().unwrap_or_default();
+    let conditions = status.conditions.unwrap_or_default();
+    let observed = KUBELET_CONDITIONS
+        .iter()
+        .map(|t| {
+            conditions
+                .iter()
+                .find(|c| c.type_ == *t)
+                .and_then(|c| c.observed_generation)
+        })
+        .collect();
+    (
+        pod.metadata.generation.unwrap_or(0),
+        status.observed_generation,
+        observed,
+    )
+}
+
+/// Waits (20 s, the e2e spec's bound) for pod `generation` at generation `want` with every
+/// observed generation `want`.
+async fn observes(pods: &Api<Pod>, want: i64) -> Result<()> {
+    let waited = eventually(
+        &format!("observedGeneration {want}"),
+        Duration::from_secs(20),
+        || async {
+            let pod = pods.get("generation").await?;
+            Ok((generations(&pod) == (want, Some(want), vec![Some(want); 5])).then_some(()))
+        },
+    )
+    .await;
+    if waited.is_err() {
+        let last = pods.get("generation").await.map(|p| generations(&p));
+        return waited
+            .with_context(|| format!("last seen (generation, status, conditions): {last:?}"));
+    }
+    waited
+}
+
+/// PodObservedGenerationTracking (GA in 1.35), as the e2e "Pods Extended (pod generation)"
+/// specs check it: `status.observedGeneration` and the kubelet's conditions'
+/// `observedGeneration` are the generation of the pod the status was computed from, and
+/// follow each update that bumps it (`activeDeadlineSeconds`, tolerations) within the
+/// spec's 20 s; a metadata-only update bumps nothing.
+fn observed_generation(env: &Env) -> Result<()> {
+    block_on(async {
+        let pods: Api<Pod> = Api::namespaced(admin(env).await?, "default");
+        let mut pod = busybox_pod(
+            "generation",
+            &env.agent.node_name,
+            &["sleep", "3608"],
+            "Always",
+        )?;
+        let spec = pod.spec.as_mut().context("pod spec")?;
+        spec.active_deadline_seconds = Some(5000);
+        spec.termination_grace_period_seconds = Some(2);
+        create(&pods, &pod).await?;
+        wait_phase(&pods, "generation", "Running").await?;
+        observes(&pods, 1).await?;
+        let updates = [
+            (json!({ "spec": { "activeDeadlineSeconds": 4000 } }), 2),
+            (
+                json!({ "spec": { "tolerations": [
+                    { "key": "example.com/t", "operator": "Equal", "value": "v", "effect": "NoSchedule" }
+                ] } }),
+                3,
+            ),
+            (
+                json!({ "metadata": { "annotations": { "example.com/a": "b" } } }),
+                3,
+            ),
+        ];
+        for (patch, want) in updates {
+            pods.patch("generation", &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+            observes(&pods, want)
+                .await
+                .with_context(|| format!("after {patch}"))?;
+        }
+        pods.delete("generation", &DeleteParams::default()).await?;
+        wait_gone(&pods, "generation", Duration::from_secs(30)).await
     })
 }
 

@@ -65,13 +65,20 @@ impl Inputs<'_> {
             conditions.push(disruption.clone());
         }
         let ready = self.ready(&conditions);
-        conditions.extend([
-            self.ready_to_start_containers(),
-            self.initialized(),
-            ready,
-            self.containers_ready(),
-            condition(POD_SCHEDULED, true, None, None),
-        ]);
+        let observed = generation(self.pod);
+        conditions.extend(
+            [
+                self.ready_to_start_containers(),
+                self.initialized(),
+                ready,
+                self.containers_ready(),
+                condition(POD_SCHEDULED, true, None, None),
+            ]
+            .map(|c| PodCondition {
+                observed_generation: observed,
+                ..c
+            }),
+        );
         conditions
     }
 
@@ -314,9 +321,18 @@ fn find<'s>(status: &'s PodStatus, type_: &str) -> Option<&'s PodCondition> {
 /// Adds kubelet's `DisruptionTarget=True` (reason `TerminationByKubelet`, the eviction
 /// message) before the kubelet-owned conditions, unless one is there already: what a
 /// node-pressure eviction sets.
+/// The pod's `metadata.generation` as kubelet's status manager records it
+/// (PodObservedGenerationTracking, GA in 1.35): the generation of the pod object a status
+/// was computed from, in `status.observedGeneration` and in each condition the kubelet
+/// writes; none for a pod without one (a static pod's file).
+pub(super) fn generation(pod: &Pod) -> Option<i64> {
+    pod.metadata.generation.filter(|g| *g != 0)
+}
+
 pub(super) fn with_disruption_target(
     mut conditions: Vec<PodCondition>,
     message: &str,
+    observed_generation: Option<i64>,
 ) -> Vec<PodCondition> {
     if conditions.iter().any(|c| c.type_ == DISRUPTION_TARGET) {
         return conditions;
@@ -329,12 +345,15 @@ pub(super) fn with_disruption_target(
         .unwrap_or(conditions.len());
     conditions.insert(
         at,
-        condition(
-            DISRUPTION_TARGET,
-            true,
-            Some("TerminationByKubelet"),
-            Some(message.to_owned()),
-        ),
+        PodCondition {
+            observed_generation,
+            ..condition(
+                DISRUPTION_TARGET,
+                true,
+                Some("TerminationByKubelet"),
+                Some(message.to_owned()),
+            )
+        },
     );
     conditions
 }

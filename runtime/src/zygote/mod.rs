@@ -15,6 +15,7 @@
 mod calls;
 pub mod cgroup_view;
 mod client;
+mod exec_process;
 pub mod exits;
 mod holder;
 pub(crate) mod protocol;

@@ -12,8 +12,8 @@
 //! Without `noNewPrivileges` (kubelet's default: `allowPrivilegeEscalation` unset) the
 //! profile stays in the spec, for libcontainer to install in the init while it still has
 //! CAP_SYS_ADMIN, and a copy goes to `<bundle>/seccomp-exec.json`: libcontainer runs an
-//! exec'd process with `no_new_privs` but without the spec's profile, so the zygote
-//! installs that copy in exec'd processes only.
+//! exec'd process without the spec's profile, so the zygote installs that copy in exec'd
+//! processes only, which hold CAP_SYS_ADMIN until then (see `zygote::exec_process`).
 //!
 //! A zygote that lives for one container (`ironlet ctr run`) would still compile every
 //! time, so compiled programs are also kept on disk in `<root-dir>/seccomp-bpf/` (beside
@@ -338,6 +338,8 @@ pub(crate) struct SeccompExecutor {
     pub program: Option<std::sync::Arc<Vec<libc::sock_filter>>>,
     /// Stdin is a pty slave to make the controlling terminal first (see `zygote::tty`).
     pub terminal: bool,
+    /// Capabilities held only to install the program (see `zygote::exec_process`).
+    pub temporary: super::exec_process::Temporary,
 }
 
 impl Executor for SeccompExecutor {
@@ -354,21 +356,25 @@ impl Executor for SeccompExecutor {
             len: program.len() as u16,
             filter: program.as_ptr() as *mut libc::sock_filter,
         };
-        // SAFETY: prog points at a live, well-formed program for the duration of the call.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_seccomp,
-                libc::SECCOMP_SET_MODE_FILTER,
-                0,
-                &prog as *const libc::sock_fprog,
-            )
+        let install = || {
+            // SAFETY: prog points at a live, well-formed program for the duration of the call.
+            let rc = unsafe {
+                libc::syscall(
+                    libc::SYS_seccomp,
+                    libc::SECCOMP_SET_MODE_FILTER,
+                    0,
+                    &prog as *const libc::sock_fprog,
+                )
+            };
+            if rc != 0 {
+                return Err(ExecutorError::Other(format!(
+                    "installing the seccomp filter: {}",
+                    std::io::Error::last_os_error()
+                )));
+            }
+            Ok(())
         };
-        if rc != 0 {
-            return Err(ExecutorError::Other(format!(
-                "installing the seccomp filter: {}",
-                std::io::Error::last_os_error()
-            )));
-        }
+        self.temporary.around(install, ExecutorError::Other)?;
         libcontainer::workload::default::get_executor().exec(spec)
     }
 

@@ -6,7 +6,6 @@
 //! `chdir`, write `/proc/self/oom_score_adj` and clone freely without disturbing the agent,
 //! the zygote or a concurrent call.
 
-use std::collections::HashMap;
 use std::io::Write;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -173,11 +172,12 @@ fn perform(
         Request::Exec {
             id,
             state_root,
+            bundle,
             args,
             env,
             cwd,
             ..
-        } => exec(&id, &state_root, args, env, cwd, stdio, seccomp).map(Some),
+        } => exec(&id, &state_root, &bundle, args, env, cwd, stdio, seccomp).map(Some),
         Request::CreateNamespaces {
             dir,
             hostname,
@@ -226,6 +226,7 @@ fn builder(
     state_root: &Path,
     stdio: Option<Stdio>,
     seccomp: Option<Program>,
+    temporary: super::exec_process::Temporary,
 ) -> Result<ContainerBuilder, String> {
     let mut builder = ContainerBuilder::new(id.to_owned(), SyscallType::Linux)
         .with_root_path(state_root)
@@ -248,6 +249,7 @@ fn builder(
         builder = builder.with_executor(super::seccomp::SeccompExecutor {
             program: seccomp,
             terminal,
+            temporary,
         });
     }
     Ok(builder)
@@ -261,7 +263,7 @@ fn create(
     seccomp: Option<Program>,
 ) -> Result<i32, String> {
     super::cgroup_view::prepare_in_worker(bundle)?;
-    let container = builder(id, state_root, stdio, seccomp)?
+    let container = builder(id, state_root, stdio, seccomp, Default::default())?
         .validate_id()
         .map_err(|e| format!("container id: {e}"))?
         .as_init(bundle)
@@ -315,20 +317,28 @@ fn delete(id: &str, state_root: &Path, force: bool) -> Result<(), String> {
     }
 }
 
+/// Runs `args` in container `id` as runc would: with the container's process settings
+/// (see `zygote::exec_process`).
+#[allow(clippy::too_many_arguments)]
 fn exec(
     id: &str,
     state_root: &Path,
+    bundle: &Path,
     args: Vec<String>,
     env: Vec<(String, String)>,
     cwd: Option<PathBuf>,
     stdio: Option<Stdio>,
     seccomp: Option<Program>,
 ) -> Result<i32, String> {
-    let pid = builder(id, state_root, stdio, seccomp)?
+    let config = bundle.join("config.json");
+    let spec = oci_spec::runtime::Spec::load(&config)
+        .map_err(|e| format!("exec: load {}: {e}", config.display()))?;
+    let (process, temporary) =
+        super::exec_process::exec_process(&spec, args, &env, cwd, seccomp.is_some())?;
+    let (_file, path) = super::exec_process::process_file(&process)?;
+    let pid = builder(id, state_root, stdio, seccomp, temporary)?
         .as_tenant()
-        .with_container_args(args)
-        .with_env(env.into_iter().collect::<HashMap<_, _>>())
-        .with_cwd(cwd)
+        .with_process(Some(path))
         .with_detach(true)
         .build()
         .map_err(|e| format!("exec: {e}"))?;
