@@ -31,9 +31,8 @@ use kube::runtime::WatchStreamExt;
 use kube::Client;
 use serde_json::json;
 
-mod peer_node;
+use ironlet_bench::peer_node::PeerNode;
 use ironlet_bench::stats::{ms, percentile};
-use peer_node::PeerNode;
 
 const LABEL: &str = "ironlet-bench=api-pod-start";
 const NAMESPACE: &str = "default";
