@@ -133,7 +133,9 @@ fn main() -> Result<()> {
         &plane.node_kubeconfig("bench-ironlet")?,
         "bench-ironlet",
         210,
-        &[max_pods.as_ref()],
+        // The shared disk may be above the 85 % image GC threshold: busybox (pull policy
+        // Never) would be removed whenever no pod uses it, between two steps.
+        &[max_pods.as_ref(), "--image-gc-high-threshold=100".as_ref()],
         IRONLET_SUBNET,
     )?;
     let peer = match (args.peer, peer_largest) {
