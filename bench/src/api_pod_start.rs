@@ -31,6 +31,7 @@ use kube::runtime::WatchStreamExt;
 use kube::Client;
 use serde_json::json;
 
+use ironlet_bench::cluster::{load_average, wait_node_ready};
 use ironlet_bench::peer_node::PeerNode;
 use ironlet_bench::stats::{ms, percentile};
 
@@ -130,12 +131,6 @@ fn main() -> Result<()> {
     drop(plane);
     println!("load average at end: {}", load_average());
     outcome.and(cleanup)
-}
-
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "?".into())
 }
 
 /// First sightings, in watch events, of each bench pod's phase Running and Ready condition.
@@ -461,25 +456,6 @@ fn report(nodes: &[String], samples: &[Vec<Sample>]) {
             ire.p99 / kre.p99
         );
     }
-}
-
-async fn wait_node_ready(client: &Client, node: &str) -> Result<()> {
-    let nodes: Api<Node> = Api::all(client.clone());
-    eventually(
-        &format!("node {node} Ready"),
-        Duration::from_secs(120),
-        || async {
-            let Some(n) = nodes.get_opt(node).await? else {
-                return Ok(None);
-            };
-            let ready = n
-                .status
-                .and_then(|s| s.conditions)
-                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-            Ok(ready.then_some(()))
-        },
-    )
-    .await
 }
 
 async fn describe_node(client: &Client, node: &str) -> Result<String> {

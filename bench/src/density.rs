@@ -35,10 +35,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
 use futures_util::StreamExt;
+use ironlet_bench::cluster::{load_average, wait_node_ready};
 use ironlet_bench::peer_node::PeerNode;
 use ironlet_bench::stats::{ms, percentile};
-use ironlet_e2e::{eventually, ClusterAgent, ControlPlane};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use ironlet_e2e::{eventually, pids_in_tree, ClusterAgent, ControlPlane};
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
@@ -261,22 +262,6 @@ fn all_pids() -> Vec<i32> {
         .unwrap_or_default()
 }
 
-fn pids_in_tree(dir: &Path) -> Vec<i32> {
-    let mut pids: Vec<i32> = std::fs::read_to_string(dir.join("cgroup.procs"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.trim().parse().ok())
-        .collect();
-    if let Ok(entries) = std::fs::read_dir(dir) {
-        for e in entries.flatten() {
-            if e.path().is_dir() {
-                pids.extend(pids_in_tree(&e.path()));
-            }
-        }
-    }
-    pids
-}
-
 /// A `/proc/PID/status` field in kB (or a count), 0 when absent.
 fn status_field(pid: i32, field: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -419,12 +404,6 @@ async fn idle_cpu(node: &Target, window: Duration) -> f64 {
         .flatten()
         .unwrap_or(100) as f64;
     ticks as f64 / hz / elapsed * 100.0
-}
-
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "?".into())
 }
 
 /// The host limits that bound density.
@@ -821,23 +800,4 @@ fn print_row(r: &Row) {
         r.idle_cpu, ms(r.extra_p50), ms(r.extra_p50) / ms(r.empty_p50).max(0.001), ms(r.empty_p50),
         f.pod_processes, f.netns, f.mounts_host, f.mounts_under_state, f.inotify_instances, f.inotify_watches
     );
-}
-
-async fn wait_node_ready(client: &kube::Client, node: &str) -> Result<()> {
-    let nodes: Api<Node> = Api::all(client.clone());
-    eventually(
-        &format!("node {node} Ready"),
-        Duration::from_secs(120),
-        || async {
-            let Some(n) = nodes.get_opt(node).await? else {
-                return Ok(None);
-            };
-            let ready = n
-                .status
-                .and_then(|s| s.conditions)
-                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-            Ok(ready.then_some(()))
-        },
-    )
-    .await
 }

@@ -382,7 +382,8 @@ fn kubelet_api_flags(
     flags
 }
 
-fn pids_in_tree(dir: &Path) -> Vec<i32> {
+/// The processes in cgroup directory `dir` and below (`cgroup.procs` of each level).
+pub fn pids_in_tree(dir: &Path) -> Vec<i32> {
     let mut pids: Vec<i32> = std::fs::read_to_string(dir.join("cgroup.procs"))
         .unwrap_or_default()
         .lines()
