@@ -30,12 +30,11 @@ use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use serde_json::json;
 
-mod peer_node;
 use ironlet_bench::cluster::{
     delete_labelled, describe_node, ironlet_bin_beside_this, load_average, wait_node_ready,
 };
+use ironlet_bench::peer_node::PeerNode;
 use ironlet_bench::stats::{ms, percentile};
-use peer_node::PeerNode;
 
 const LABEL: &str = "ironlet-bench=api-pod-start";
 const NAMESPACE: &str = "default";

@@ -38,12 +38,11 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use serde_json::json;
 
-mod peer_node;
 use ironlet_bench::cluster::{
     delete_labelled, describe_node, ironlet_bin_beside_this, load_average, wait_node_ready,
 };
+use ironlet_bench::peer_node::PeerNode;
 use ironlet_bench::stats::{ms, percentile};
-use peer_node::PeerNode;
 
 const LABEL_KEY: &str = "ironlet-bench";
 const LABEL_VALUE: &str = "kubelet-api";

@@ -20,6 +20,12 @@ pub struct PeerNode {
 
 impl PeerNode {
     pub fn up(plane: &ControlPlane, node: &str) -> Result<Self> {
+        Self::up_with(plane, node, &[])
+    }
+
+    /// [`Self::up`] with `scripts/peer-kubelet` settings from the environment, e.g.
+    /// `IRONLET_PEER_MAX_PODS` and `IRONLET_PEER_SUBNET`.
+    pub fn up_with(plane: &ControlPlane, node: &str, env: &[(&str, String)]) -> Result<Self> {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/peer-kubelet");
         let build = Command::new(&script)
             .arg("build")
@@ -42,12 +48,18 @@ impl PeerNode {
             .arg(&peer.dir)
             .arg(&kubeconfig)
             .arg(node)
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .output()
             .context("running scripts/peer-kubelet up")?;
         if !output.status.success() {
             bail!("scripts/peer-kubelet up failed:\n{}", describe(&output));
         }
         Ok(peer)
+    }
+
+    /// The node's state directory (static pod manifests in `manifests/`).
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
     pub fn log_tails(&self, lines: usize) -> String {

@@ -90,6 +90,29 @@ impl ClusterAgent {
         extra: &[&std::ffi::OsStr],
         node_ip: IpAddr,
     ) -> Result<Self> {
+        Self::start_full(kubeconfig, node_name, slot, extra, node_ip, None)
+    }
+
+    /// [`Self::start_with_args`] with the pod network on `subnet` (CIDR) instead of
+    /// `10.88.<slot>.0/24`: a /24 holds 253 pods, a density run needs more.
+    pub fn start_on_subnet(
+        kubeconfig: &Path,
+        node_name: &str,
+        slot: u32,
+        extra: &[&std::ffi::OsStr],
+        subnet: &str,
+    ) -> Result<Self> {
+        Self::start_full(kubeconfig, node_name, slot, extra, LOOPBACK, Some(subnet))
+    }
+
+    fn start_full(
+        kubeconfig: &Path,
+        node_name: &str,
+        slot: u32,
+        extra: &[&std::ffi::OsStr],
+        node_ip: IpAddr,
+        subnet: Option<&str>,
+    ) -> Result<Self> {
         let built = ironlet_binary()?;
         let root = std::env::temp_dir().join(format!("ironlet-e2e-{node_name}"));
         let _ = std::fs::remove_dir_all(&root);
@@ -127,7 +150,7 @@ impl ClusterAgent {
                 "hairpinMode": true,
                 "ipam": {
                     "type": "host-local",
-                    "ranges": [[{"subnet": format!("10.88.{slot}.0/24")}]],
+                    "ranges": [[{"subnet": subnet.map_or_else(|| format!("10.88.{slot}.0/24"), str::to_owned)}]],
                     "dataDir": root.join("cni/networks"),
                 },
             }],
@@ -180,6 +203,16 @@ impl ClusterAgent {
         })
     }
 
+    /// The supervisor's pid (`ironlet run`, the process this harness started), while it runs.
+    pub fn supervisor_pid(&self) -> Option<i32> {
+        self.child.as_ref().and_then(|c| i32::try_from(c.id()).ok())
+    }
+
+    /// The node's cgroup root (`--cgroup-root`), e.g. `/ironlet-e2e-NODE`.
+    pub fn cgroup_root(&self) -> &str {
+        &self.cgroup_root
+    }
+
     /// The agent's log so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log_file).unwrap_or_default()
@@ -222,11 +255,7 @@ impl ClusterAgent {
     /// Sends `signal` to the supervisor (the process this harness started): SIGHUP
     /// upgrades the agent to the binary on disk.
     pub fn signal_supervisor(&self, signal: nix::sys::signal::Signal) -> Result<()> {
-        let supervisor = self
-            .child
-            .as_ref()
-            .and_then(|c| i32::try_from(c.id()).ok())
-            .context("no supervisor")?;
+        let supervisor = self.supervisor_pid().context("no supervisor")?;
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(supervisor), signal)
             .context("signalling the supervisor")
     }
@@ -353,7 +382,8 @@ fn kubelet_api_flags(
     flags
 }
 
-fn pids_in_tree(dir: &Path) -> Vec<i32> {
+/// The processes in cgroup directory `dir` and below (`cgroup.procs` of each level).
+pub fn pids_in_tree(dir: &Path) -> Vec<i32> {
     let mut pids: Vec<i32> = std::fs::read_to_string(dir.join("cgroup.procs"))
         .unwrap_or_default()
         .lines()

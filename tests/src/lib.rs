@@ -13,7 +13,7 @@ mod controlplane;
 mod pods;
 mod suite;
 
-pub use agent::{images_out, ironlet_binary, routable_host_ip, ClusterAgent};
+pub use agent::{images_out, ironlet_binary, pids_in_tree, routable_host_ip, ClusterAgent};
 
 pub use controlplane::{
     client_from_kubeconfig, describe, eventually, forwarded_port, script_down, ControlPlane,

@@ -8,7 +8,8 @@
 //! signals it when this cgroup **or an ancestor** runs out of memory — *before* the victim is
 //! chosen — and once more when the cgroup is removed. So after a wake-up the counter is re-read
 //! for up to 1 s until the kill shows up. OOMs caused by a *descendant's* own limit do not
-//! signal us; the 1 s safety re-check picks those up.
+//! signal us; the 10 s safety re-check picks those up (a container whose init is the victim is
+//! reported at once by its exit, with the counter read then).
 //!
 //! Limitation: the counter lives in the cgroup. A kill that is followed by the cgroup's removal
 //! before the watcher has read the counter is not reported; read

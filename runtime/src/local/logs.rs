@@ -309,6 +309,7 @@ struct Peek {
     stream: LogStream,
     scratch_r: std::fs::File,
     scratch_w: OwnedFd,
+    /// What the last peek saw; grown on demand, released when the pipe is drained.
     buf: Vec<u8>,
     /// Bytes at the head of the pipe already sent to the tap.
     tapped: usize,
@@ -328,7 +329,7 @@ impl StreamPipe {
                 stream,
                 scratch_r: std::fs::File::from(r),
                 scratch_w: w,
-                buf: vec![0; PEEK_MAX],
+                buf: Vec::new(),
                 tapped: 0,
                 done: false,
             },
@@ -347,9 +348,17 @@ impl Peek {
             SpliceFFlags::SPLICE_F_NONBLOCK,
         ) {
             Ok(n) => n,
-            Err(nix::errno::Errno::EAGAIN) => return Ok(None),
+            Err(nix::errno::Errno::EAGAIN) => {
+                // Drained: an idle container holds no buffer (64 KiB per stream, 128 KiB
+                // per container, was most of the agent's memory at a few hundred pods).
+                self.buf = Vec::new();
+                return Ok(None);
+            }
             Err(e) => return Err(e.into()),
         };
+        if self.buf.len() < n {
+            self.buf.resize(n, 0);
+        }
         self.scratch_r.read_exact(&mut self.buf[..n])?;
         Ok(Some(n))
     }
