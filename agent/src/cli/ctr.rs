@@ -214,15 +214,19 @@ fn run_here(
 }
 
 /// Whether `ctr` containers get a pod network: rootless always (pasta; `--net-host` opts
-/// out), as root only with `-p` (the node's CNI network, its `portmap` publishing), else a
-/// loopback-only namespace. Commands that may remove a sandbox (`rm`, `stop`) keep the CNI
-/// settings so that a root container's address and port rules are released.
+/// out), as root only with `-p` (ironlet's own CNI network `ironlet`, whatever else
+/// `/etc/cni/net.d` holds, with its `portmap` publishing), else a loopback-only namespace.
+/// Commands that may remove a sandbox (`rm`, `stop`) keep the CNI settings so that a root
+/// container's address and port rules are released.
 fn pod_network(cmd: &CtrCommand, rootless: bool) -> Option<ironlet_runtime::network::CniConfig> {
     let wanted = match cmd {
         CtrCommand::Run(args) => rootless || !args.publish.is_empty(),
         _ => true,
     };
-    wanted.then(ironlet_runtime::network::CniConfig::default)
+    wanted.then(|| ironlet_runtime::network::CniConfig {
+        choice: ironlet_runtime::network::NetworkChoice::IronletDefault,
+        ..Default::default()
+    })
 }
 
 fn warn_rootless_limits() {

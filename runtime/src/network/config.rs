@@ -41,6 +41,21 @@ pub struct CniConfig {
     pub default_network: DefaultNetwork,
     /// Longest one plugin invocation may take before it is killed.
     pub plugin_timeout: Duration,
+    /// Which network of the conf dir is used.
+    pub choice: NetworkChoice,
+}
+
+/// Which network configuration of the conf dir is used.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum NetworkChoice {
+    /// The first file by name, as containerd picks it (the node agent: a cluster CNI
+    /// installed later takes precedence).
+    #[default]
+    FirstInConfDir,
+    /// Always ironlet's own `99-ironlet.conflist`, written when missing, whatever else the
+    /// directory holds (`ctr run -p`: as podman always uses its own `podman` network, a
+    /// local container does not land on another tool's bridge).
+    IronletDefault,
 }
 
 impl Default for CniConfig {
@@ -53,6 +68,7 @@ impl Default for CniConfig {
             // containerd bounds the whole sandbox setup by the CRI call's deadline
             // (kubelet's --runtime-request-timeout, 2 min); one plugin gets a quarter.
             plugin_timeout: Duration::from_secs(30),
+            choice: NetworkChoice::default(),
         }
     }
 }
@@ -234,12 +250,19 @@ pub fn first_config_file(conf_dir: &Path) -> Result<Option<PathBuf>> {
     Ok(files.into_iter().next())
 }
 
-/// Loads the network to use, writing the default network first if the conf dir has none.
+/// Loads the network to use (see [`NetworkChoice`]), writing the default network first if
+/// the conf dir has none.
 pub fn load_or_write_default(
     config: &CniConfig,
     root_dir: &Path,
 ) -> Result<(PathBuf, NetworkList)> {
-    let path = match first_config_file(&config.conf_dir)? {
+    let found = match config.choice {
+        NetworkChoice::FirstInConfDir => first_config_file(&config.conf_dir)?,
+        NetworkChoice::IronletDefault => {
+            Some(config.conf_dir.join(DEFAULT_CONFLIST)).filter(|own| own.is_file())
+        }
+    };
+    let path = match found {
         Some(path) => path,
         None => write_default(config, root_dir)?,
     };
@@ -280,6 +303,33 @@ fn write_default(config: &CniConfig, root_dir: &Path) -> Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn another_tools_network_is_first_for_the_agent_but_not_for_ironlets_own_choice() {
+        let dir = tempfile::tempdir().unwrap();
+        let conf_dir = dir.path().join("net.d");
+        std::fs::create_dir_all(&conf_dir).unwrap();
+        let podman = r#"{"cniVersion": "0.4.0", "name": "podman",
+            "plugins": [{"type": "bridge", "bridge": "cni-podman0"}]}"#;
+        std::fs::write(conf_dir.join("87-podman-bridge.conflist"), podman).unwrap();
+        let first = CniConfig {
+            conf_dir: conf_dir.clone(),
+            ..CniConfig::default()
+        };
+        let (_, list) = load_or_write_default(&first, Path::new("/root-x")).unwrap();
+        assert_eq!(list.name, "podman");
+        assert!(!conf_dir.join(DEFAULT_CONFLIST).exists());
+        let own = CniConfig {
+            choice: NetworkChoice::IronletDefault,
+            ..first
+        };
+        let (path, list) = load_or_write_default(&own, Path::new("/root-x")).unwrap();
+        assert_eq!(path, conf_dir.join(DEFAULT_CONFLIST));
+        assert_eq!(list.name, "ironlet");
+        // Written once, then read back.
+        let (_, again) = load_or_write_default(&own, Path::new("/root-x")).unwrap();
+        assert_eq!(again.name, "ironlet");
+    }
 
     #[test]
     fn the_default_network_is_written_into_an_empty_conf_dir_and_read_back() {

@@ -45,7 +45,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 pub use cni::{Attachment, Command, Invoker};
-pub use config::{CniConfig, DefaultNetwork, NetworkList, DEFAULT_CONFLIST};
+pub use config::{CniConfig, DefaultNetwork, NetworkChoice, NetworkList, DEFAULT_CONFLIST};
 pub use error::NetworkError;
 pub use masquerade::Masquerade;
 pub use result::CniResult;
