@@ -734,6 +734,120 @@ fn a_pod_filling_its_empty_dir_beyond_its_size_limit_is_evicted_and_not_restarte
     );
 }
 
+/// A container over its own `ephemeral-storage` limit while its pod is within the sum (the
+/// pod check comes first, as in kubelet: a one-container pod gets the pod's message); a pod
+/// over the sum of its containers' limits though each container is within its own (the
+/// emptyDir counts for the pod); a pod within its limits.
+const STORAGE_LIMITED: [(&str, &str); 3] = [
+    (
+        "over-container",
+        r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: over-container}
+spec:
+  terminationGracePeriodSeconds: 30
+  containers:
+  - name: writer
+    image: busybox
+    command: [sh, -c, "dd if=/dev/zero of=/big bs=1M count=4; exec sleep 3600"]
+    resources: {limits: {ephemeral-storage: 1Mi}}
+  - name: roomy
+    image: busybox
+    command: [sleep, "3600"]
+    resources: {limits: {ephemeral-storage: 16Mi}}
+"#,
+    ),
+    (
+        "over-pod",
+        r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: over-pod}
+spec:
+  terminationGracePeriodSeconds: 30
+  containers:
+  - name: a
+    image: busybox
+    command: [sh, -c, "dd if=/dev/zero of=/big bs=512k count=3; exec sleep 3600"]
+    resources: {limits: {ephemeral-storage: 2Mi}}
+  - name: b
+    image: busybox
+    command: [sh, -c, "dd if=/dev/zero of=/scratch/big bs=1M count=3; exec sleep 3600"]
+    resources: {limits: {ephemeral-storage: 2Mi}}
+    volumeMounts: [{name: scratch, mountPath: /scratch}]
+  volumes:
+  - {name: scratch, emptyDir: {}}
+"#,
+    ),
+    (
+        "within",
+        r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: within}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: writer
+    image: busybox
+    command: [sh, -c, "dd if=/dev/zero of=/big bs=1M count=1; exec sleep 3600"]
+    resources: {limits: {ephemeral-storage: 8Mi}}
+"#,
+    ),
+];
+
+#[test]
+fn pods_over_their_ephemeral_storage_limits_are_evicted_with_kubelets_messages() {
+    if !support::is_root() {
+        return;
+    }
+    let agent = Agent::start();
+    for (name, yaml) in STORAGE_LIMITED {
+        agent.write_manifest(&format!("{name}.yaml"), yaml);
+    }
+    let evicted = |name: &str| {
+        let pod = agent.wait_pod(name, "Failed", Duration::from_secs(60), |p| {
+            phase(p) == "Failed"
+        });
+        let status = pod.status.clone().expect("status");
+        assert_eq!(status.reason.as_deref(), Some("Evicted"), "{name}");
+        status.message.unwrap_or_default()
+    };
+    assert_eq!(
+        evicted("over-container"),
+        "Container writer exceeded its local ephemeral storage limit \"1Mi\". "
+    );
+    assert_eq!(
+        evicted("over-pod"),
+        "Pod ephemeral local storage usage exceeds the total limit of containers 4Mi. "
+    );
+    let within = agent
+        .pod("within")
+        .expect("the pod within its limits is listed");
+    assert_eq!(phase(&within), "Running");
+    assert_eq!(restart_count(&within, "writer"), 0);
+    assert!(
+        agent
+            .log()
+            .lines()
+            .any(|l| l.contains("Evicted") && l.contains("exceeded its local ephemeral storage")),
+        "no Evicted event in the log"
+    );
+    // Killed with kubelet's 1 s eviction grace, not the pods' 30 s: only `within` is left.
+    agent.wait_until(
+        "the evicted pods' containers are gone",
+        Duration::from_secs(15),
+        |a| a.processes_in_tree().len() == 1,
+    );
+    for (name, _) in STORAGE_LIMITED {
+        agent.remove_manifest(&format!("{name}.yaml"));
+    }
+    agent.wait_until("every pod gone", Duration::from_secs(30), |a| {
+        a.processes_in_tree().is_empty()
+    });
+}
+
 #[test]
 fn a_memory_empty_dir_refuses_writes_beyond_its_size_limit() {
     if !support::is_root() {

@@ -1,13 +1,23 @@
-//! Local storage eviction: kubelet's eviction manager `localStorageEviction` →
-//! `emptyDirLimitEviction` (`pkg/kubelet/eviction/eviction_manager.go`, v1.37).
+//! Local storage eviction: kubelet's eviction manager `localStorageEviction`
+//! (`pkg/kubelet/eviction/eviction_manager.go`, v1.37), its three checks in its order:
 //!
-//! Every [`KubeletConfig::eviction_monitoring_period`](super::KubeletConfig) the disk usage
-//! of each disk-backed emptyDir with a positive `sizeLimit` of each pod being synced is
-//! measured (allocated blocks, as `du -x`). A pod whose volume uses more than its limit is
-//! evicted as kubelet evicts it:
+//! 1. `emptyDirLimitEviction`: the disk usage of each disk-backed emptyDir with a positive
+//!    `sizeLimit` (allocated blocks, as `du -x`) above that limit:
+//!    `Usage of EmptyDir volume "<name>" exceeds the limit "<sizeLimit>". `;
+//! 2. `podEphemeralStorageLimitEviction`: the pod's `ephemeral-storage` usage (the Summary's:
+//!    writable layers, logs, disk-backed volumes) above the pod's limit, kubelet's
+//!    `PodLimits` (the containers' and sidecars' limits summed, at least the largest init
+//!    container's): `Pod ephemeral local storage usage exceeds the total limit of containers
+//!    <limit>. `;
+//! 3. `containerEphemeralStorageLimitEviction`: a container's writable layer plus logs above
+//!    its `limits.ephemeral-storage`:
+//!    `Container <name> exceeded its local ephemeral storage limit "<limit>". `
 //!
-//! * a `Warning` event with reason `Evicted` and kubelet's message
-//!   `Usage of EmptyDir volume "<name>" exceeds the limit "<sizeLimit>". `;
+//! They run every [`KubeletConfig::eviction_monitoring_period`](super::KubeletConfig) on each
+//! pod being synced (the Summary is only read when some pod has an `ephemeral-storage`
+//! limit). A pod over one of them is evicted as kubelet evicts it:
+//!
+//! * a `Warning` event with reason `Evicted` and that message;
 //! * its containers are killed with a grace period of 1 s (kubelet's
 //!   `immediateEvictionGracePeriodSeconds`; shorter when the pod's own is);
 //! * its status becomes phase `Failed`, reason `Evicted`, that message; it is not restarted
@@ -20,11 +30,11 @@
 //!   (`IsCriticalPod`): there a static pod may fill the node's disk. ironlet's static pods
 //!   are its ordinary workload, so only pods of system-critical priority (≥ 2 000 000 000)
 //!   are exempt;
-//! * the limit in the message is the spec's text (the API server's canonical form for API
-//!   pods; kubelet re-formats a static pod's `1024Ki` as `1Mi`, ironlet does not);
+//! * an emptyDir's limit in the message is the spec's text (the API server's canonical form
+//!   for API pods; kubelet re-formats a static pod's `1024Ki` as `1Mi`, ironlet does not);
+//!   `ephemeral-storage` limits are written in the canonical form, as kubelet does;
 //! * memory-backed emptyDirs are bounded by their tmpfs `size=` instead (kubelet does the
-//!   same with `InPlacePodVerticalScalingMemoryBackedVolumes`); pod and container
-//!   `ephemeral-storage` limits are not enforced.
+//!   same with `InPlacePodVerticalScalingMemoryBackedVolumes`).
 //!
 //! Node-pressure eviction (signals, thresholds, conditions, ranking) is in [`thresholds`],
 //! [`manager`] and [`pressure`]; it runs in the same loop, after the emptyDir check.
@@ -42,10 +52,12 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 
 use super::events::{reason, EventType};
+use super::stats::KubeletStats;
 use super::syncer::NodeSyncer;
 use crate::config::{pod_full_name, pod_uid};
 use crate::pod_workers::{KillPodOptions, PodLifecycle, PodWorkers, UpdatePodOptions, UpdateType};
 use crate::qos::Quantity;
+use crate::server::kubelet_api::stats::{FsStats, PodStats, StatsProvider};
 use crate::volumes::VolumePlugin;
 
 /// kubelet's `immediateEvictionGracePeriodSeconds`.
@@ -113,6 +125,151 @@ pub fn over_limit(volumes: &[LimitedVolume], usage: impl Fn(&Path) -> u64) -> Op
         .map(|v| empty_dir_message(&v.name, &v.limit_text))
 }
 
+/// An `ephemeral-storage` limit: bytes and kubelet's canonical rendering.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StorageLimit {
+    /// The limit in bytes (positive).
+    pub bytes: u64,
+    /// As Go's `resource.Quantity.String()` prints it.
+    pub text: String,
+}
+
+/// The `ephemeral-storage` limits of a pod: kubelet's `PodLimits` and each regular
+/// container's own.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StorageLimits {
+    /// The pod's limit, when any container sets one.
+    pub pod: Option<StorageLimit>,
+    /// Regular containers with a positive limit.
+    pub containers: Vec<(String, StorageLimit)>,
+}
+
+impl StorageLimits {
+    /// Reads them from `pod`'s spec (unparsable limits count as unset: admission refuses
+    /// them already).
+    pub fn of(pod: &Pod) -> Self {
+        let Some(spec) = pod.spec.as_ref() else {
+            return Self::default();
+        };
+        let limit = |c: &k8s_openapi::api::core::v1::Container| {
+            let text = &c
+                .resources
+                .as_ref()?
+                .limits
+                .as_ref()?
+                .get("ephemeral-storage")?
+                .0;
+            let bytes = Quantity::parse(text).and_then(|q| q.amount()).ok()?;
+            Some((bytes, binary_suffix(text)))
+        };
+        let sidecar = |c: &&k8s_openapi::api::core::v1::Container| {
+            c.restart_policy.as_deref() == Some("Always")
+        };
+        let init = spec.init_containers.iter().flatten();
+        // kubelet's PodLimits: the sum keeps the format of its first addend.
+        let mut sum: Option<(u64, bool)> = None;
+        for (bytes, binary) in spec
+            .containers
+            .iter()
+            .chain(init.clone().filter(sidecar))
+            .filter_map(limit)
+        {
+            sum = Some(match sum {
+                None => (bytes, binary),
+                Some((total, first_binary)) => (total.saturating_add(bytes), first_binary),
+            });
+        }
+        let largest_init = init
+            .filter(|c| !sidecar(c))
+            .filter_map(limit)
+            .max_by_key(|(bytes, _)| *bytes);
+        let pod_limit = match (sum, largest_init) {
+            (Some((total, binary)), Some((init, _))) if init <= total => Some((total, binary)),
+            (_, Some(init)) => Some(init),
+            (sum, None) => sum,
+        };
+        Self {
+            pod: pod_limit
+                .filter(|(bytes, _)| *bytes > 0)
+                .map(|(bytes, binary)| StorageLimit {
+                    bytes,
+                    text: canonical_bytes(bytes, binary),
+                }),
+            containers: spec
+                .containers
+                .iter()
+                .filter_map(|c| {
+                    let (bytes, binary) = limit(c).filter(|(bytes, _)| *bytes > 0)?;
+                    let text = canonical_bytes(bytes, binary);
+                    Some((c.name.clone(), StorageLimit { bytes, text }))
+                })
+                .collect(),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.pod.is_none() && self.containers.is_empty()
+    }
+}
+
+/// Whether a quantity's text has a binary suffix (Go's `BinarySI` format).
+fn binary_suffix(text: &str) -> bool {
+    let text = text.trim();
+    ["Ki", "Mi", "Gi", "Ti", "Pi", "Ei"]
+        .iter()
+        .any(|suffix| text.ends_with(suffix))
+}
+
+/// Go's canonical rendering of a whole number of bytes: `1Mi`, `1536Ki`, `2M`, `1500k`,
+/// `999` (binary below 1024 prints as decimal, as Go does).
+pub fn canonical_bytes(bytes: u64, binary: bool) -> String {
+    let (base, suffixes) = if binary && bytes >= 1024 {
+        (1024, ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"])
+    } else {
+        (1000, ["", "k", "M", "G", "T", "P", "E"])
+    };
+    let (mut number, mut power) = (bytes, 0);
+    while number != 0 && number % base == 0 && power + 1 < suffixes.len() {
+        number /= base;
+        power += 1;
+    }
+    format!("{number}{}", suffixes[power])
+}
+
+/// kubelet's `podEphemeralStorageMessageFmt`.
+pub fn pod_storage_message(limit: &str) -> String {
+    format!("Pod ephemeral local storage usage exceeds the total limit of containers {limit}. ")
+}
+
+/// kubelet's `containerEphemeralStorageMessageFmt`.
+pub fn container_storage_message(container: &str, limit: &str) -> String {
+    format!("Container {container} exceeded its local ephemeral storage limit {limit:?}. ")
+}
+
+/// kubelet's pod, then container `ephemeral-storage` checks against `stats` (the pod's
+/// Summary entry): the first limit exceeded, as kubelet's eviction signal name
+/// (`ephemeralpodfs.limit`, `ephemeralcontainerfs.limit`) and message.
+pub fn over_storage_limit(
+    limits: &StorageLimits,
+    stats: &PodStats,
+) -> Option<(&'static str, String)> {
+    let used = |fs: &Option<FsStats>| fs.as_ref().and_then(|f| f.used_bytes).unwrap_or(0);
+    if let Some(limit) = &limits.pod {
+        if used(&stats.ephemeral_storage) > limit.bytes {
+            return Some(("ephemeralpodfs.limit", pod_storage_message(&limit.text)));
+        }
+    }
+    stats.containers.iter().find_map(|c| {
+        let (_, limit) = limits.containers.iter().find(|(name, _)| *name == c.name)?;
+        // No dedicated image filesystem: the writable layer counts, as with kubelet.
+        let usage = used(&c.logs).saturating_add(used(&c.rootfs));
+        (usage > limit.bytes).then(|| {
+            let message = container_storage_message(&c.name, &limit.text);
+            ("ephemeralcontainerfs.limit", message)
+        })
+    })
+}
+
 /// Whether eviction leaves `pod` alone (see the module docs on static pods).
 pub fn is_critical(pod: &Pod) -> bool {
     pod.spec
@@ -121,8 +278,8 @@ pub fn is_critical(pod: &Pod) -> bool {
         .is_some_and(|p| p >= SYSTEM_CRITICAL_PRIORITY)
 }
 
-/// Checks every pod being synced every `period` until the task is aborted: emptyDir limits,
-/// then node pressure.
+/// Checks every pod being synced every `period` until the task is aborted: local storage
+/// limits, then node pressure.
 pub(super) async fn run(
     workers: PodWorkers,
     syncer: Arc<NodeSyncer>,
@@ -144,32 +301,64 @@ pub(super) async fn run(
                 }
             }
         }
-        empty_dir_step(&workers, &syncer, &pods_dir).await;
+        local_storage_step(&workers, &syncer, &pods_dir, &node.stats).await;
         node.step(&workers, &syncer).await;
     }
 }
 
-async fn empty_dir_step(workers: &PodWorkers, syncer: &NodeSyncer, pods_dir: &Path) {
-    let candidates: Vec<(Arc<Pod>, Vec<LimitedVolume>)> = workers
+/// A pod with local storage limits: its limited emptyDirs and `ephemeral-storage` limits.
+type LimitedPod = (Arc<Pod>, Vec<LimitedVolume>, StorageLimits);
+
+async fn local_storage_step(
+    workers: &PodWorkers,
+    syncer: &NodeSyncer,
+    pods_dir: &Path,
+    stats: &Arc<KubeletStats>,
+) {
+    let candidates: Vec<LimitedPod> = workers
         .known_uids()
         .iter()
         .filter_map(|uid| workers.pod(uid))
         .filter(|(pod, state)| *state == PodLifecycle::Syncing && !is_critical(pod))
         .map(|(pod, _)| {
             let volumes = limited_volumes(&pod, pods_dir);
-            (pod, volumes)
+            let limits = StorageLimits::of(&pod);
+            (pod, volumes, limits)
         })
-        .filter(|(_, volumes)| !volumes.is_empty())
+        .filter(|(_, volumes, limits)| !volumes.is_empty() || !limits.is_empty())
         .collect();
     if candidates.is_empty() {
         return;
     }
+    let stats = stats.clone();
     let measured = tokio::task::spawn_blocking(move || {
+        // The Summary walks every pod's files: read it only when a limit needs it.
+        let summary = candidates
+            .iter()
+            .any(|(_, _, limits)| !limits.is_empty())
+            .then(|| stats.summary())
+            .transpose();
+        let summary = match summary {
+            Ok(summary) => summary,
+            Err(err) => {
+                tracing::warn!(%err, "reading pod storage usage failed");
+                None
+            }
+        };
         candidates
             .into_iter()
-            .filter_map(|(pod, volumes)| {
-                over_limit(&volumes, ironlet_runtime::fsutil::disk_usage)
-                    .map(|message| (pod, message))
+            .filter_map(|(pod, volumes, limits)| {
+                if let Some(message) = over_limit(&volumes, ironlet_runtime::fsutil::disk_usage) {
+                    return Some((pod, "emptydirfs.limit", message));
+                }
+                let uid = pod_uid(&pod);
+                let pod_stats = summary
+                    .as_ref()?
+                    .pods
+                    .iter()
+                    .find(|p| p.pod_ref.uid == uid)?;
+                let (signal, message) = over_storage_limit(&limits, pod_stats)?;
+                Some((pod, signal, message))
             })
             .collect::<Vec<_>>()
     })
@@ -177,14 +366,14 @@ async fn empty_dir_step(workers: &PodWorkers, syncer: &NodeSyncer, pods_dir: &Pa
     let evict = match measured {
         Ok(evict) => evict,
         Err(err) => {
-            tracing::warn!(%err, "measuring emptyDir usage failed");
+            tracing::warn!(%err, "measuring local storage usage failed");
             return;
         }
     };
-    for (pod, message) in evict {
+    for (pod, signal, message) in evict {
         // kubelet's local-storage evictions set no DisruptionTarget condition.
         let disruption_target = false;
-        syncer.metrics.evictions.with(["emptydirfs.limit"]).inc();
+        syncer.metrics.evictions.with([signal]).inc();
         evict_pod(
             workers,
             syncer,
@@ -226,6 +415,7 @@ fn evict_pod(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::server::kubelet_api::stats::ContainerStats;
 
     fn pod(volumes: &str) -> Pod {
         serde_yaml::from_str(&format!(
@@ -263,6 +453,99 @@ mod tests {
         assert_eq!(
             over_limit(&watched, |_| (1 << 20) + 1).as_deref(),
             Some("Usage of EmptyDir volume \"scratch\" exceeds the limit \"1Mi\". ")
+        );
+    }
+
+    fn limits_of(containers: &str) -> StorageLimits {
+        let pod: Pod = serde_yaml::from_str(&format!(
+            "metadata: {{name: p, uid: u1}}\nspec:\n{containers}"
+        ))
+        .unwrap();
+        StorageLimits::of(&pod)
+    }
+
+    #[test]
+    fn canonical_quantities_are_gos() {
+        assert_eq!(canonical_bytes(1 << 20, true), "1Mi");
+        assert_eq!(canonical_bytes(1536 * 1024, true), "1536Ki");
+        assert_eq!(canonical_bytes(1000, true), "1k");
+        assert_eq!(canonical_bytes(2_000_000, false), "2M");
+        assert_eq!(canonical_bytes(1_500_000, false), "1500k");
+        assert_eq!(canonical_bytes(999, false), "999");
+        assert_eq!(canonical_bytes(0, false), "0");
+    }
+
+    #[test]
+    fn the_pod_limit_sums_containers_and_sidecars_and_is_at_least_the_largest_init() {
+        let limits = limits_of(concat!(
+            "  initContainers:\n",
+            "  - {name: i, image: b, resources: {limits: {ephemeral-storage: 3Mi}}}\n",
+            "  - {name: s, image: b, restartPolicy: Always, resources: {limits: {ephemeral-storage: 1Mi}}}\n",
+            "  containers:\n",
+            "  - {name: a, image: b, resources: {limits: {ephemeral-storage: 1024Ki}}}\n",
+            "  - {name: b, image: b, resources: {limits: {ephemeral-storage: 2Mi}}}\n",
+            "  - {name: c, image: b}\n",
+        ));
+        let mib = |n: u64| StorageLimit {
+            bytes: n << 20,
+            text: format!("{n}Mi"),
+        };
+        assert_eq!(limits.pod, Some(mib(4)));
+        assert_eq!(
+            limits.containers,
+            vec![("a".to_owned(), mib(1)), ("b".to_owned(), mib(2))]
+        );
+        let init_wins = limits_of(concat!(
+            "  initContainers: [{name: i, image: b, resources: {limits: {ephemeral-storage: 5M}}}]\n",
+            "  containers: [{name: a, image: b, resources: {limits: {ephemeral-storage: 1Mi}}}]\n",
+        ));
+        assert_eq!(init_wins.pod.map(|l| l.text).as_deref(), Some("5M"));
+        assert!(limits_of("  containers: [{name: a, image: b}]\n").is_empty());
+    }
+
+    #[test]
+    fn the_pod_limit_is_checked_before_the_containers_and_usage_equal_to_a_limit_is_fine() {
+        let limits = limits_of(concat!(
+            "  containers:\n",
+            "  - {name: a, image: b, resources: {limits: {ephemeral-storage: 1Mi}}}\n",
+            "  - {name: b, image: b, resources: {limits: {ephemeral-storage: 1Mi}}}\n",
+        ));
+        let fs = |bytes: u64| {
+            Some(FsStats {
+                used_bytes: Some(bytes),
+                ..FsStats::default()
+            })
+        };
+        let container = |name: &str| ContainerStats {
+            name: name.into(),
+            ..ContainerStats::default()
+        };
+        let stats = |pod: u64, a_rootfs: u64, a_logs: u64| -> PodStats {
+            let mut stats = PodStats {
+                containers: vec![container("a"), container("b")],
+                ephemeral_storage: fs(pod),
+                ..PodStats::default()
+            };
+            stats.containers[0].rootfs = fs(a_rootfs);
+            stats.containers[0].logs = fs(a_logs);
+            stats
+        };
+        let mib = 1u64 << 20;
+        assert_eq!(over_storage_limit(&limits, &stats(2 * mib, mib, 0)), None);
+        assert_eq!(
+            over_storage_limit(&limits, &stats(2 * mib, mib - 10, 11)),
+            Some((
+                "ephemeralcontainerfs.limit",
+                "Container a exceeded its local ephemeral storage limit \"1Mi\". ".to_owned()
+            ))
+        );
+        assert_eq!(
+            over_storage_limit(&limits, &stats(2 * mib + 1, 2 * mib, 0)),
+            Some((
+                "ephemeralpodfs.limit",
+                "Pod ephemeral local storage usage exceeds the total limit of containers 2Mi. "
+                    .to_owned()
+            ))
         );
     }
 
