@@ -565,8 +565,18 @@ fn ctr_run_rm_cleans_up_and_does_not_panic_when_the_reader_of_its_log_output_goe
     }
     let node = Node::new();
     let name = format!("epipe-{}", std::process::id());
+    let parent = format!("/ironlet-test-epipe-{}", std::process::id());
     let mut cmd = node.cmd(&[
-        "ctr", "run", "--rm", "--name", &name, "busybox", "--", "true",
+        "ctr",
+        "run",
+        "--rm",
+        "--name",
+        &name,
+        "--cgroup-parent",
+        &parent,
+        "busybox",
+        "--",
+        "true",
     ]);
     // Debug logs into a pipe whose reader is gone before the first line.
     let (reader, writer) = std::io::pipe().expect("pipe");
@@ -597,6 +607,32 @@ fn ctr_run_rm_cleans_up_and_does_not_panic_when_the_reader_of_its_log_output_goe
         Vec::<String>::new(),
         "the log directory was left"
     );
+    // Nor the container's cgroup, made before its worker died (then the parent goes too).
+    let parents = cgroup_dirs_of(&parent);
+    let left: Vec<_> = parents
+        .iter()
+        .flat_map(|dir| std::fs::read_dir(dir).into_iter().flatten().flatten())
+        .filter(|e| e.path().is_dir())
+        .map(|e| e.path())
+        .collect();
+    for dir in &parents {
+        let _ = std::fs::remove_dir(dir);
+    }
+    assert!(left.is_empty(), "cgroups left: {left:?}");
+}
+
+/// The directories of cgroup `path` in every mounted hierarchy (v1 controllers or v2).
+fn cgroup_dirs_of(path: &str) -> Vec<std::path::PathBuf> {
+    let relative = path.trim_start_matches('/');
+    std::fs::read_dir("/sys/fs/cgroup")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .chain(std::iter::once(std::path::PathBuf::from("/sys/fs/cgroup")))
+        .map(|mount| mount.join(relative))
+        .filter(|dir| dir.is_dir())
+        .collect()
 }
 
 #[test]

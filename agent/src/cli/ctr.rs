@@ -125,6 +125,14 @@ pub struct RunArgs {
     /// Use the host's network namespace.
     #[arg(long = "net-host")]
     pub net_host: bool,
+    /// Cgroup under which the container's cgroup is made, as root (podman's
+    /// `--cgroup-parent`).
+    #[arg(
+        long = "cgroup-parent",
+        value_name = "PATH",
+        default_value = "/ironlet"
+    )]
+    pub cgroup_parent: String,
     /// Publish a container port on the host: [IP:]HOST:CTR[/tcp|udp].
     #[arg(short = 'p', long = "publish", value_parser = flags::parse_publish)]
     pub publish: Vec<PortMapping>,
@@ -183,7 +191,10 @@ fn run_here(
         let config = LocalRuntimeConfig {
             root_dir: root_dir.clone(),
             rootless,
-            default_cgroup_parent: (!rootless).then(|| "/ironlet".to_owned()),
+            default_cgroup_parent: (!rootless).then(|| match &cmd {
+                CtrCommand::Run(args) => args.cgroup_parent.clone(),
+                _ => "/ironlet".to_owned(),
+            }),
             cni: pod_network(&cmd, rootless),
             log_rotation: Default::default(),
         };

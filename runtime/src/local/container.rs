@@ -92,7 +92,10 @@ impl Inner {
                 tracing::debug!(container_id = %id, name = %config.name, "container created");
                 Ok(id)
             }
-            Err(original) => match self.undo_create(&id, &dir).await {
+            Err(original) => match self
+                .undo_create(&id, &dir, rec.cgroups_path.as_deref())
+                .await
+            {
                 Ok(()) => Err(original),
                 Err(cleanup) => Err(RuntimeError::Rollback {
                     original: Box::new(original),
@@ -245,17 +248,36 @@ impl Inner {
         }
     }
 
+    /// Removes what a create made: libcontainer's state (a forced delete), the container's
+    /// cgroup when its path is known, its rootfs and directory.
     pub(super) async fn undo_create(
         &self,
         id: &ContainerId,
         dir: &Path,
+        cgroups_path: Option<&str>,
     ) -> Result<(), RuntimeError> {
         let delete = self
             .zygote
             .delete(id.as_str(), self.config.libcontainer_root(), true)
             .await;
+        // libcontainer's delete finds no state when its worker died before writing it
+        // (e.g. by SIGPIPE, logging into a closed stderr), but the cgroup was made already.
+        let cgroup = self.remove_cgroup(cgroups_path).await;
         self.release_and_remove(dir).await?;
-        delete.map_err(RuntimeError::from)
+        delete.map_err(RuntimeError::from)?;
+        cgroup
+    }
+
+    /// Kills what is left in cgroup `cgroups_path` and removes it (missing: fine).
+    async fn remove_cgroup(&self, cgroups_path: Option<&str>) -> Result<(), RuntimeError> {
+        let (Some(hierarchy), Some(path)) = (self.cgroups.clone(), cgroups_path) else {
+            return Ok(());
+        };
+        let path = ironlet_cgroups::CgroupPath::new(path)?;
+        tokio::task::spawn_blocking(move || hierarchy.remove(&path))
+            .await
+            .map_err(|e| RuntimeError::InvalidConfig(format!("cgroup removal task: {e}")))??;
+        Ok(())
     }
 
     async fn release_and_remove(&self, dir: &Path) -> Result<(), RuntimeError> {
@@ -514,7 +536,7 @@ impl Inner {
             // Possibly a leftover directory from a crash: clean what is there.
             let dir = self.container_dir(id);
             if dir.exists() {
-                self.undo_create(id, &dir).await?;
+                self.undo_create(id, &dir, None).await?;
             }
             return Ok(());
         }

@@ -276,7 +276,8 @@ impl Inner {
             }
         }
         let dir = self.container_dir(&rec.id);
-        self.undo_create(&rec.id, &dir).await?;
+        self.undo_create(&rec.id, &dir, rec.cgroups_path.as_deref())
+            .await?;
         crate::zygote::exits::remove(&self.config.exits_dir(), rec.id.as_str());
         let _ = self.zygote.release_logs(rec.id.as_str()).await;
         self.lock().early_exits.remove(rec.id.as_str());
@@ -323,7 +324,7 @@ impl Inner {
         for id in &torn.container_dirs {
             let dir = self.config.containers_dir().join(id);
             let result = match ContainerId::parse(id) {
-                Some(cid) => self.undo_create(&cid, &dir).await,
+                Some(cid) => self.undo_create(&cid, &dir, None).await,
                 None => super::remove_dir_all_if_exists(&dir),
             };
             match result {
