@@ -150,8 +150,12 @@ fn agent_pid(supervisor: u32) -> Option<i32> {
         .split_whitespace()
         .filter_map(|p| p.parse::<i32>().ok())
         .find(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
-                .is_ok_and(|c| c.contains("run\0--manifests"))
+            // The agent alone has the supervisor's socket in its environment: the pasta
+            // holder, also the supervisor's child, has the same command line.
+            std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|env| {
+                env.split(|b| *b == 0)
+                    .any(|var| var.starts_with(b"IRONLET_SUPERVISOR_FD="))
+            })
         })
 }
 

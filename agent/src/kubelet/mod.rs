@@ -434,6 +434,7 @@ impl Kubelet {
             AbortOnDrop(tokio::spawn(network_events::report_restarts(
                 events,
                 self.pod_manager.clone(),
+                self.pod_config.sources_ready(),
                 self.syncer.events.clone(),
             )))
         });
