@@ -451,9 +451,9 @@ fn output_beyond_the_pipe_buffer_blocks_the_container_until_the_agent_is_back_an
         return;
     }
     let _serial = serial();
-    // The agent stays down 2 s: long enough to fill the 1 MiB pipe.
+    // The agent stays down 5 s: long enough to fill the 1 MiB pipe, even on a loaded machine.
     let agent = Agent::start_with(AgentOptions {
-        extra_args: vec!["--agent-restart-backoff=2s".into()],
+        extra_args: vec!["--agent-restart-backoff=5s".into()],
         ..AgentOptions::default()
     });
     const LINES: usize = 200_000; // ~1.3 MB of output
@@ -483,14 +483,22 @@ spec:
         nix::sys::signal::Signal::SIGUSR1,
     )
     .expect("start the flood");
-    std::thread::sleep(Duration::from_secs(1));
-    // Nobody reads: `seq` filled the pipe and waits in pipe_write.
-    let procs = agent.container_processes().remove(&id).unwrap_or_default();
-    let blocked: Vec<String> = procs
-        .iter()
-        .filter(|(pid, _)| *pid != init)
-        .map(|(pid, _)| std::fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_default())
-        .collect();
+    // Nobody reads: `seq` fills the pipe and waits in pipe_write (well before the agent is back).
+    let waiting = Instant::now() + Duration::from_secs(4);
+    let blocked = loop {
+        let procs = agent.container_processes().remove(&id).unwrap_or_default();
+        let blocked: Vec<String> = procs
+            .iter()
+            .filter(|(pid, _)| *pid != init)
+            .map(|(pid, _)| {
+                std::fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_default()
+            })
+            .collect();
+        if blocked.iter().any(|w| w.contains("pipe")) || Instant::now() > waiting {
+            break blocked;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     assert!(
         blocked.iter().any(|w| w.contains("pipe")),
         "the writer should block on the full pipe, waits in {blocked:?}"
