@@ -30,7 +30,7 @@ pub mod rotation;
 pub mod spdy;
 pub mod stats;
 pub mod tls;
-mod x509;
+pub mod x509;
 
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
