@@ -25,10 +25,9 @@ use anyhow::{ensure, Context, Result};
 use ironlet_e2e::{create_pod, eventually, routable_host_ip, ClusterAgent, ControlPlane};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
-use serde_json::json;
 
 use ironlet_bench::cluster::{
-    delete_labelled, ironlet_bin_beside_this, load_average, wait_node_ready,
+    busybox_pod, delete_labelled, ironlet_bin_beside_this, load_average, wait_node_ready,
 };
 
 const LABEL_KEY: &str = "ironlet-bench";
@@ -103,24 +102,16 @@ fn main() -> Result<()> {
     outcome.and(cleanup)
 }
 
+/// Prints a numbered 100-byte line every 100 ms.
 fn pod(name: &str, node: &str) -> Result<Pod> {
     let line = "x".repeat(90);
-    Ok(serde_json::from_value(json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": { "name": name, "namespace": NAMESPACE, "labels": { LABEL_KEY: LABEL_VALUE } },
-        "spec": {
-            "nodeName": node,
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 1,
-            "containers": [{
-                "name": "main",
-                "image": "busybox",
-                "imagePullPolicy": "Never",
-                "command": ["sh", "-c", format!("i=0; while true; do i=$((i+1)); echo \"$i {line}\"; sleep 0.1; done")],
-            }],
-        },
-    }))?)
+    busybox_pod(
+        name,
+        NAMESPACE,
+        (LABEL_KEY, LABEL_VALUE),
+        node,
+        &format!("i=0; while true; do i=$((i+1)); echo \"$i {line}\"; sleep 0.1; done"),
+    )
 }
 
 /// A process's memory from `/proc/<pid>/status` (KiB; zeros once it is gone): resident in

@@ -41,10 +41,9 @@ use ironlet_e2e::{
 };
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
-use serde_json::json;
 
 use ironlet_bench::cluster::{
-    delete_labelled, describe_node, ironlet_bin_beside_this, load_average, wait_node_ready,
+    self, delete_labelled, describe_node, ironlet_bin_beside_this, load_average, wait_node_ready,
 };
 use ironlet_bench::peer_node::PeerNode;
 use ironlet_bench::stats::{ms, percentile};
@@ -269,27 +268,14 @@ fn mb_per_s(bytes: u64, time: Duration) -> f64 {
     bytes as f64 / 1e6 / time.as_secs_f64()
 }
 
-fn labels() -> serde_json::Value {
-    json!({ LABEL_KEY: LABEL_VALUE })
-}
-
 fn busybox_pod(name: &str, node: &BenchNode, script: &str) -> Result<Pod> {
-    Ok(serde_json::from_value(json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": { "name": name, "namespace": NAMESPACE, "labels": labels() },
-        "spec": {
-            "nodeName": node.name,
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 1,
-            "containers": [{
-                "name": "main",
-                "image": "busybox",
-                "imagePullPolicy": "Never",
-                "command": ["sh", "-c", script],
-            }],
-        },
-    }))?)
+    cluster::busybox_pod(
+        name,
+        NAMESPACE,
+        (LABEL_KEY, LABEL_VALUE),
+        &node.name,
+        script,
+    )
 }
 
 /// Writes [`LOG_BYTES`] of 100-byte lines (99 characters and the newline) to stdout, then
