@@ -1,5 +1,5 @@
 //! What the API benchmarks share: the `ironlet` binary they start, the load average they
-//! print, waiting for a node to be Ready, and what it runs.
+//! print, waiting for a node to be Ready, and what it runs (busybox pods of a script).
 
 use std::time::Duration;
 
@@ -79,4 +79,31 @@ pub async fn delete_labelled(pods: &Api<Pod>, label: &str) -> Result<()> {
         Ok(pods.list(&list).await?.items.is_empty().then_some(()))
     })
     .await
+}
+
+/// A pod on `node` running `sh -c script` in busybox (container `main`, the imported image,
+/// never restarted, 1 s grace) in `namespace`, labelled `key=value`.
+pub fn busybox_pod(
+    name: &str,
+    namespace: &str,
+    (key, value): (&str, &str),
+    node: &str,
+    script: &str,
+) -> Result<Pod> {
+    Ok(serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": { "name": name, "namespace": namespace, "labels": { key: value } },
+        "spec": {
+            "nodeName": node,
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "main",
+                "image": "busybox",
+                "imagePullPolicy": "Never",
+                "command": ["sh", "-c", script],
+            }],
+        },
+    }))?)
 }

@@ -8,6 +8,11 @@
 //!
 //! Measured, the nodes interleaved (the order flips every round):
 //! - `kubectl exec POD -- true`: round trip, p50/p99 over N (default 50) per node;
+//! - the same exec driven in-process by a Rust client (kube-rs `Api::<Pod>::exec`: a
+//!   WebSocket upgrade to the API server, `v5.channel.k8s.io`, stdout and stderr attached as
+//!   kubectl does without `-i`): from the request to the exit status, p50/p99 over N per
+//!   node. No process start, no discovery, no kubectl: what is left is the API server's part
+//!   (TLS, authentication, authorization, the upgrade and the proxying) and the node's;
 //! - `kubectl logs POD` of a container that wrote 100 MiB of 100-byte lines: the time to read
 //!   it all (bytes checked), and the node's peak RSS while it streams, sampled every 10 ms as
 //!   the sum over the node's processes (ironlet: every process of the agent's binary, i.e.
@@ -36,10 +41,9 @@ use ironlet_e2e::{
 };
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
-use serde_json::json;
 
 use ironlet_bench::cluster::{
-    delete_labelled, describe_node, ironlet_bin_beside_this, load_average, wait_node_ready,
+    self, delete_labelled, describe_node, ironlet_bin_beside_this, load_average, wait_node_ready,
 };
 use ironlet_bench::peer_node::PeerNode;
 use ironlet_bench::stats::{ms, percentile};
@@ -196,6 +200,22 @@ fn run(
             exec[k].push(exec_true(plane, &nodes[k])?);
         }
     }
+    // The same exec in-process, the client's connections warmed up the same way.
+    let in_process = rt.block_on(async {
+        let pods: Api<Pod> = Api::namespaced(plane.admin_client().await?, NAMESPACE);
+        for node in nodes {
+            for _ in 0..2 {
+                exec_true_in_process(&pods, node).await?;
+            }
+        }
+        let mut times: Vec<Vec<Duration>> = vec![Vec::with_capacity(args.n); nodes.len()];
+        for round in 0..args.n {
+            for k in order(round, nodes.len()) {
+                times[k].push(exec_true_in_process(&pods, &nodes[k]).await?);
+            }
+        }
+        Ok::<_, anyhow::Error>(times)
+    })?;
 
     let mut logs: Vec<Vec<LogsSample>> = vec![Vec::new(); nodes.len()];
     for round in 0..args.rounds {
@@ -227,7 +247,7 @@ fn run(
     }
     drop(forwards);
 
-    report(nodes, &exec, &logs, &forward);
+    report(nodes, &exec, &in_process, &logs, &forward);
     Ok(())
 }
 
@@ -248,27 +268,14 @@ fn mb_per_s(bytes: u64, time: Duration) -> f64 {
     bytes as f64 / 1e6 / time.as_secs_f64()
 }
 
-fn labels() -> serde_json::Value {
-    json!({ LABEL_KEY: LABEL_VALUE })
-}
-
 fn busybox_pod(name: &str, node: &BenchNode, script: &str) -> Result<Pod> {
-    Ok(serde_json::from_value(json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": { "name": name, "namespace": NAMESPACE, "labels": labels() },
-        "spec": {
-            "nodeName": node.name,
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 1,
-            "containers": [{
-                "name": "main",
-                "image": "busybox",
-                "imagePullPolicy": "Never",
-                "command": ["sh", "-c", script],
-            }],
-        },
-    }))?)
+    cluster::busybox_pod(
+        name,
+        NAMESPACE,
+        (LABEL_KEY, LABEL_VALUE),
+        &node.name,
+        script,
+    )
 }
 
 /// Writes [`LOG_BYTES`] of 100-byte lines (99 characters and the newline) to stdout, then
@@ -358,6 +365,34 @@ fn exec_true(plane: &ControlPlane, node: &BenchNode) -> Result<Duration> {
         output.status.success(),
         "kubectl exec {pod} -- true failed: {}",
         String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(elapsed)
+}
+
+/// `true` in the web pod through kube-rs's exec subresource (WebSocket through the API
+/// server), stdout and stderr attached as kubectl does without `-i`: from the request to the
+/// exit status, which must be Success.
+async fn exec_true_in_process(pods: &Api<Pod>, node: &BenchNode) -> Result<Duration> {
+    let pod = format!("{}-web", node.short);
+    let params = kube::api::AttachParams::default().container("main");
+    let started = Instant::now();
+    let mut process = pods
+        .exec(&pod, ["true"], &params)
+        .await
+        .with_context(|| format!("exec in {pod}"))?;
+    let status = process
+        .take_status()
+        .context("the exec's status channel")?
+        .await;
+    let elapsed = started.elapsed();
+    process
+        .join()
+        .await
+        .with_context(|| format!("the exec in {pod} ended badly"))?;
+    let status = status.with_context(|| format!("no exit status from the exec in {pod}"))?;
+    ensure!(
+        status.status.as_deref() == Some("Success"),
+        "exec true in {pod}: {status:?}"
     );
     Ok(elapsed)
 }
@@ -568,12 +603,15 @@ fn median(values: &[f64]) -> f64 {
 fn report(
     nodes: &[BenchNode],
     exec: &[Vec<Duration>],
+    in_process: &[Vec<Duration>],
     logs: &[Vec<LogsSample>],
     forward: &[Vec<f64>],
 ) {
     struct Row {
         p50: f64,
         p99: f64,
+        rust_p50: f64,
+        rust_p99: f64,
         logs_ms: f64,
         logs_rate: f64,
         rss_before: f64,
@@ -581,18 +619,31 @@ fn report(
         forward: f64,
     }
     println!(
-        "  {:<8} {:>9} {:>9} {:>9} {:>9} {:>11} {:>11} {:>9}",
-        "node", "exec p50", "exec p99", "logs ms", "logs MB/s", "RSS before", "RSS peak", "pf MB/s"
+        "  {:<8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>11} {:>11} {:>9}",
+        "node",
+        "exec p50",
+        "exec p99",
+        "rust p50",
+        "rust p99",
+        "logs ms",
+        "logs MB/s",
+        "RSS before",
+        "RSS peak",
+        "pf MB/s"
     );
     let mut rows = Vec::new();
     for (k, node) in nodes.iter().enumerate() {
         let mut times = exec[k].clone();
         times.sort();
+        let mut rust = in_process[k].clone();
+        rust.sort();
         let logs_ms: Vec<f64> = logs[k].iter().map(|s| ms(s.time)).collect();
         let logs_rate: Vec<f64> = logs[k].iter().map(|s| mb_per_s(s.bytes, s.time)).collect();
         let row = Row {
             p50: ms(percentile(&times, 50.0)),
             p99: ms(percentile(&times, 99.0)),
+            rust_p50: ms(percentile(&rust, 50.0)),
+            rust_p99: ms(percentile(&rust, 99.0)),
             logs_ms: median(&logs_ms),
             logs_rate: median(&logs_rate),
             rss_before: logs[k]
@@ -603,10 +654,12 @@ fn report(
             forward: median(&forward[k]),
         };
         println!(
-            "  {:<8} {:>9.1} {:>9.1} {:>9.0} {:>9.1} {:>11.1} {:>11.1} {:>9.1}",
+            "  {:<8} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.0} {:>9.1} {:>11.1} {:>11.1} {:>9.1}",
             node.short,
             row.p50,
             row.p99,
+            row.rust_p50,
+            row.rust_p99,
             row.logs_ms,
             row.logs_rate,
             row.rss_before,
@@ -615,12 +668,14 @@ fn report(
         );
         rows.push(row);
     }
-    println!("  (exec in ms; logs: median time and rate; RSS in MiB, the largest of the rounds; pf: median)");
+    println!("  (exec: kubectl, rust: the in-process client, in ms; logs: median time and rate; RSS in MiB, the largest of the rounds; pf: median)");
     if let [i, k] = rows.as_slice() {
         println!(
-            "  ratio ironlet/kubelet  exec p50 {:.2}  p99 {:.2}  |  logs time {:.2}  peak RSS {:.2}  |  port-forward MB/s {:.2}",
+            "  ratio ironlet/kubelet  exec p50 {:.2}  p99 {:.2}  |  in-process exec p50 {:.2}  p99 {:.2}  |  logs time {:.2}  peak RSS {:.2}  |  port-forward MB/s {:.2}",
             i.p50 / k.p50,
             i.p99 / k.p99,
+            i.rust_p50 / k.rust_p50,
+            i.rust_p99 / k.rust_p99,
             i.logs_ms / k.logs_ms,
             i.rss_peak / k.rss_peak,
             i.forward / k.forward

@@ -186,7 +186,12 @@ impl ClusterAgent {
                 .then_some("--eviction-hard=memory.available<100Mi"),
             )
             .args(kubelet_api)
-            .env("IRONLET_LOG", "info,libcontainer=off,libcgroups=off")
+            // IRONLET_E2E_LOG: another filter for a debug run (e.g. exec timings).
+            .env(
+                "IRONLET_LOG",
+                std::env::var("IRONLET_E2E_LOG")
+                    .unwrap_or_else(|_| "info,libcontainer=off,libcgroups=off".to_owned()),
+            )
             .stdin(Stdio::null())
             .stdout(log.try_clone().context("log fd")?)
             .stderr(log)

@@ -28,6 +28,12 @@ impl ControlPlane {
     /// Builds the binaries if needed and starts a control plane in a new directory under the
     /// temp dir. Takes a few seconds (about 10 minutes the first time on a machine).
     pub fn up() -> Result<Self> {
+        Self::up_with(&[])
+    }
+
+    /// [`Self::up`] with environment variables for `scripts/controlplane up`, e.g.
+    /// `IRONLET_CP_SIGNING_DURATION` (see the script's header).
+    pub fn up_with(env: &[(&str, &str)]) -> Result<Self> {
         static COUNT: AtomicUsize = AtomicUsize::new(0);
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/controlplane");
         let dir = std::env::temp_dir().join(format!(
@@ -47,6 +53,7 @@ impl ControlPlane {
         let output = Command::new(&script)
             .arg("up")
             .arg(&dir)
+            .envs(env.iter().copied())
             .output()
             .with_context(|| format!("running {}", script.display()))?;
         // From here on `down` must run, also when `up` failed half-way.

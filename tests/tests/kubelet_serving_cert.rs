@@ -1,7 +1,7 @@
 //! `--rotate-server-certificates` on a real `ironlet run --kubeconfig` joined to a real
 //! control plane (`scripts/controlplane`, whose controller-manager signs with the cluster CA,
 //! `--cluster-signing-*`, but approves no kubelet-serving request: the test approves as an
-//! administrator would):
+//! administrator would). Each test has its own control plane and agent:
 //! - the node asks for its serving certificate: one `kubernetes.io/kubelet-serving`
 //!   CertificateSigningRequest by `system:node:<name>`, pending, while the node goes on
 //!   serving its file certificate (the fallback);
@@ -9,15 +9,24 @@
 //!   against the cluster CA, subject and SANs as kubelet asks), and `kubectl logs` works with
 //!   the API server verifying it (`--kubelet-certificate-authority`);
 //! - after an agent restart (SIGHUP) the stored certificate is served again without a new
-//!   request.
+//!   request;
+//! - renewal, for real: the controller-manager signs for [`SHORT_LIFE`]
+//!   (`--cluster-signing-duration`; a request's own `expirationSeconds` cannot go below
+//!   10 minutes), so the running agent makes a second request between 70 and 90 % of the
+//!   first certificate's life, keeps serving the first one while it is pending, and once it
+//!   is signed serves the new one from the next TLS handshakes on, never the old one again,
+//!   the same agent process, the API server verifying it through the node proxy.
 //!
 //! Needs root (containers, cgroups, CNI).
 
+mod local;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use anyhow::{bail, ensure, Context, Result};
+use base64::Engine as _;
 use ironlet_e2e::{
     block_on, create_pod, eventually, routable_host_ip, run_suite, ClusterAgent, ControlPlane,
     SuiteTest,
@@ -25,6 +34,7 @@ use ironlet_e2e::{
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams};
+use local::agent_pid;
 use serde_json::json;
 
 struct Env {
@@ -40,27 +50,52 @@ impl Drop for Env {
     }
 }
 
-const TESTS: &[SuiteTest<Env>] = &[(
-    "the_serving_certificate_is_requested_signed_served_and_kept_across_a_restart",
-    rotation,
-)];
+const TESTS: &[SuiteTest<()>] = &[
+    (
+        "the_serving_certificate_is_requested_signed_served_and_kept_across_a_restart",
+        |()| with_env(0, None, rotation),
+    ),
+    (
+        "the_serving_certificate_is_renewed_at_70_to_90_percent_of_its_life_and_served_without_a_restart",
+        |()| with_env(1, Some(SHORT_LIFE), renewal),
+    ),
+];
 
 const TIMEOUT: Duration = Duration::from_secs(60);
+/// The signer's `--cluster-signing-duration` in the renewal test. The signer also backdates
+/// `NotBefore` by [`BACKDATE`], so the certificate's life is 7 minutes of which 5 are past
+/// when it is issued: 70–90 % of it falls 0–80 s after the issuance.
+const SHORT_LIFE: Duration = Duration::from_secs(120);
+const BACKDATE: Duration = Duration::from_secs(300);
 
 fn main() {
-    run_suite("kubelet_serving_cert", TESTS, start, |env| {
-        eprintln!("agent log tail:\n{}", env.agent.log_tail(60));
-        eprintln!("control plane logs:\n{}", env.plane.log_tails(20));
-    });
+    run_suite("kubelet_serving_cert", TESTS, || Ok(()), |()| {});
 }
 
-fn start() -> Result<Env> {
-    let plane = ControlPlane::up()?;
-    let node = format!("e2e-kcert-{}", std::process::id());
+/// Runs `test` against a control plane (signing for `signing`, if given) and an agent of
+/// its own; prints their logs when it fails.
+fn with_env(index: u32, signing: Option<Duration>, test: fn(&Env) -> Result<()>) -> Result<()> {
+    let env = start(index, signing)?;
+    let result = test(&env);
+    if result.is_err() {
+        eprintln!("agent log tail:\n{}", env.agent.log_tail(60));
+        eprintln!("control plane logs:\n{}", env.plane.log_tails(20));
+    }
+    result
+}
+
+fn start(index: u32, signing: Option<Duration>) -> Result<Env> {
+    let duration = signing.map(|d| format!("{}s", d.as_secs()));
+    let plane_env: Vec<(&str, &str)> = duration
+        .iter()
+        .map(|d| ("IRONLET_CP_SIGNING_DURATION", d.as_str()))
+        .collect();
+    let plane = ControlPlane::up_with(&plane_env)?;
+    let node = format!("e2e-kcert{index}-{}", std::process::id());
     let kubeconfig = plane.node_kubeconfig(&node)?;
     let node_ip = routable_host_ip().context("no routable host address for the node")?;
-    let slot = 100 + (std::process::id() + 31) % 150;
-    let scratch = std::env::temp_dir().join(format!("kcert-{}", std::process::id()));
+    let slot = 100 + (std::process::id() + 31 + index) % 150;
+    let scratch = std::env::temp_dir().join(format!("kcert-{}-{index}", std::process::id()));
     std::fs::create_dir_all(&scratch).context("creating the scratch dir")?;
     let agent = ClusterAgent::start_on(
         &kubeconfig,
@@ -190,33 +225,10 @@ fn rotation(env: &Env) -> Result<()> {
             "while the request is pending the file certificate is served"
         );
 
-        env.plane.kubectl(&["certificate", "approve", &name])?;
-        let csrs: Api<CertificateSigningRequest> = Api::all(env.plane.admin_client().await?);
-        let signed = eventually("the request is signed", TIMEOUT, || async {
-            let csr = csrs.get(&name).await?;
-            Ok(csr
-                .status
-                .and_then(|s| s.certificate)
-                .filter(|c| !c.0.is_empty())
-                .map(|c| String::from_utf8_lossy(&c.0).into_owned()))
-        })
-        .await?;
-        let want = first_cert(&signed).context("no PEM in the signed request")?;
-        eventually(
-            "the node serves the signed certificate",
-            TIMEOUT,
-            || async {
-                Ok((first_cert(&served_pem(env, port)?).as_ref() == Some(&want)).then_some(()))
-            },
-        )
-        .await?;
+        let want = approve_and_await_served(env, port, &name).await?;
 
         // Issued by the cluster CA, for the node, naming its address.
-        let served = env.scratch.join("served.pem");
-        std::fs::write(&served, served_pem(env, port)?)?;
-        let ca = env.plane.dir().join("pki/ca.crt");
-        let ca = ca.to_str().context("CA path")?;
-        openssl(&["verify", "-purpose", "sslserver", "-CAfile", ca], &served)?;
+        let served = verify_served(env, port)?;
         let text = openssl(&["x509", "-noout", "-text", "-in"], &served)?;
         let cn = format!("CN = system:node:{}", env.agent.node_name);
         ensure!(
@@ -252,6 +264,159 @@ fn rotation(env: &Env) -> Result<()> {
         .await?;
         let count = node_csrs(env).await?.len();
         ensure!(count == 1, "{count} requests after the restart, not 1");
+        Ok(())
+    })
+}
+
+/// Approves the request `name` as an administrator, awaits its certificate and then the
+/// node serving it; the certificate (see [`first_cert`]).
+async fn approve_and_await_served(env: &Env, port: u16, name: &str) -> Result<String> {
+    env.plane.kubectl(&["certificate", "approve", name])?;
+    let csrs: Api<CertificateSigningRequest> = Api::all(env.plane.admin_client().await?);
+    let signed = eventually("the request is signed", TIMEOUT, || async {
+        let csr = csrs.get(name).await?;
+        Ok(csr
+            .status
+            .and_then(|s| s.certificate)
+            .filter(|c| !c.0.is_empty())
+            .map(|c| String::from_utf8_lossy(&c.0).into_owned()))
+    })
+    .await?;
+    let want = first_cert(&signed).context("no PEM in the signed request")?;
+    // The agent polls its request every second and serves the certificate as soon as it
+    // reads it.
+    eventually(
+        "the node serves the signed certificate",
+        Duration::from_secs(10),
+        || async {
+            Ok((first_cert(&served_pem(env, port)?).as_ref() == Some(&want)).then_some(()))
+        },
+    )
+    .await?;
+    Ok(want)
+}
+
+/// The served certificate, verified as a server certificate against the cluster CA; the
+/// file holding it.
+fn verify_served(env: &Env, port: u16) -> Result<PathBuf> {
+    let served = env.scratch.join("served.pem");
+    std::fs::write(&served, served_pem(env, port)?)?;
+    let ca = env.plane.dir().join("pki/ca.crt");
+    let ca = ca.to_str().context("CA path")?;
+    openssl(&["verify", "-purpose", "sslserver", "-CAfile", ca], &served)?;
+    Ok(served)
+}
+
+/// `notBefore` and `notAfter` of a certificate from [`first_cert`].
+fn validity(cert: &str) -> Result<(SystemTime, SystemTime)> {
+    let body: String = cert.lines().filter(|l| !l.starts_with("-----")).collect();
+    let der = base64::engine::general_purpose::STANDARD
+        .decode(body)
+        .context("the certificate's base64")?;
+    ironlet::server::kubelet_api::x509::validity(&der).context("no validity in the certificate")
+}
+
+fn renewal(env: &Env) -> Result<()> {
+    block_on(async {
+        let port = node_port(env).await?;
+        let pid = agent_pid(&env.agent).context("the agent does not answer /version")?;
+        let first = eventually("the node's kubelet-serving request", TIMEOUT, || async {
+            Ok(node_csrs(env).await?.into_iter().next())
+        })
+        .await?;
+        let first_name = first.metadata.name.clone().context("a CSR without name")?;
+        let old = approve_and_await_served(env, port, &first_name).await?;
+        let (from, to) = validity(&old)?;
+        let life = to.duration_since(from)?;
+        ensure!(
+            life <= SHORT_LIFE + BACKDATE + Duration::from_secs(1),
+            "the signer ignored --cluster-signing-duration: the certificate lives {life:?}"
+        );
+
+        // The renewal: a second request, made by the running agent between 70 and 90 % of
+        // the first certificate's life (the API's timestamps have whole seconds).
+        let earliest = from + life.mul_f64(0.7) - Duration::from_secs(1);
+        let latest = from + life.mul_f64(0.9) + Duration::from_secs(5);
+        let wait =
+            latest.duration_since(SystemTime::now()).unwrap_or_default() + Duration::from_secs(10);
+        let second = eventually("the renewal request", wait, || async {
+            Ok(node_csrs(env)
+                .await?
+                .into_iter()
+                .find(|c| c.metadata.name.as_deref() != Some(first_name.as_str())))
+        })
+        .await?;
+        let second_name = second.metadata.name.clone().context("a CSR without name")?;
+        let created: SystemTime = second
+            .metadata
+            .creation_timestamp
+            .clone()
+            .context("a CSR without creation time")?
+            .0
+            .into();
+        ensure!(
+            (earliest..=latest).contains(&created),
+            "renewal requested at {created:?}, outside 70–90 % of {from:?}..{to:?}"
+        );
+        ensure!(
+            second
+                .status
+                .clone()
+                .unwrap_or_default()
+                .certificate
+                .is_none(),
+            "the renewal request is pending"
+        );
+        // Pending: the first certificate is still served.
+        ensure!(
+            first_cert(&served_pem(env, port)?).as_ref() == Some(&old),
+            "while the renewal is pending the current certificate is served"
+        );
+
+        let new = approve_and_await_served(env, port, &second_name).await?;
+        ensure!(new != old, "the renewal returned the same certificate");
+        let (new_from, new_to) = validity(&new)?;
+        ensure!(
+            new_from > from && new_to > to,
+            "the new certificate ({new_from:?}..{new_to:?}) is not newer than the old one"
+        );
+        // From then on, every handshake gets the new certificate, verified by the CA.
+        for _ in 0..5 {
+            let served = served_pem(env, port)?;
+            ensure!(
+                first_cert(&served).as_ref() == Some(&new),
+                "a handshake after the renewal got {}",
+                if first_cert(&served).as_ref() == Some(&old) {
+                    "the old certificate"
+                } else {
+                    "an unknown certificate"
+                }
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        verify_served(env, port)?;
+        // The API server verifies it too (--kubelet-certificate-authority), through the node
+        // proxy.
+        let healthz = env.plane.kubectl(&[
+            "get",
+            "--raw",
+            &format!("/api/v1/nodes/{}/proxy/healthz", env.agent.node_name),
+        ])?;
+        ensure!(
+            healthz.trim() == "ok",
+            "healthz through the API server: {healthz}"
+        );
+        // Stored for a restart, and the same process all along.
+        let stored = std::fs::read_to_string(env.agent.root.join("pki/kubelet-server-current.pem"))
+            .context("reading the stored certificate")?;
+        ensure!(
+            first_cert(&stored).as_ref() == Some(&new),
+            "the stored certificate is not the new one"
+        );
+        ensure!(
+            agent_pid(&env.agent) == Some(pid),
+            "the agent was restarted"
+        );
         Ok(())
     })
 }

@@ -64,6 +64,7 @@ impl Inner {
             }
             state.exec_waiters.insert(exec_id.clone(), tx);
         }
+        let asked = std::time::Instant::now();
         let started = self
             .zygote
             .exec(
@@ -80,6 +81,7 @@ impl Inner {
                 },
             )
             .await;
+        tracing::debug!(container_id = %id, zygote = ?asked.elapsed(), ok = started.is_ok(), "exec process started by the zygote");
         match started {
             Ok(handle) => Ok(Started {
                 exec_id,

@@ -30,13 +30,13 @@ pub mod rotation;
 pub mod spdy;
 pub mod stats;
 pub mod tls;
-mod x509;
+pub mod x509;
 
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ironlet_runtime::types::{ContainerId, ExecRequest};
 use ironlet_runtime::Runtime;
@@ -218,6 +218,7 @@ async fn connection(
     services: &Services,
 ) {
     let _ = stream.set_nodelay(true);
+    let accepted = Instant::now();
     let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
         Ok(Ok(tls)) => tls,
         Ok(Err(err)) => {
@@ -253,6 +254,7 @@ async fn connection(
             Ok(Err(_)) => return,
             Ok(Ok(request)) => request,
         };
+    let received = Instant::now();
     let user = match authenticate(cert_user, &request, services).await {
         Some(user) => user,
         None => {
@@ -264,7 +266,7 @@ async fn connection(
         respond(&mut writer, response).await;
         return;
     }
-    tracing::debug!(user = %user.name, method = %request.method, path = %request.path, "kubelet API request");
+    tracing::debug!(user = %user.name, method = %request.method, path = %request.path, authorized_in = ?received.elapsed(), "kubelet API request");
     let segments: Vec<&str> = request.path.split('/').skip(1).collect();
     match segments.as_slice() {
         ["containerLogs", namespace, pod, container] => {
@@ -312,6 +314,7 @@ async fn connection(
                         } else {
                             runtime.exec(&id, &exec).await
                         };
+                        tracing::debug!(since_request = ?received.elapsed(), ok = session.is_ok(), "exec process started");
                         session.map_err(|e| e.to_string())
                     };
                     let code = match transport {
@@ -322,7 +325,18 @@ async fn connection(
                             exec_spdy::serve(stream, version, &opts, start).await
                         }
                     };
-                    tracing::debug!(?code, command = ?opts.command, attach, tty = opts.tty, "exec ended");
+                    // The timings of a debug run: TLS handshake and request (from the
+                    // connection's accept), authorization and upgrade, then the whole exec
+                    // until its status was sent and the stream closed.
+                    tracing::debug!(
+                        ?code,
+                        command = ?opts.command,
+                        attach,
+                        tty = opts.tty,
+                        handshake_and_request = ?received.duration_since(accepted),
+                        since_request = ?received.elapsed(),
+                        "exec ended"
+                    );
                 }
             }
         }

@@ -35,13 +35,8 @@ impl Controller for CpuSet {
     type Resource = LinuxCpu;
 
     fn add_task(pid: Pid, cgroup_path: &Path) -> Result<(), Self::Error> {
-        fs::create_dir_all(cgroup_path).wrap_create_dir(cgroup_path)?;
-
-        Self::ensure_not_empty(cgroup_path, CGROUP_CPUSET_CPUS)?;
-        Self::ensure_not_empty(cgroup_path, CGROUP_CPUSET_MEMS)?;
-
-        common::write_cgroup_file(cgroup_path.join(CGROUP_PROCS), pid)?;
-        Ok(())
+        let mount_point = util::get_subsystem_mount_point(&ControllerType::CpuSet)?;
+        Self::add_task_under(pid, cgroup_path, &mount_point)
     }
 
     fn apply(controller_opt: &ControllerOpt, cgroup_path: &Path) -> Result<(), Self::Error> {
@@ -66,6 +61,22 @@ impl Controller for CpuSet {
 }
 
 impl CpuSet {
+    /// ironlet patch: `add_task` with the cpuset hierarchy's mount point already known (the
+    /// v1 manager found it when it read mountinfo), instead of reading mountinfo twice more.
+    pub fn add_task_under(
+        pid: Pid,
+        cgroup_path: &Path,
+        mount_point: &Path,
+    ) -> Result<(), V1CpuSetControllerError> {
+        fs::create_dir_all(cgroup_path).wrap_create_dir(cgroup_path)?;
+
+        Self::ensure_not_empty(cgroup_path, CGROUP_CPUSET_CPUS, mount_point)?;
+        Self::ensure_not_empty(cgroup_path, CGROUP_CPUSET_MEMS, mount_point)?;
+
+        common::write_cgroup_file(cgroup_path.join(CGROUP_PROCS), pid)?;
+        Ok(())
+    }
+
     fn apply(cgroup_path: &Path, cpuset: &LinuxCpu) -> Result<(), V1CpuSetControllerError> {
         if let Some(cpus) = &cpuset.cpus() {
             common::write_cgroup_file_str(cgroup_path.join(CGROUP_CPUSET_CPUS), cpus)?;
@@ -83,8 +94,9 @@ impl CpuSet {
     fn ensure_not_empty(
         cgroup_path: &Path,
         interface_file: &str,
+        mount_point: &Path,
     ) -> Result<(), V1CpuSetControllerError> {
-        let mut current = util::get_subsystem_mount_point(&ControllerType::CpuSet)?;
+        let mut current = mount_point.to_path_buf();
         let relative_cgroup_path = cgroup_path.strip_prefix(&current).map_err(|err| {
             V1CpuSetControllerError::BadCgroupPath {
                 err,

@@ -32,6 +32,8 @@ use crate::stats::{PidStatsError, Stats, StatsProvider};
 
 pub struct Manager {
     subsystems: HashMap<CtrlType, PathBuf>,
+    /// ironlet patch: the cpuset hierarchy's mount point, for `CpuSet::add_task_under`.
+    cpuset_mount: Option<PathBuf>,
 }
 
 #[derive(thiserror::Error, Debug)]
@@ -104,7 +106,14 @@ impl Manager {
             }
         }
 
-        Ok(Manager { subsystems })
+        let cpuset_mount = mount_points
+            .as_ref()
+            .ok()
+            .and_then(|mounts| util::find_subsystem_mount_point(mounts, &CtrlType::CpuSet));
+        Ok(Manager {
+            subsystems,
+            cpuset_mount,
+        })
     }
 
     fn own_cgroups() -> Result<ProcessCGroups, V1ManagerError> {
@@ -203,7 +212,10 @@ impl CgroupManager for Manager {
             match ctrl_type {
                 CtrlType::Cpu => Cpu::add_task(pid, cgroup_path)?,
                 CtrlType::CpuAcct => CpuAcct::add_task(pid, cgroup_path)?,
-                CtrlType::CpuSet => CpuSet::add_task(pid, cgroup_path)?,
+                CtrlType::CpuSet => match &self.cpuset_mount {
+                    Some(mount) => CpuSet::add_task_under(pid, cgroup_path, mount)?,
+                    None => CpuSet::add_task(pid, cgroup_path)?,
+                },
                 CtrlType::Devices => Devices::add_task(pid, cgroup_path)?,
                 CtrlType::HugeTlb => HugeTlb::add_task(pid, cgroup_path)?,
                 CtrlType::Memory => Memory::add_task(pid, cgroup_path)?,

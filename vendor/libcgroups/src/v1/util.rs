@@ -31,8 +31,16 @@ pub fn list_subsystem_mount_points() -> Result<Vec<PathBuf>, V1MountPointError> 
         OpenFlags::O_RDONLY | OpenFlags::O_CLOEXEC,
     )?);
 
+    // ironlet patch: only cgroup (v1) lines are parsed; a node has hundreds of other mounts
+    // (every pod's rootfs, volumes, namespaces) and parsing each one was most of the cost.
     reader
         .lines()
+        .filter(|lr| {
+            lr.as_ref().map_or(true, |line| {
+                line.split_once(" - ")
+                    .is_none_or(|(_, fs)| fs.starts_with("cgroup "))
+            })
+        })
         .map(|lr| {
             lr.map_err(V1MountPointError::Io)
                 .and_then(|line| MountInfo::from_line(&line).map_err(V1MountPointError::MountInfo))
