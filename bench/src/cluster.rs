@@ -1,26 +1,44 @@
 //! What the API benchmarks share: the `ironlet` binary they start, the load average they
-//! print, waiting for a node to be Ready, and what it runs.
+//! print, waiting for a node to be Ready, and what it runs; [`PodWatch`], the watch that
+//! stamps when each bench pod was first seen Running and Ready; [`teardown`], the end of
+//! every run.
 
-use std::time::Duration;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
-use anyhow::{ensure, Context, Result};
-use ironlet_e2e::eventually;
+use anyhow::{bail, ensure, Context, Result};
+use futures_util::StreamExt;
+use ironlet_e2e::{eventually, ClusterAgent, ControlPlane};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
 use kube::Client;
+
+use crate::peer_node::PeerNode;
+
+/// `IRONLET_BIN`, else the `ironlet` beside this executable (the same build profile).
+pub fn ironlet_beside_this() -> Result<PathBuf> {
+    if let Some(bin) = std::env::var_os("IRONLET_BIN") {
+        return Ok(PathBuf::from(bin));
+    }
+    let exe = std::env::current_exe().context("locating this executable")?;
+    let bin = exe.with_file_name("ironlet");
+    ensure!(
+        bin.exists(),
+        "{} missing: cargo build --release -p ironlet, or set IRONLET_BIN",
+        bin.display()
+    );
+    Ok(bin)
+}
 
 /// Sets `IRONLET_BIN` (what `ClusterAgent` starts) to the `ironlet` beside this executable
 /// unless it is set. Call it before any thread exists.
 pub fn ironlet_bin_beside_this() -> Result<()> {
     if std::env::var_os("IRONLET_BIN").is_none() {
-        let exe = std::env::current_exe().context("locating this executable")?;
-        let bin = exe.with_file_name("ironlet");
-        ensure!(
-            bin.exists(),
-            "{} missing: cargo build --release -p ironlet, or set IRONLET_BIN",
-            bin.display()
-        );
-        std::env::set_var("IRONLET_BIN", &bin);
+        std::env::set_var("IRONLET_BIN", ironlet_beside_this()?);
     }
     Ok(())
 }
@@ -79,4 +97,248 @@ pub async fn delete_labelled(pods: &Api<Pod>, label: &str) -> Result<()> {
         Ok(pods.list(&list).await?.items.is_empty().then_some(()))
     })
     .await
+}
+
+/// [`delete_labelled`] of the bench pods in `namespace`, as the control plane's
+/// administrator.
+pub async fn delete_all_labelled(plane: &ControlPlane, namespace: &str, label: &str) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(plane.admin_client().await?, namespace);
+    delete_labelled(&pods, label).await
+}
+
+/// Ends an API benchmark whose measurement gave `outcome` and whose pods' removal gave
+/// `cleanup`: after either failed, prints the tails of the agent's log and of the peer's;
+/// then stops the runtime, the peer (`down`), the agent (its mounts, bridge and cgroups
+/// removed) and the control plane, in that order, and prints the load average at the end.
+/// Returns `outcome`, else `cleanup`.
+pub fn teardown(
+    rt: tokio::runtime::Runtime,
+    plane: ControlPlane,
+    agent: ClusterAgent,
+    peer: Option<PeerNode>,
+    outcome: Result<()>,
+    cleanup: Result<()>,
+) -> Result<()> {
+    if outcome.is_err() || cleanup.is_err() {
+        eprintln!("ironlet agent log tail:\n{}", agent.log_tail(40));
+        if let Some(peer) = &peer {
+            eprintln!("{}", peer.log_tails(30));
+        }
+    }
+    drop(rt);
+    drop(peer);
+    drop(agent);
+    drop(plane);
+    println!("load average at end: {}", load_average());
+    outcome.and(cleanup)
+}
+
+/// First sightings, on a [`PodWatch`], of a pod's phase Running and of its Ready condition
+/// True.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PodStamps {
+    pub running: Option<Instant>,
+    pub ready: Option<Instant>,
+}
+
+impl PodStamps {
+    /// Records what `pod`, received at `now`, shows for the first time.
+    fn stamp(&mut self, pod: &Pod, now: Instant) {
+        let status = pod.status.as_ref();
+        let running = status.and_then(|s| s.phase.as_deref()) == Some("Running");
+        let ready = status
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        if running && self.running.is_none() {
+            self.running = Some(now);
+        }
+        if ready && self.ready.is_none() {
+            self.ready = Some(now);
+        }
+    }
+}
+
+/// The stamps of the pods a [`PodWatch`] saw, by name.
+pub type Seen = HashMap<String, PodStamps>;
+
+/// Applies one watch event received at `now` to `seen`: a pod's stamps are kept from its
+/// first sighting until it is deleted (so a pod created again under the same name starts
+/// afresh). Returns whether the event ends the initial list.
+fn record(seen: &mut Seen, event: Event<Pod>, now: Instant) -> bool {
+    match event {
+        Event::Apply(pod) | Event::InitApply(pod) => {
+            if let Some(name) = pod.metadata.name.clone() {
+                seen.entry(name).or_default().stamp(&pod, now);
+            }
+        }
+        Event::Delete(pod) => {
+            if let Some(name) = pod.metadata.name {
+                seen.remove(&name);
+            }
+        }
+        Event::InitDone => return true,
+        Event::Init => {}
+    }
+    false
+}
+
+/// A watch of the bench pods (by label) that stamps each one's first sightings of Running
+/// and Ready, stamped when the event is received, for benchmarks that measure from a
+/// POST or a manifest write to what the API shows. Stopped when dropped.
+pub struct PodWatch {
+    seen: Arc<Mutex<Seen>>,
+    changes: tokio::sync::watch::Receiver<u64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl PodWatch {
+    /// Starts the watch of the pods of `pods` labelled `label` and returns once it has
+    /// listed them (30 s at most), so that no later event is missed.
+    pub async fn start(pods: Api<Pod>, label: &str) -> Result<Self> {
+        let seen: Arc<Mutex<Seen>> = Arc::default();
+        let (changed, changes) = tokio::sync::watch::channel(0u64);
+        let (synced, is_synced) = tokio::sync::oneshot::channel();
+        let stream =
+            watcher::watcher(pods, watcher::Config::default().labels(label)).default_backoff();
+        let task = tokio::spawn(watch(stream, seen.clone(), changed, synced));
+        let watch = Self {
+            seen,
+            changes,
+            task,
+        };
+        tokio::time::timeout(Duration::from_secs(30), is_synced)
+            .await
+            .context("the pod watch did not sync within 30 s")?
+            .context("the pod watch ended")?;
+        Ok(watch)
+    }
+
+    /// Waits, at most `timeout`, until `check` of the stamps seen so far gives `Ok`, and
+    /// returns that. `check` gives `Err(message)` while it waits; the message is the error
+    /// when the time is up. `waiting_for` names what is awaited should the watch end.
+    pub async fn wait_until<T>(
+        &mut self,
+        timeout: Duration,
+        waiting_for: &str,
+        mut check: impl FnMut(&Seen) -> Result<T, String>,
+    ) -> Result<T> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let not_yet = match check(&lock(&self.seen)) {
+                Ok(done) => return Ok(done),
+                Err(not_yet) => not_yet,
+            };
+            match tokio::time::timeout_at(deadline, self.changes.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => bail!("the pod watch ended while waiting for {waiting_for}"),
+                Err(_) => bail!("{not_yet}"),
+            }
+        }
+    }
+}
+
+impl Drop for PodWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn lock(seen: &Mutex<Seen>) -> MutexGuard<'_, Seen> {
+    seen.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The watch's task: stamps each event when it is received, then tells the waiters.
+async fn watch(
+    stream: impl futures_util::Stream<Item = watcher::Result<Event<Pod>>>,
+    seen: Arc<Mutex<Seen>>,
+    changed: tokio::sync::watch::Sender<u64>,
+    synced: tokio::sync::oneshot::Sender<()>,
+) {
+    futures_util::pin_mut!(stream);
+    let mut synced = Some(synced);
+    while let Some(event) = stream.next().await {
+        let now = Instant::now();
+        match event {
+            Ok(event) => {
+                if record(&mut lock(&seen), event, now) {
+                    if let Some(synced) = synced.take() {
+                        let _ = synced.send(());
+                    }
+                }
+            }
+            Err(err) => eprintln!("pod watch error (retrying): {err}"),
+        }
+        changed.send_modify(|v| *v += 1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::PodCondition;
+    use k8s_openapi::api::core::v1::PodStatus;
+
+    use super::*;
+
+    fn pod(name: &str, phase: &str, ready: bool) -> Pod {
+        let mut pod = Pod::default();
+        pod.metadata.name = Some(name.to_owned());
+        pod.status = Some(PodStatus {
+            phase: Some(phase.to_owned()),
+            conditions: Some(vec![PodCondition {
+                type_: "Ready".to_owned(),
+                status: if ready { "True" } else { "False" }.to_owned(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        pod
+    }
+
+    #[test]
+    fn each_state_is_stamped_at_its_first_sighting_only() {
+        let t0 = Instant::now();
+        let (t1, t2, t3) = (
+            t0 + Duration::from_millis(1),
+            t0 + Duration::from_millis(2),
+            t0 + Duration::from_millis(3),
+        );
+        let mut seen = Seen::new();
+        assert!(!record(
+            &mut seen,
+            Event::Apply(pod("a", "Pending", false)),
+            t0
+        ));
+        assert_eq!(seen["a"], PodStamps::default());
+        record(&mut seen, Event::Apply(pod("a", "Running", false)), t1);
+        record(&mut seen, Event::Apply(pod("a", "Running", true)), t2);
+        record(&mut seen, Event::Apply(pod("a", "Running", true)), t3);
+        assert_eq!(
+            seen["a"],
+            PodStamps {
+                running: Some(t1),
+                ready: Some(t2)
+            }
+        );
+    }
+
+    #[test]
+    fn a_deleted_pod_is_forgotten_and_the_initial_list_ends_at_init_done() {
+        let t0 = Instant::now();
+        let mut seen = Seen::new();
+        assert!(!record(&mut seen, Event::Init, t0));
+        assert!(!record(
+            &mut seen,
+            Event::InitApply(pod("a", "Running", true)),
+            t0
+        ));
+        assert!(record(&mut seen, Event::InitDone, t0));
+        assert_eq!(seen["a"].running, Some(t0));
+        record(&mut seen, Event::Delete(pod("a", "Running", true)), t0);
+        assert!(seen.is_empty());
+        // Created again under the same name: stamped afresh.
+        let t1 = t0 + Duration::from_millis(1);
+        record(&mut seen, Event::Apply(pod("a", "Running", false)), t1);
+        assert_eq!(seen["a"].running, Some(t1));
+        assert_eq!(seen["a"].ready, None);
+    }
 }

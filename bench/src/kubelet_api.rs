@@ -39,7 +39,8 @@ use kube::api::Api;
 use serde_json::json;
 
 use ironlet_bench::cluster::{
-    delete_labelled, describe_node, ironlet_bin_beside_this, load_average, wait_node_ready,
+    delete_all_labelled, describe_node, ironlet_bin_beside_this, load_average, teardown,
+    wait_node_ready,
 };
 use ironlet_bench::peer_node::PeerNode;
 use ironlet_bench::stats::{ms, percentile};
@@ -135,19 +136,12 @@ fn main() -> Result<()> {
         .enable_all()
         .build()?;
     let outcome = run(&rt, &plane, &nodes, &args);
-    let cleanup = rt.block_on(delete_all(&plane));
-    if outcome.is_err() || cleanup.is_err() {
-        eprintln!("ironlet agent log tail:\n{}", agent.log_tail(40));
-        if let Some(peer) = &peer {
-            eprintln!("{}", peer.log_tails(30));
-        }
-    }
-    drop(rt);
-    drop(peer);
-    drop(agent);
-    drop(plane);
-    println!("load average at end: {}", load_average());
-    outcome.and(cleanup)
+    let cleanup = rt.block_on(delete_all_labelled(
+        &plane,
+        NAMESPACE,
+        &format!("{LABEL_KEY}={LABEL_VALUE}"),
+    ));
+    teardown(rt, plane, agent, peer, outcome, cleanup)
 }
 
 fn run(
@@ -626,10 +620,4 @@ fn report(
             i.forward / k.forward
         );
     }
-}
-
-/// Deletes every bench pod (1 s grace) and waits until the API has none left.
-async fn delete_all(plane: &ControlPlane) -> Result<()> {
-    let pods: Api<Pod> = Api::namespaced(plane.admin_client().await?, NAMESPACE);
-    delete_labelled(&pods, &format!("{LABEL_KEY}={LABEL_VALUE}")).await
 }
