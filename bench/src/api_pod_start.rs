@@ -23,11 +23,10 @@ use anyhow::{bail, ensure, Context, Result};
 use ironlet_e2e::{eventually, ClusterAgent, ControlPlane};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
-use serde_json::json;
 
 use ironlet_bench::cluster::{
     delete_all_labelled, delete_labelled, describe_node, ironlet_bin_beside_this, load_average,
-    teardown, wait_node_ready, PodStamps, PodWatch,
+    sleep_pod, teardown, wait_node_ready, PodStamps, PodWatch,
 };
 use ironlet_bench::peer_node::PeerNode;
 use ironlet_bench::stats::{ms, percentile};
@@ -96,10 +95,7 @@ fn main() -> Result<()> {
     if let Some(peer) = &peer {
         nodes.push(peer.node.clone());
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let rt = ironlet_bench::runtime()?;
     let measured = if args.peer_idle {
         &nodes[..1]
     } else {
@@ -270,31 +266,12 @@ async fn wait_stamps(watch: &mut PodWatch, name: &str) -> Result<PodStamps> {
 }
 
 fn pod(name: &str, node: &str) -> Result<Pod> {
-    Ok(serde_json::from_value(json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": NAMESPACE,
-            "labels": { "ironlet-bench": "api-pod-start" },
-        },
-        "spec": {
-            "nodeName": node,
-            "restartPolicy": "Always",
-            // Both nodes use the host's resolv.conf (no cluster DNS here).
-            "dnsPolicy": "Default",
-            // No projected token volume: ironlet does not issue service-account tokens
-            // (it skips that projection), kubelet would; like for like, neither gets one.
-            "automountServiceAccountToken": false,
-            "terminationGracePeriodSeconds": 1,
-            "containers": [{
-                "name": "main",
-                "image": "busybox",
-                "imagePullPolicy": "Never",
-                "command": ["sleep", "3600"],
-            }],
-        },
-    }))?)
+    Ok(serde_json::from_value(sleep_pod(
+        name,
+        NAMESPACE,
+        "api-pod-start",
+        Some(node),
+    ))?)
 }
 
 /// `ironlet` or `kubelet` from the node name.

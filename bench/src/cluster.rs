@@ -16,6 +16,7 @@ use kube::api::{Api, DeleteParams, ListParams};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::Client;
+use serde_json::json;
 
 use crate::peer_node::PeerNode;
 
@@ -97,6 +98,45 @@ pub async fn delete_labelled(pods: &Api<Pod>, label: &str) -> Result<()> {
         Ok(pods.list(&list).await?.items.is_empty().then_some(()))
     })
     .await
+}
+
+/// The bench pod `name` in `namespace`, labelled `ironlet-bench=BENCH`: busybox `sleep 3600`
+/// (image present, never pulled), `restartPolicy: Always`, 1 s grace, bound to `node` when
+/// given (else a static pod's manifest).
+pub fn sleep_pod(
+    name: &str,
+    namespace: &str,
+    bench: &str,
+    node: Option<&str>,
+) -> serde_json::Value {
+    let mut spec = json!({
+        "restartPolicy": "Always",
+        // Both nodes use the host's resolv.conf (no cluster DNS here).
+        "dnsPolicy": "Default",
+        // No projected token volume: ironlet does not issue service-account tokens
+        // (it skips that projection), kubelet would; like for like, neither gets one.
+        "automountServiceAccountToken": false,
+        "terminationGracePeriodSeconds": 1,
+        "containers": [{
+            "name": "main",
+            "image": "busybox",
+            "imagePullPolicy": "Never",
+            "command": ["sleep", "3600"],
+        }],
+    });
+    if let Some(node) = node {
+        spec["nodeName"] = json!(node);
+    }
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": { "ironlet-bench": bench },
+        },
+        "spec": spec,
+    })
 }
 
 /// [`delete_labelled`] of the bench pods in `namespace`, as the control plane's

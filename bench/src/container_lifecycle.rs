@@ -26,12 +26,7 @@ use ironlet_bench::stats::{ms, print_p50_table};
 
 fn main() -> Result<()> {
     ensure!(nix::unistd::geteuid().is_root(), "the benchmark needs root");
-    let iterations: usize = std::env::args()
-        .nth(1)
-        .map(|s| s.parse())
-        .transpose()
-        .context("ITERATIONS must be a number")?
-        .unwrap_or(100);
+    let iterations = ironlet_bench::count_arg("ITERATIONS", 100)?;
     // As `ironlet run` does at start (--cgroup-favor-dynmods, on by default). The switch is
     // kernel-wide, so crun and runc below run with it too.
     let dynmods =
@@ -40,10 +35,7 @@ fn main() -> Result<()> {
     private_cgroup_layout()?;
     let parents_before = cgroup_parents("ironlet-bench");
     let zygote = ironlet_runtime::zygote::spawn()?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let rt = ironlet_bench::runtime()?;
     let result = rt.block_on(run(zygote, iterations));
     remove_new_cgroup_parents("ironlet-bench", &parents_before);
     result

@@ -28,12 +28,7 @@ const WARM_UP: usize = 3;
 
 fn main() -> Result<()> {
     ensure!(nix::unistd::geteuid().is_root(), "the benchmark needs root");
-    let iterations: usize = std::env::args()
-        .nth(1)
-        .map(|s| s.parse())
-        .transpose()
-        .context("ITERATIONS must be a number")?
-        .unwrap_or(50);
+    let iterations = ironlet_bench::count_arg("ITERATIONS", 50)?;
     let ironlet = ironlet_beside_this()?;
     let dynmods =
         ironlet_cgroups::favor_dynamic_modifications().context("enabling cgroup favordynmods")?;

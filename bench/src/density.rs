@@ -35,14 +35,13 @@ use std::time::{Duration, Instant};
 use anyhow::{ensure, Context, Result};
 use futures_util::StreamExt;
 use ironlet_bench::cluster::{
-    ironlet_bin_beside_this, load_average, teardown, wait_node_ready, PodWatch,
+    ironlet_bin_beside_this, load_average, sleep_pod, teardown, wait_node_ready, PodWatch,
 };
 use ironlet_bench::peer_node::PeerNode;
 use ironlet_bench::stats::{ms, percentile};
 use ironlet_e2e::{eventually, pids_in_tree, ClusterAgent, ControlPlane};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
-use serde_json::json;
 
 const LABEL: &str = "ironlet-bench=density";
 const NAMESPACE: &str = "default";
@@ -148,10 +147,7 @@ fn main() -> Result<()> {
     if let Some(peer) = &peer {
         nodes.push(Target::kubelet(peer));
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let rt = ironlet_bench::runtime()?;
     let outcome = rt.block_on(run(&plane, &nodes, &args));
     let cleanup = rt.block_on(async {
         let pods: Api<Pod> = Api::namespaced(plane.admin_client().await?, NAMESPACE);
@@ -439,31 +435,7 @@ async fn wait_running(
 }
 
 fn pod_json(name: &str, node: Option<&str>) -> serde_json::Value {
-    let mut spec = json!({
-        "restartPolicy": "Always",
-        "dnsPolicy": "Default",
-        "automountServiceAccountToken": false,
-        "terminationGracePeriodSeconds": 1,
-        "containers": [{
-            "name": "main",
-            "image": "busybox",
-            "imagePullPolicy": "Never",
-            "command": ["sleep", "3600"],
-        }],
-    });
-    if let Some(node) = node {
-        spec["nodeName"] = json!(node);
-    }
-    json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": NAMESPACE,
-            "labels": { "ironlet-bench": "density" },
-        },
-        "spec": spec,
-    })
+    sleep_pod(name, NAMESPACE, "density", node)
 }
 
 struct Ctx<'a> {

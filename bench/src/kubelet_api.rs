@@ -131,10 +131,7 @@ fn main() -> Result<()> {
             exes: vec![peer.bin.clone()],
         });
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let rt = ironlet_bench::runtime()?;
     let outcome = run(&rt, &plane, &nodes, &args);
     let cleanup = rt.block_on(delete_all_labelled(
         &plane,
