@@ -252,16 +252,15 @@ fn sample(posted: Instant, stamps: PodStamps) -> Result<Sample> {
 /// Waits until the watch saw pod `name` Running and Ready.
 async fn wait_stamps(watch: &mut PodWatch, name: &str) -> Result<PodStamps> {
     watch
-        .wait_until(POD_TIMEOUT, name, |seen| {
-            let stamps = seen.get(name).copied().unwrap_or_default();
-            if stamps.running.is_some() && stamps.ready.is_some() {
-                Ok(stamps)
-            } else {
-                Err(format!(
-                    "pod {name} not Running and Ready within {POD_TIMEOUT:?}"
-                ))
-            }
-        })
+        .wait_until(
+            POD_TIMEOUT,
+            name,
+            |seen| {
+                let stamps = seen.get(name).copied().unwrap_or_default();
+                (stamps.running.is_some() && stamps.ready.is_some()).then_some(stamps)
+            },
+            |_| format!("pod {name} not Running and Ready within {POD_TIMEOUT:?}"),
+        )
         .await
 }
 

@@ -235,11 +235,18 @@ impl PodWatch {
     /// Starts the watch of the pods of `pods` labelled `label` and returns once it has
     /// listed them (30 s at most), so that no later event is missed.
     pub async fn start(pods: Api<Pod>, label: &str) -> Result<Self> {
+        let stream =
+            watcher::watcher(pods, watcher::Config::default().labels(label)).default_backoff();
+        Self::of(stream).await
+    }
+
+    /// The watch of `stream`'s events, once they have listed the pods (30 s at most).
+    async fn of(
+        stream: impl futures_util::Stream<Item = watcher::Result<Event<Pod>>> + Send + 'static,
+    ) -> Result<Self> {
         let seen: Arc<Mutex<Seen>> = Arc::default();
         let (changed, changes) = tokio::sync::watch::channel(0u64);
         let (synced, is_synced) = tokio::sync::oneshot::channel();
-        let stream =
-            watcher::watcher(pods, watcher::Config::default().labels(label)).default_backoff();
         let task = tokio::spawn(watch(stream, seen.clone(), changed, synced));
         let watch = Self {
             seen,
@@ -253,25 +260,25 @@ impl PodWatch {
         Ok(watch)
     }
 
-    /// Waits, at most `timeout`, until `check` of the stamps seen so far gives `Ok`, and
-    /// returns that. `check` gives `Err(message)` while it waits; the message is the error
-    /// when the time is up. `waiting_for` names what is awaited should the watch end.
+    /// Waits, at most `timeout`, until `check` of the stamps seen so far gives `Some`, and
+    /// returns that; when the time is up, the error is `timed_out` of the stamps then.
+    /// `waiting_for` names what is awaited should the watch end.
     pub async fn wait_until<T>(
         &mut self,
         timeout: Duration,
         waiting_for: &str,
-        mut check: impl FnMut(&Seen) -> Result<T, String>,
+        mut check: impl FnMut(&Seen) -> Option<T>,
+        timed_out: impl FnOnce(&Seen) -> String,
     ) -> Result<T> {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
-            let not_yet = match check(&lock(&self.seen)) {
-                Ok(done) => return Ok(done),
-                Err(not_yet) => not_yet,
-            };
+            if let Some(done) = check(&lock(&self.seen)) {
+                return Ok(done);
+            }
             match tokio::time::timeout_at(deadline, self.changes.changed()).await {
                 Ok(Ok(())) => {}
                 Ok(Err(_)) => bail!("the pod watch ended while waiting for {waiting_for}"),
-                Err(_) => bail!("{not_yet}"),
+                Err(_) => bail!("{}", timed_out(&lock(&self.seen))),
             }
         }
     }
@@ -380,5 +387,55 @@ mod tests {
         record(&mut seen, Event::Apply(pod("a", "Running", false)), t1);
         assert_eq!(seen["a"].running, Some(t1));
         assert_eq!(seen["a"].ready, None);
+    }
+
+    fn running_and_ready(name: &'static str) -> impl FnMut(&Seen) -> Option<PodStamps> {
+        move |seen| {
+            let stamps = seen.get(name).copied().unwrap_or_default();
+            (stamps.running.is_some() && stamps.ready.is_some()).then_some(stamps)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_waiter_gets_the_stamps_of_a_later_event_or_its_own_message_when_time_is_up() {
+        let (events, rx) = tokio::sync::mpsc::unbounded_channel();
+        let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|event| (Ok(event), rx))
+        });
+        events
+            .send(Event::InitDone)
+            .expect("the watch reads events");
+        let mut watch = PodWatch::of(stream).await.expect("synced");
+        let late = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let _ = events.send(Event::Apply(pod("a", "Running", true)));
+            events
+        });
+        let stamps = watch
+            .wait_until(Duration::from_secs(10), "a", running_and_ready("a"), |_| {
+                "a never came".into()
+            })
+            .await
+            .expect("a is Running and Ready");
+        assert!(stamps.running.is_some() && stamps.running == stamps.ready);
+        let events = late.await.expect("the sender task");
+        let err = watch
+            .wait_until(
+                Duration::from_millis(50),
+                "b",
+                running_and_ready("b"),
+                |seen| format!("b not Ready; {} pod seen", seen.len()),
+            )
+            .await
+            .expect_err("b never comes");
+        assert_eq!(err.to_string(), "b not Ready; 1 pod seen");
+        drop(events);
+        let err = watch
+            .wait_until(Duration::from_secs(10), "b", running_and_ready("b"), |_| {
+                String::new()
+            })
+            .await
+            .expect_err("the watch ended");
+        assert_eq!(err.to_string(), "the pod watch ended while waiting for b");
     }
 }

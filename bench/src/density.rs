@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 use anyhow::{ensure, Context, Result};
 use futures_util::StreamExt;
 use ironlet_bench::cluster::{
-    ironlet_bin_beside_this, load_average, sleep_pod, teardown, wait_node_ready, PodWatch,
+    ironlet_bin_beside_this, load_average, sleep_pod, teardown, wait_node_ready, PodWatch, Seen,
 };
 use ironlet_bench::peer_node::PeerNode;
 use ironlet_bench::stats::{ms, percentile};
@@ -414,22 +414,25 @@ async fn wait_running(
     count: usize,
     timeout: Duration,
 ) -> Result<Instant> {
+    let running = |seen: &Seen| -> Vec<Instant> {
+        seen.iter()
+            .filter(|(name, _)| name.starts_with(prefix))
+            .filter_map(|(_, stamps)| stamps.running)
+            .collect()
+    };
     let last = watch
-        .wait_until(timeout, &format!("{prefix}*"), |seen| {
-            let stamps: Vec<Instant> = seen
-                .iter()
-                .filter(|(name, _)| name.starts_with(prefix))
-                .filter_map(|(_, stamps)| stamps.running)
-                .collect();
-            let running = stamps.len();
-            if running >= count {
-                Ok(stamps.iter().max().copied())
-            } else {
-                Err(format!(
-                    "{running} of {count} pods {prefix}* Running after {timeout:?}"
-                ))
-            }
-        })
+        .wait_until(
+            timeout,
+            &format!("{prefix}*"),
+            |seen| {
+                let stamps = running(seen);
+                (stamps.len() >= count).then(|| stamps.iter().max().copied())
+            },
+            |seen| {
+                let running = running(seen).len();
+                format!("{running} of {count} pods {prefix}* Running after {timeout:?}")
+            },
+        )
         .await?;
     last.context("no pod")
 }
