@@ -17,21 +17,16 @@
 //! failure): every bench pod deleted and awaited, the peer's `down`, the agent stopped with
 //! its mounts/bridge/cgroups removed, the control plane `down`.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use futures_util::StreamExt;
 use ironlet_e2e::{eventually, ClusterAgent, ControlPlane};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
-use kube::runtime::watcher::{self, Event};
-use kube::runtime::WatchStreamExt;
-use serde_json::json;
 
 use ironlet_bench::cluster::{
-    delete_labelled, describe_node, ironlet_bin_beside_this, load_average, wait_node_ready,
+    delete_all_labelled, delete_labelled, describe_node, ironlet_bin_beside_this, load_average,
+    sleep_pod, teardown, wait_node_ready, PodStamps, PodWatch,
 };
 use ironlet_bench::peer_node::PeerNode;
 use ironlet_bench::stats::{ms, percentile};
@@ -100,39 +95,16 @@ fn main() -> Result<()> {
     if let Some(peer) = &peer {
         nodes.push(peer.node.clone());
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let rt = ironlet_bench::runtime()?;
     let measured = if args.peer_idle {
         &nodes[..1]
     } else {
         &nodes[..]
     };
     let outcome = rt.block_on(run(&plane, measured, &args));
-    let cleanup = rt.block_on(delete_all(&plane));
-    if outcome.is_err() || cleanup.is_err() {
-        eprintln!("ironlet agent log tail:\n{}", agent.log_tail(40));
-        if let Some(peer) = &peer {
-            eprintln!("{}", peer.log_tails(30));
-        }
-    }
-    drop(rt);
-    drop(peer);
-    drop(agent);
-    drop(plane);
-    println!("load average at end: {}", load_average());
-    outcome.and(cleanup)
+    let cleanup = rt.block_on(delete_all_labelled(&plane, NAMESPACE, LABEL));
+    teardown(rt, plane, agent, peer, outcome, cleanup)
 }
-
-/// First sightings, in watch events, of each bench pod's phase Running and Ready condition.
-#[derive(Clone, Copy, Default)]
-struct Stamps {
-    running: Option<Instant>,
-    ready: Option<Instant>,
-}
-
-type Seen = Arc<Mutex<HashMap<String, Stamps>>>;
 
 #[derive(Clone, Copy)]
 struct Sample {
@@ -147,25 +119,16 @@ async fn run(plane: &ControlPlane, nodes: &[String], args: &Args) -> Result<()> 
         wait_node_ready(&client, node).await?;
         println!("{}", describe_node(&client, node).await?);
     }
-    let seen: Seen = Arc::default();
-    let (changed, mut changes) = tokio::sync::watch::channel(0u64);
-    let (synced, is_synced) = tokio::sync::oneshot::channel();
-    let watch = tokio::spawn(watch_pods(pods.clone(), seen.clone(), changed, synced));
-    tokio::time::timeout(Duration::from_secs(30), is_synced)
-        .await
-        .context("the pod watch did not sync within 30 s")?
-        .context("the pod watch ended")?;
-    let result = measure(&pods, nodes, args, &seen, &mut changes).await;
-    watch.abort();
-    result
+    // The watch is opened (and synced) before the first POST.
+    let mut watch = PodWatch::start(pods.clone(), LABEL).await?;
+    measure(&pods, nodes, args, &mut watch).await
 }
 
 async fn measure(
     pods: &Api<Pod>,
     nodes: &[String],
     args: &Args,
-    seen: &Seen,
-    changes: &mut tokio::sync::watch::Receiver<u64>,
+    watch: &mut PodWatch,
 ) -> Result<()> {
     // Warm-up, not measured: the first pod waits for the default ServiceAccount to exist.
     for node in nodes {
@@ -176,7 +139,7 @@ async fn measure(
             Ok(Some(()))
         })
         .await?;
-        wait_stamps(seen, changes, &name).await?;
+        wait_stamps(watch, &name).await?;
     }
     let mut sequential: Vec<Vec<Sample>> = vec![Vec::with_capacity(args.n); nodes.len()];
     for round in 0..args.n {
@@ -193,7 +156,7 @@ async fn measure(
             pods.create(&PostParams::default(), &pod)
                 .await
                 .with_context(|| format!("creating {name}"))?;
-            let stamps = wait_stamps(seen, changes, &name).await?;
+            let stamps = wait_stamps(watch, &name).await?;
             sequential[k].push(sample(posted, stamps)?);
             tokio::time::sleep(args.settle).await;
         }
@@ -207,14 +170,14 @@ async fn measure(
     report(nodes, &sequential);
     println!("load average after the sequential pods: {}", load_average());
     if args.burst {
-        delete_all_in(pods).await?;
+        delete_labelled(pods, LABEL).await?;
         let mut burst = Vec::with_capacity(nodes.len());
         let mut totals = Vec::with_capacity(nodes.len());
         for node in nodes {
-            let (samples, total) = run_burst(pods, node, args.n, seen, changes).await?;
+            let (samples, total) = run_burst(pods, node, args.n, watch).await?;
             burst.push(samples);
             totals.push(total);
-            delete_all_in(pods).await?;
+            delete_labelled(pods, LABEL).await?;
         }
         println!(
             "\nBurst: {} pods POSTed at once per node (nodes one after the other), \
@@ -245,8 +208,7 @@ async fn run_burst(
     pods: &Api<Pod>,
     node: &str,
     n: usize,
-    seen: &Seen,
-    changes: &mut tokio::sync::watch::Receiver<u64>,
+    watch: &mut PodWatch,
 ) -> Result<(Vec<Sample>, Duration)> {
     let names: Vec<String> = (0..n)
         .map(|i| format!("{}-burst-{i}", short(node)))
@@ -269,7 +231,7 @@ async fn run_burst(
     let mut samples = Vec::with_capacity(n);
     let mut last = first;
     for name in &names {
-        let stamps = wait_stamps(seen, changes, name).await?;
+        let stamps = wait_stamps(watch, name).await?;
         let sample = sample(first, stamps)?;
         last = last.max(first + sample.running);
         samples.push(sample);
@@ -277,7 +239,7 @@ async fn run_burst(
     Ok((samples, last - first))
 }
 
-fn sample(posted: Instant, stamps: Stamps) -> Result<Sample> {
+fn sample(posted: Instant, stamps: PodStamps) -> Result<Sample> {
     let (Some(running), Some(ready)) = (stamps.running, stamps.ready) else {
         bail!("incomplete stamps");
     };
@@ -288,105 +250,27 @@ fn sample(posted: Instant, stamps: Stamps) -> Result<Sample> {
 }
 
 /// Waits until the watch saw pod `name` Running and Ready.
-async fn wait_stamps(
-    seen: &Seen,
-    changes: &mut tokio::sync::watch::Receiver<u64>,
-    name: &str,
-) -> Result<Stamps> {
-    let deadline = tokio::time::Instant::now() + POD_TIMEOUT;
-    loop {
-        let stamps = lock(seen).get(name).copied().unwrap_or_default();
-        if stamps.running.is_some() && stamps.ready.is_some() {
-            return Ok(stamps);
-        }
-        match tokio::time::timeout_at(deadline, changes.changed()).await {
-            Ok(Ok(())) => {}
-            Ok(Err(_)) => bail!("the pod watch ended while waiting for {name}"),
-            Err(_) => bail!("pod {name} not Running and Ready within {POD_TIMEOUT:?}"),
-        }
-    }
-}
-
-fn lock(seen: &Seen) -> std::sync::MutexGuard<'_, HashMap<String, Stamps>> {
-    seen.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// Stamps the bench pods' first Running and Ready sightings; `synced` fires after the
-/// initial list.
-async fn watch_pods(
-    pods: Api<Pod>,
-    seen: Seen,
-    changed: tokio::sync::watch::Sender<u64>,
-    synced: tokio::sync::oneshot::Sender<()>,
-) {
-    let stream = watcher::watcher(pods, watcher::Config::default().labels(LABEL)).default_backoff();
-    futures_util::pin_mut!(stream);
-    let mut synced = Some(synced);
-    while let Some(event) = stream.next().await {
-        let now = Instant::now();
-        let pod = match event {
-            Ok(Event::Apply(pod) | Event::InitApply(pod)) => pod,
-            Ok(Event::InitDone) => {
-                if let Some(synced) = synced.take() {
-                    let _ = synced.send(());
-                }
-                continue;
-            }
-            Ok(Event::Init | Event::Delete(_)) => continue,
-            Err(err) => {
-                eprintln!("pod watch error (retrying): {err}");
-                continue;
-            }
-        };
-        let Some(name) = pod.metadata.name.clone() else {
-            continue;
-        };
-        let status = pod.status.as_ref();
-        let running = status.and_then(|s| s.phase.as_deref()) == Some("Running");
-        let ready = status
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-        {
-            let mut seen = lock(&seen);
-            let stamps = seen.entry(name).or_default();
-            if running && stamps.running.is_none() {
-                stamps.running = Some(now);
-            }
-            if ready && stamps.ready.is_none() {
-                stamps.ready = Some(now);
-            }
-        }
-        changed.send_modify(|v| *v += 1);
-    }
+async fn wait_stamps(watch: &mut PodWatch, name: &str) -> Result<PodStamps> {
+    watch
+        .wait_until(
+            POD_TIMEOUT,
+            name,
+            |seen| {
+                let stamps = seen.get(name).copied().unwrap_or_default();
+                (stamps.running.is_some() && stamps.ready.is_some()).then_some(stamps)
+            },
+            |_| format!("pod {name} not Running and Ready within {POD_TIMEOUT:?}"),
+        )
+        .await
 }
 
 fn pod(name: &str, node: &str) -> Result<Pod> {
-    Ok(serde_json::from_value(json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": NAMESPACE,
-            "labels": { "ironlet-bench": "api-pod-start" },
-        },
-        "spec": {
-            "nodeName": node,
-            "restartPolicy": "Always",
-            // Both nodes use the host's resolv.conf (no cluster DNS here).
-            "dnsPolicy": "Default",
-            // No projected token volume: ironlet does not issue service-account tokens
-            // (it skips that projection), kubelet would; like for like, neither gets one.
-            "automountServiceAccountToken": false,
-            "terminationGracePeriodSeconds": 1,
-            "containers": [{
-                "name": "main",
-                "image": "busybox",
-                "imagePullPolicy": "Never",
-                "command": ["sleep", "3600"],
-            }],
-        },
-    }))?)
+    Ok(serde_json::from_value(sleep_pod(
+        name,
+        NAMESPACE,
+        "api-pod-start",
+        Some(node),
+    ))?)
 }
 
 /// `ironlet` or `kubelet` from the node name.
@@ -448,15 +332,4 @@ fn report(nodes: &[String], samples: &[Vec<Sample>]) {
             ire.p99 / kre.p99
         );
     }
-}
-
-/// Deletes every bench pod (1 s grace) and waits until the API has none left, i.e. until
-/// their nodes confirmed the containers stopped.
-async fn delete_all(plane: &ControlPlane) -> Result<()> {
-    let pods: Api<Pod> = Api::namespaced(plane.admin_client().await?, NAMESPACE);
-    delete_all_in(&pods).await
-}
-
-async fn delete_all_in(pods: &Api<Pod>) -> Result<()> {
-    delete_labelled(pods, LABEL).await
 }

@@ -22,16 +22,11 @@ use ironlet_bench::peer_bundle::{
     cgroup_parents, external, installed_peers, make_bundle, private_cgroup_layout,
     remove_new_cgroup_parents, work_dir,
 };
-use ironlet_bench::stats::ms;
+use ironlet_bench::stats::{ms, print_p50_table};
 
 fn main() -> Result<()> {
     ensure!(nix::unistd::geteuid().is_root(), "the benchmark needs root");
-    let iterations: usize = std::env::args()
-        .nth(1)
-        .map(|s| s.parse())
-        .transpose()
-        .context("ITERATIONS must be a number")?
-        .unwrap_or(100);
+    let iterations = ironlet_bench::count_arg("ITERATIONS", 100)?;
     // As `ironlet run` does at start (--cgroup-favor-dynmods, on by default). The switch is
     // kernel-wide, so crun and runc below run with it too.
     let dynmods =
@@ -40,10 +35,7 @@ fn main() -> Result<()> {
     private_cgroup_layout()?;
     let parents_before = cgroup_parents("ironlet-bench");
     let zygote = ironlet_runtime::zygote::spawn()?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let rt = ironlet_bench::runtime()?;
     let result = rt.block_on(run(zygote, iterations));
     remove_new_cgroup_parents("ironlet-bench", &parents_before);
     result
@@ -83,22 +75,15 @@ async fn run(zygote: ironlet_runtime::zygote::ZygoteHandle, iterations: usize) -
         }
     }
     println!("container create+start+wait+delete of `busybox true`, {iterations} runs each");
-    println!(
-        "{:<22} {:>10} {:>10} {:>10}",
-        "runtime", "p50 ms", "p90 ms", "mean ms"
-    );
-    let mut medians = Vec::new();
+    let mut rows = Vec::new();
     for ((name, _), s) in peers.iter().zip(samples.iter_mut()) {
         s.sort();
         let p50 = ms(s[s.len() / 2]);
         let p90 = ms(s[s.len() * 9 / 10]);
         let mean = s.iter().map(|d| ms(*d)).sum::<f64>() / s.len() as f64;
-        println!("{name:<22} {p50:>10.2} {p90:>10.2} {mean:>10.2}");
-        medians.push(p50);
+        rows.push((*name, [p50, p90, mean]));
     }
-    for ((name, _), m) in peers.iter().zip(&medians).skip(1) {
-        println!("ratio ironlet/{name} (p50): {:.2}", medians[0] / m);
-    }
+    print_p50_table("runtime", ["p50 ms", "p90 ms", "mean ms"], 10, &rows);
     Ok(())
 }
 

@@ -11,29 +11,25 @@
 //! The peers get a prepared bundle, so they do less than `ctr run` (no image store, no
 //! rootfs mount, no log file): that is the comparison the issue asks for.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
 
+use ironlet_bench::cluster::ironlet_beside_this;
 use ironlet_bench::peer_bundle::{
     cgroup_parents, external, installed_peers, make_bundle, private_cgroup_layout,
     remove_new_cgroup_parents, repo_root, work_dir,
 };
-use ironlet_bench::stats::{ms, percentile};
+use ironlet_bench::stats::{ms, percentile, print_p50_table};
 
 const WARM_UP: usize = 3;
 
 fn main() -> Result<()> {
     ensure!(nix::unistd::geteuid().is_root(), "the benchmark needs root");
-    let iterations: usize = std::env::args()
-        .nth(1)
-        .map(|s| s.parse())
-        .transpose()
-        .context("ITERATIONS must be a number")?
-        .unwrap_or(50);
-    let ironlet = ironlet_binary()?;
+    let iterations = ironlet_bench::count_arg("ITERATIONS", 50)?;
+    let ironlet = ironlet_beside_this()?;
     let dynmods =
         ironlet_cgroups::favor_dynamic_modifications().context("enabling cgroup favordynmods")?;
     println!("cgroup favordynmods: {dynmods:?}");
@@ -83,20 +79,15 @@ fn measure(ironlet: &Path, iterations: usize) -> Result<()> {
         }
     }
     println!("one-shot `busybox true`, {iterations} runs each, interleaved");
-    println!(
-        "{:<22} {:>9} {:>9} {:>9}",
-        "command", "p50 ms", "p90 ms", "p99 ms"
-    );
-    let mut medians = Vec::new();
+    let mut rows = Vec::new();
     for ((name, _), s) in runners.iter().zip(samples.iter_mut()) {
         s.sort();
-        let [p50, p90, p99] = [50.0, 90.0, 99.0].map(|p| ms(percentile(s, p)));
-        println!("{name:<22} {p50:>9.2} {p90:>9.2} {p99:>9.2}");
-        medians.push(p50);
+        rows.push((
+            name.as_str(),
+            [50.0, 90.0, 99.0].map(|p| ms(percentile(s, p))),
+        ));
     }
-    for ((name, _), m) in runners.iter().zip(&medians).skip(1) {
-        println!("ratio ironlet/{name} (p50): {:.2}", medians[0] / m);
-    }
+    print_p50_table("command", ["p50 ms", "p90 ms", "p99 ms"], 9, &rows);
     // The store holds overlay lowers and state; `ctr run --rm` removed every container.
     Command::new(ironlet)
         .arg("--root-dir")
@@ -106,21 +97,6 @@ fn measure(ironlet: &Path, iterations: usize) -> Result<()> {
         .status()
         .context("removing the benchmark image")?;
     Ok(())
-}
-
-/// `IRONLET_BIN`, else the `ironlet` binary of the same build profile as this one.
-fn ironlet_binary() -> Result<PathBuf> {
-    if let Some(bin) = std::env::var_os("IRONLET_BIN") {
-        return Ok(PathBuf::from(bin));
-    }
-    let me = std::env::current_exe().context("locating this binary")?;
-    let sibling = me.with_file_name("ironlet");
-    ensure!(
-        sibling.exists(),
-        "{} missing: build it (cargo build --release -p ironlet) or set IRONLET_BIN",
-        sibling.display()
-    );
-    Ok(sibling)
 }
 
 fn import_busybox(ironlet: &Path, root_dir: &Path) -> Result<()> {

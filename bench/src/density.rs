@@ -30,20 +30,18 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
 use futures_util::StreamExt;
-use ironlet_bench::cluster::{load_average, wait_node_ready};
+use ironlet_bench::cluster::{
+    ironlet_bin_beside_this, load_average, sleep_pod, teardown, wait_node_ready, PodWatch, Seen,
+};
 use ironlet_bench::peer_node::PeerNode;
 use ironlet_bench::stats::{ms, percentile};
 use ironlet_e2e::{eventually, pids_in_tree, ClusterAgent, ControlPlane};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
-use kube::runtime::watcher::{self, Event};
-use kube::runtime::WatchStreamExt;
-use serde_json::json;
 
 const LABEL: &str = "ironlet-bench=density";
 const NAMESPACE: &str = "default";
@@ -115,13 +113,8 @@ fn parse_args() -> Result<Args> {
 fn main() -> Result<()> {
     ensure!(nix::unistd::geteuid().is_root(), "the benchmark needs root");
     let args = parse_args()?;
-    if std::env::var_os("IRONLET_BIN").is_none() {
-        let exe = std::env::current_exe().context("locating this executable")?;
-        let bin = exe.with_file_name("ironlet");
-        ensure!(bin.exists(), "{} missing: set IRONLET_BIN", bin.display());
-        // Before any thread exists: ClusterAgent reads it.
-        std::env::set_var("IRONLET_BIN", &bin);
-    }
+    // Before any thread exists: ClusterAgent reads it.
+    ironlet_bin_beside_this()?;
     println!("load average at start: {}", load_average());
     println!("{}", limits());
     let largest = args.sizes.iter().copied().max().unwrap_or(0) + args.extra + 10;
@@ -154,10 +147,7 @@ fn main() -> Result<()> {
     if let Some(peer) = &peer {
         nodes.push(Target::kubelet(peer));
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let rt = ironlet_bench::runtime()?;
     let outcome = rt.block_on(run(&plane, &nodes, &args));
     let cleanup = rt.block_on(async {
         let pods: Api<Pod> = Api::namespaced(plane.admin_client().await?, NAMESPACE);
@@ -166,18 +156,7 @@ fn main() -> Result<()> {
         }
         Ok::<_, anyhow::Error>(())
     });
-    if outcome.is_err() || cleanup.is_err() {
-        eprintln!("ironlet agent log tail:\n{}", agent.log_tail(40));
-        if let Some(peer) = &peer {
-            eprintln!("{}", peer.log_tails(30));
-        }
-    }
-    drop(rt);
-    drop(peer);
-    drop(agent);
-    drop(plane);
-    println!("load average at end: {}", load_average());
-    outcome.and(cleanup)
+    teardown(rt, plane, agent, peer, outcome, cleanup)
 }
 
 /// One node under test: where its manifests go, which processes are its management
@@ -427,118 +406,45 @@ fn limits() -> String {
     )
 }
 
-/// First Running sighting of each density pod on the watch; removed when the pod is deleted.
-type Seen = Arc<Mutex<HashMap<String, Option<Instant>>>>;
-
-fn lock(seen: &Seen) -> std::sync::MutexGuard<'_, HashMap<String, Option<Instant>>> {
-    seen.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-async fn watch_pods(
-    pods: Api<Pod>,
-    seen: Seen,
-    changed: tokio::sync::watch::Sender<u64>,
-    synced: tokio::sync::oneshot::Sender<()>,
-) {
-    let stream = watcher::watcher(pods, watcher::Config::default().labels(LABEL)).default_backoff();
-    futures_util::pin_mut!(stream);
-    let mut synced = Some(synced);
-    while let Some(event) = stream.next().await {
-        let now = Instant::now();
-        match event {
-            Ok(Event::Apply(pod) | Event::InitApply(pod)) => {
-                let Some(name) = pod.metadata.name.clone() else {
-                    continue;
-                };
-                let running =
-                    pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
-                let mut seen = lock(&seen);
-                let stamp = seen.entry(name).or_default();
-                if running && stamp.is_none() {
-                    *stamp = Some(now);
-                }
-            }
-            Ok(Event::Delete(pod)) => {
-                if let Some(name) = pod.metadata.name {
-                    lock(&seen).remove(&name);
-                }
-            }
-            Ok(Event::InitDone) => {
-                if let Some(synced) = synced.take() {
-                    let _ = synced.send(());
-                }
-            }
-            Ok(Event::Init) => {}
-            Err(err) => eprintln!("pod watch error (retrying): {err}"),
-        }
-        changed.send_modify(|v| *v += 1);
-    }
-}
-
 /// Waits until `count` pods whose names start with `prefix` are Running; returns the latest
 /// first-Running stamp among them.
 async fn wait_running(
-    seen: &Seen,
-    changes: &mut tokio::sync::watch::Receiver<u64>,
+    watch: &mut PodWatch,
     prefix: &str,
     count: usize,
     timeout: Duration,
 ) -> Result<Instant> {
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        let (running, last) = {
-            let seen = lock(seen);
-            let stamps: Vec<Instant> = seen
-                .iter()
-                .filter(|(name, _)| name.starts_with(prefix))
-                .filter_map(|(_, stamp)| *stamp)
-                .collect();
-            (stamps.len(), stamps.iter().max().copied())
-        };
-        if running >= count {
-            return last.context("no pod");
-        }
-        match tokio::time::timeout_at(deadline, changes.changed()).await {
-            Ok(Ok(())) => {}
-            Ok(Err(_)) => bail!("the pod watch ended while waiting for {prefix}*"),
-            Err(_) => bail!("{running} of {count} pods {prefix}* Running after {timeout:?}"),
-        }
-    }
+    let running = |seen: &Seen| -> Vec<Instant> {
+        seen.iter()
+            .filter(|(name, _)| name.starts_with(prefix))
+            .filter_map(|(_, stamps)| stamps.running)
+            .collect()
+    };
+    let last = watch
+        .wait_until(
+            timeout,
+            &format!("{prefix}*"),
+            |seen| {
+                let stamps = running(seen);
+                (stamps.len() >= count).then(|| stamps.iter().max().copied())
+            },
+            |seen| {
+                let running = running(seen).len();
+                format!("{running} of {count} pods {prefix}* Running after {timeout:?}")
+            },
+        )
+        .await?;
+    last.context("no pod")
 }
 
 fn pod_json(name: &str, node: Option<&str>) -> serde_json::Value {
-    let mut spec = json!({
-        "restartPolicy": "Always",
-        "dnsPolicy": "Default",
-        "automountServiceAccountToken": false,
-        "terminationGracePeriodSeconds": 1,
-        "containers": [{
-            "name": "main",
-            "image": "busybox",
-            "imagePullPolicy": "Never",
-            "command": ["sleep", "3600"],
-        }],
-    });
-    if let Some(node) = node {
-        spec["nodeName"] = json!(node);
-    }
-    json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": NAMESPACE,
-            "labels": { "ironlet-bench": "density" },
-        },
-        "spec": spec,
-    })
+    sleep_pod(name, NAMESPACE, "density", node)
 }
 
 struct Ctx<'a> {
     pods: Api<Pod>,
-    seen: Seen,
-    changes: tokio::sync::watch::Receiver<u64>,
+    /// First sightings of each density pod Running; forgotten when the pod is deleted.
+    watch: PodWatch,
     args: &'a Args,
 }
 
@@ -560,14 +466,7 @@ async fn extra_pods(ctx: &mut Ctx<'_>, node: &Target, tag: &str) -> Result<Vec<D
                 Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
             }
         };
-        let running = wait_running(
-            &ctx.seen,
-            &mut ctx.changes,
-            &name,
-            1,
-            Duration::from_secs(60),
-        )
-        .await?;
+        let running = wait_running(&mut ctx.watch, &name, 1, Duration::from_secs(60)).await?;
         out.push(running.saturating_duration_since(posted));
     }
     out.sort();
@@ -631,14 +530,7 @@ async fn fill(ctx: &mut Ctx<'_>, node: &Target, mode: Mode, n: usize) -> Result<
             }
         }
     }
-    let last = wait_running(
-        &ctx.seen,
-        &mut ctx.changes,
-        &prefix,
-        n,
-        Duration::from_secs(900),
-    )
-    .await?;
+    let last = wait_running(&mut ctx.watch, &prefix, n, Duration::from_secs(900)).await?;
     Ok(last.saturating_duration_since(start))
 }
 
@@ -660,23 +552,9 @@ async fn run(plane: &ControlPlane, nodes: &[Target], args: &Args) -> Result<()> 
     for node in nodes {
         wait_node_ready(&client, &node.name).await?;
     }
-    let seen: Seen = Arc::default();
-    let (changed, changes) = tokio::sync::watch::channel(0u64);
-    let (synced, is_synced) = tokio::sync::oneshot::channel();
-    let watch = tokio::spawn(watch_pods(pods.clone(), seen.clone(), changed, synced));
-    tokio::time::timeout(Duration::from_secs(30), is_synced)
-        .await
-        .context("the pod watch did not sync within 30 s")?
-        .context("the pod watch ended")?;
-    let mut ctx = Ctx {
-        pods,
-        seen,
-        changes,
-        args,
-    };
-    let result = measure(&mut ctx, nodes).await;
-    watch.abort();
-    result
+    let watch = PodWatch::start(pods.clone(), LABEL).await?;
+    let mut ctx = Ctx { pods, watch, args };
+    measure(&mut ctx, nodes).await
 }
 
 async fn measure(ctx: &mut Ctx<'_>, nodes: &[Target]) -> Result<()> {

@@ -43,7 +43,8 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 
 use ironlet_bench::cluster::{
-    self, delete_labelled, describe_node, ironlet_bin_beside_this, load_average, wait_node_ready,
+    self, delete_all_labelled, describe_node, ironlet_bin_beside_this, load_average, teardown,
+    wait_node_ready,
 };
 use ironlet_bench::peer_node::PeerNode;
 use ironlet_bench::stats::{ms, percentile};
@@ -134,24 +135,14 @@ fn main() -> Result<()> {
             exes: vec![peer.bin.clone()],
         });
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let rt = ironlet_bench::runtime()?;
     let outcome = run(&rt, &plane, &nodes, &args);
-    let cleanup = rt.block_on(delete_all(&plane));
-    if outcome.is_err() || cleanup.is_err() {
-        eprintln!("ironlet agent log tail:\n{}", agent.log_tail(40));
-        if let Some(peer) = &peer {
-            eprintln!("{}", peer.log_tails(30));
-        }
-    }
-    drop(rt);
-    drop(peer);
-    drop(agent);
-    drop(plane);
-    println!("load average at end: {}", load_average());
-    outcome.and(cleanup)
+    let cleanup = rt.block_on(delete_all_labelled(
+        &plane,
+        NAMESPACE,
+        &format!("{LABEL_KEY}={LABEL_VALUE}"),
+    ));
+    teardown(rt, plane, agent, peer, outcome, cleanup)
 }
 
 fn run(
@@ -681,10 +672,4 @@ fn report(
             i.forward / k.forward
         );
     }
-}
-
-/// Deletes every bench pod (1 s grace) and waits until the API has none left.
-async fn delete_all(plane: &ControlPlane) -> Result<()> {
-    let pods: Api<Pod> = Api::namespaced(plane.admin_client().await?, NAMESPACE);
-    delete_labelled(&pods, &format!("{LABEL_KEY}={LABEL_VALUE}")).await
 }

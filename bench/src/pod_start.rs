@@ -27,19 +27,11 @@ use ironlet_bench::stats::{ms, percentile};
 
 fn main() -> Result<()> {
     ensure!(nix::unistd::geteuid().is_root(), "the benchmark needs root");
-    let n: usize = std::env::args()
-        .nth(1)
-        .map(|s| s.parse())
-        .transpose()
-        .context("N must be a number")?
-        .unwrap_or(100);
+    let n = ironlet_bench::count_arg("N", 100)?;
     let images = repo_root().join("images/out/busybox");
     ensure!(images.join("index.json").exists(), "run images/build first");
     let zygote = ironlet_runtime::zygote::spawn()?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let rt = ironlet_bench::runtime()?;
     rt.block_on(in_process(zygote, n, &images))?;
     drop(rt);
     with_binary(n, &images)

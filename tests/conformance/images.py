@@ -2,13 +2,15 @@
 """The test images of the e2e suite, as OCI layouts, for scripts/conformance.
 
 Usage: tests/conformance/images.py OUT_DIR BIN_DIR NC
+       tests/conformance/images.py --busybox FILE   (writes the images' busybox binary to FILE)
 
 BIN_DIR holds the static `agnhost` and `nnp` binaries built from the k8s.io/kubernetes
 module (test/images/agnhost, test/images/nonewprivs) and agnhost's `localhost.crt` and
 `localhost.key` (test/images/agnhost/porter); NC is the static UDP-capable netcat of
 tests/conformance/nc. Each image is an equivalent of the
 upstream one under the name test/utils/image/manifest.go gives it, built with images/build's
-layer writer on its busybox layer (Debian's busybox-static):
+layer writer on its busybox layer (Debian's busybox-static, whose shell keeps every environment
+variable as upstream's does: keep_all_environment):
 
   e2e-test-images/agnhost:2.66.1, :2.55  busybox + /agnhost (+ /agnhost-2, /uploads,
                                          /localhost.crt and .key), a curl on busybox wget,
@@ -26,6 +28,7 @@ Prints one line per image: LAYOUT_DIR REPOSITORY:TAG (the part after the registr
 import importlib.machinery
 import importlib.util
 import os
+import re
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -75,6 +78,41 @@ exec /bin/sh "$@"
 """
 
 
+# Upstream's busybox image (Docker's busybox:1.37.0, from busybox's own source) keeps
+# environment variables whose names are not shell names (`data-1`, `p-data-1`: ConfigMap
+# and Secret keys through envFrom): ash imports every `NAME=value` entry of its environment
+# (busybox commit 9c143ce52, 1.28: "ash: retain envvars with bad names in initial
+# environment"), so `sh -c env` prints them. Debian's busybox and busybox-static 1.35 do
+# not: their ash's environment import has the check from before that commit, `p =
+# endofname(entry); if (p != entry && *p == '=') setvareq(entry, VEXPORT|VTEXTFIXED)`
+# (seen in their machine code; busybox 1.35.0 built from its source keeps the variables),
+# so such variables vanish in the shell and in everything it starts. The stand-ins' copy
+# of busybox gets upstream's import back: the two conditional jumps of that check become
+# two-byte NOPs. What still differs from upstream: an environment entry without `=` (which
+# no container runtime sets) is imported as an empty variable, where upstream skips it; and
+# `export -p` / `set` print such a variable whole (`export data-1='x'`), as Debian's ash
+# also has that commit's other half undone, where upstream prints the name up to the first
+# character that is not a name's. Anything but exactly one match (another Debian build) fails
+# the build.
+ENV_IMPORT = re.compile(
+    rb"\xe8....\x48\x8b\x3b\x48\x39\xc7(\x74.)\x80\x38\x3d(\x75.)\xbe\x09\x00\x00\x00\xe8",
+    re.S)
+NOP2 = b"\x66\x90"
+
+
+def keep_all_environment(busybox):
+    """Debian's busybox binary with ash importing every environment variable, as upstream."""
+    matches = list(ENV_IMPORT.finditer(busybox))
+    if len(matches) != 1:
+        sys.exit(f"images.py: found ash's environment import check {len(matches)} times in "
+                 "busybox, not once (busybox changed? see keep_all_environment)")
+    m = matches[0]
+    patched = bytearray(busybox)
+    for group in (1, 2):
+        patched[m.start(group):m.end(group)] = NOP2
+    return bytes(patched)
+
+
 def load_build():
     loader = importlib.machinery.SourceFileLoader("images_build", BUILD)
     spec = importlib.util.spec_from_loader("images_build", loader)
@@ -84,13 +122,23 @@ def load_build():
 
 
 def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "--busybox":
+        # the images' busybox alone, for the test that its shell keeps every variable
+        # (tests/tests/conformance_images.rs)
+        kind, mode, busybox = load_build().busybox_layer().entries["bin/busybox"]
+        with open(sys.argv[2], "wb") as f:
+            f.write(keep_all_environment(busybox))
+        os.chmod(sys.argv[2], 0o755)
+        return
     if len(sys.argv) != 4:
-        sys.exit("usage: images.py OUT_DIR BIN_DIR NC")
+        sys.exit("usage: images.py OUT_DIR BIN_DIR NC | --busybox FILE")
     out, bins, nc = (os.path.abspath(a) for a in sys.argv[1:])
     b = load_build()
     os.makedirs(out, exist_ok=True)
 
     base = b.busybox_layer()
+    kind, mode, busybox = base.entries["bin/busybox"]
+    base.entries["bin/busybox"] = (kind, mode, keep_all_environment(busybox))
     # upstream's agnhost image adds this user and group (alpine's adduser/addgroup), and has
     # no other uid / gid 1000: the base's `app` would be the name of uid 1000 (the first
     # entry wins) and hide the user's membership of group 50000.
