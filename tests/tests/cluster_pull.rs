@@ -21,8 +21,9 @@
 //! `e2e.ironlet.dev/registry-role: puller`. A pod of that account runs (its token was bound
 //! to it); a second pod of the account is served from the plugin cache (no new exec); a pod
 //! of the `default` account (no annotation: the plugin is not run) gets the registry's
-//! refusal. The node may request that audience through an RBAC rule
-//! (`request-serviceaccounts-token-audience`), as an admin grants it to kubelets.
+//! refusal. The node may request that audience only through an RBAC rule
+//! (`request-serviceaccounts-token-audience`), as an admin grants it to kubelets: without
+//! it, the pull fails with the API server's refusal of the token in its message.
 //!
 //! A pod's pull `kill -9`ed with the agent in the middle of a large layer (served slowly by
 //! a relay in front of the registry) completes after the supervisor restarts the agent: the
@@ -227,7 +228,12 @@ printf '{{"kind":"CredentialProviderResponse","apiVersion":"credentialprovider.k
              requireServiceAccount: true\n    requiredServiceAccountAnnotationKeys: [{ROLE_KEY}]\n"
         ),
     )?;
-    // What an admin grants kubelets for a credential provider's audience.
+    grant_audience(plane, dir)?;
+    Ok(config)
+}
+
+/// What an admin grants kubelets for a credential provider's audience (`dir/rbac.yaml`).
+fn grant_audience(plane: &ControlPlane, dir: &std::path::Path) -> Result<()> {
     let rbac = dir.join("rbac.yaml");
     std::fs::write(
         &rbac,
@@ -240,7 +246,7 @@ printf '{{"kind":"CredentialProviderResponse","apiVersion":"credentialprovider.k
         ),
     )?;
     plane.kubectl(&["apply", "-f", &rbac.to_string_lossy()])?;
-    Ok(config)
+    Ok(())
 }
 
 /// A pod of the registry's image with pull secret `secret`; `Always` pulls even when the
@@ -717,7 +723,48 @@ fn service_account_token_provider(env: &Env) -> Result<()> {
             Ok(pod)
         };
         let image = format!("{}/tokened/layered", env.registry.host());
+        let waiting_message = |name: &'static str| {
+            let pods = pods.clone();
+            async move {
+                eventually(
+                    &format!("{name} fails to pull"),
+                    Duration::from_secs(60),
+                    || async {
+                        let pod = pods.get(name).await?;
+                        Ok(pod
+                            .status
+                            .and_then(|s| s.container_statuses)
+                            .and_then(|c| c.into_iter().next())
+                            .and_then(|c| c.state)
+                            .and_then(|s| s.waiting)
+                            .filter(|w| {
+                                matches!(
+                                    w.reason.as_deref(),
+                                    Some("ErrImagePull" | "ImagePullBackOff")
+                                )
+                            })
+                            .map(|w| w.message.unwrap_or_default()))
+                    },
+                )
+                .await
+            }
+        };
         let outcome = async {
+            // The node audience restriction: without the RBAC grant the API server refuses
+            // the token, and the pull's error says so.
+            env.plane
+                .kubectl(&["delete", "clusterrolebinding", "e2e-registry-audience"])?;
+            create_pod(&pods, &pod_of("tokened-0", "tokened")?).await?;
+            let refused = waiting_message("tokened-0").await;
+            grant_audience(&env.plane, &env.plugin)?;
+            let refused = refused?;
+            anyhow::ensure!(
+                refused.contains("not authorized to request tokens for audience")
+                    && refused.contains("Error getting service account token default/tokened"),
+                "the API server's refusal in the pull error: {refused:?}"
+            );
+            anyhow::ensure!(plugin_calls(env).is_empty(), "no token, no plugin run");
+            delete_pod(&pods, "tokened-0").await?;
             create_pod(&pods, &pod_of("tokened-1", "tokened")?).await?;
             wait_running(&pods, "tokened-1").await?;
             let calls = plugin_calls(env);
@@ -739,27 +786,7 @@ fn service_account_token_provider(env: &Env) -> Result<()> {
             anyhow::ensure!(plugin_calls(env).len() == 1, "served from the cache");
             // The default account lacks the annotation: no plugin run, no credentials.
             create_pod(&pods, &pod_of("untokened", "default")?).await?;
-            let waiting = eventually(
-                "untokened fails to pull",
-                Duration::from_secs(60),
-                || async {
-                    let pod = pods.get("untokened").await?;
-                    Ok(pod
-                        .status
-                        .and_then(|s| s.container_statuses)
-                        .and_then(|c| c.into_iter().next())
-                        .and_then(|c| c.state)
-                        .and_then(|s| s.waiting)
-                        .filter(|w| {
-                            matches!(
-                                w.reason.as_deref(),
-                                Some("ErrImagePull" | "ImagePullBackOff")
-                            )
-                        }))
-                },
-            )
-            .await?;
-            let message = waiting.message.unwrap_or_default();
+            let message = waiting_message("untokened").await?;
             anyhow::ensure!(
                 message.contains("401") || message.to_lowercase().contains("unauthorized"),
                 "the registry's refusal: {message:?}"
@@ -768,7 +795,7 @@ fn service_account_token_provider(env: &Env) -> Result<()> {
             Ok(())
         }
         .await;
-        for name in ["tokened-1", "tokened-2", "untokened"] {
+        for name in ["tokened-0", "tokened-1", "tokened-2", "untokened"] {
             if pods.get_opt(name).await?.is_some() {
                 delete_pod(&pods, name).await?;
             }
