@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
 
 mod file;
 mod refs;
@@ -59,6 +59,17 @@ pub trait ObjectSource: Send + Sync {
     /// not exist.
     async fn secret(&self, namespace: &str, name: &str) -> Result<Option<Secret>, ObjectError>;
 
+    /// The ServiceAccount `namespace/name` (for credential provider plugins with
+    /// `tokenAttributes`). `Ok(None)`: it does not exist, or this source has no service
+    /// accounts (no API server).
+    async fn service_account(
+        &self,
+        _namespace: &str,
+        _name: &str,
+    ) -> Result<Option<ServiceAccount>, ObjectError> {
+        Ok(None)
+    }
+
     /// A token of ServiceAccount `request.service_account`, bound to `request`'s pod, for a
     /// projected `serviceAccountToken` source. `Ok(None)`: this source cannot issue tokens
     /// (no API server).
@@ -85,6 +96,10 @@ pub struct TokenRequestFor<'a> {
     pub audience: Option<&'a str>,
     /// `expirationSeconds` (API default 3600).
     pub expiration_seconds: i64,
+    /// The ServiceAccount's UID as the TokenRequest's `metadata.uid` (the API server then
+    /// refuses a token for a re-created account of the same name); kubelet sets it for
+    /// credential provider tokens.
+    pub service_account_uid: Option<&'a str>,
 }
 
 /// A source with no objects: every lookup is "not found". For an agent without a

@@ -9,9 +9,19 @@
 //! round), pods left running so the nodes fill up. `--burst`: afterwards, per node, N pods
 //! POSTed at once; per-pod latency from its own POST and the time to all Running.
 //!
-//! Usage (root): `api-pod-start [N] [--burst] [--no-peer | --peer-idle] [--settle-ms=MS]`
-//! (N defaults to 50; `--peer-idle`: the peer node runs but gets no pods; `--settle-ms`: idle
-//! time after each sequential pod, 0 by default), with
+//! `--pull` (issue 12): instead, N rounds of a pod whose image is not on the node: the
+//! `layered` test image (busybox plus three small layers) only in a loopback registry
+//! (Debian's `docker-registry`, TLS from a test CA: ironlet trusts it through
+//! `--registry-config`, containerd's CRI through a hosts directory), `IfNotPresent`. Before
+//! each pod the image is removed from its node (ironlet: `images rm` + `images prune`;
+//! containerd: `ctr -n k8s.io images rm --sync` of every name of the image, whose garbage
+//! collection removes its content and snapshots) and checked gone; after it is Running and
+//! Ready the pod is deleted and awaited. Nodes interleaved, the order flipping each round;
+//! the layer both nodes already have (busybox's) is not fetched by either.
+//!
+//! Usage (root): `api-pod-start [N] [--burst | --pull] [--no-peer | --peer-idle]
+//! [--settle-ms=MS]` (N defaults to 50; `--peer-idle`: the peer node runs but gets no pods;
+//! `--settle-ms`: idle time after each sequential pod, 0 by default), with
 //! `ironlet` built beside this binary (`cargo build --release -p ironlet -p ironlet-bench`)
 //! and, for the peer, `scripts/peer-kubelet build` done once. Teardown (always, also after a
 //! failure): every bench pod deleted and awaited, the peer's `down`, the agent stopped with
@@ -20,7 +30,8 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use ironlet_e2e::{eventually, ClusterAgent, ControlPlane};
+use ironlet_e2e::{eventually, images_out, ironlet_binary, ClusterAgent, ControlPlane};
+use ironlet_runtime::testkit::registry::{RegistryOptions, TestRegistry};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 
@@ -29,11 +40,14 @@ use ironlet_bench::cluster::{
     sleep_pod, teardown, wait_node_ready, PodStamps, PodWatch,
 };
 use ironlet_bench::peer_node::PeerNode;
+use ironlet_bench::registry_hosts::write_hosts_dir;
 use ironlet_bench::stats::{ms, percentile};
 
 const LABEL: &str = "ironlet-bench=api-pod-start";
 const NAMESPACE: &str = "default";
 const POD_TIMEOUT: Duration = Duration::from_secs(60);
+/// The `--pull` image's repository and tag in the registry.
+const PULL_REPO_TAG: &str = "bench/pull:1";
 
 struct Args {
     n: usize,
@@ -43,6 +57,8 @@ struct Args {
     peer_idle: bool,
     /// Idle time after each sequential pod, before the next POST.
     settle: Duration,
+    /// Pods of an image not present on the node, pulled from a loopback registry.
+    pull: bool,
 }
 
 fn parse_args() -> Result<Args> {
@@ -52,10 +68,12 @@ fn parse_args() -> Result<Args> {
         peer: true,
         peer_idle: false,
         settle: Duration::ZERO,
+        pull: false,
     };
     for arg in std::env::args().skip(1) {
         match arg.as_str() {
             "--burst" => args.burst = true,
+            "--pull" => args.pull = true,
             "--no-peer" => args.peer = false,
             "--peer-idle" => args.peer_idle = true,
             s if s.starts_with("--settle-ms=") => {
@@ -73,6 +91,10 @@ fn parse_args() -> Result<Args> {
         }
     }
     ensure!(args.n > 0, "N must be at least 1");
+    ensure!(
+        !(args.pull && args.burst),
+        "--pull and --burst are separate runs"
+    );
     Ok(args)
 }
 
@@ -82,15 +104,62 @@ fn main() -> Result<()> {
     // Before any thread exists: ClusterAgent reads it.
     ironlet_bin_beside_this()?;
     println!("load average at start: {}", load_average());
-    // Dropped in reverse order: peer, agent, control plane.
-    let plane = ControlPlane::up()?;
-    let ironlet_node = "bench-ironlet".to_owned();
-    let agent = ClusterAgent::start(&plane.node_kubeconfig(&ironlet_node)?, &ironlet_node, 200)?;
-    let peer = if args.peer {
-        Some(PeerNode::up(&plane, "bench-kubelet")?)
+    // The --pull registry and its trust for both nodes (removed last).
+    let work = tempfile::Builder::new()
+        .prefix("ironlet-bench-api-pull-")
+        .tempdir()?;
+    let registry = if args.pull {
+        let registry = TestRegistry::start(RegistryOptions::default())?;
+        registry.push(&images_out()?.join("layered"), PULL_REPO_TAG, &[])?;
+        Some(registry)
     } else {
         None
     };
+    let mut agent_args: Vec<std::ffi::OsString> = Vec::new();
+    let mut peer_env: Vec<(&str, String)> = Vec::new();
+    if let Some(registry) = &registry {
+        let config = work.path().join("registries.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "configs:\n  \"{}\":\n    tls:\n      ca_file: {}\n",
+                registry.host(),
+                registry.ca_file().display()
+            ),
+        )?;
+        agent_args.extend(["--registry-config".into(), config.into_os_string()]);
+        let hosts = write_hosts_dir(work.path(), registry)?;
+        peer_env.push((
+            "IRONLET_PEER_REGISTRY_HOSTS_DIR",
+            hosts.to_string_lossy().into_owned(),
+        ));
+    }
+    // Dropped in reverse order: peer, agent, control plane.
+    let plane = ControlPlane::up()?;
+    let ironlet_node = "bench-ironlet".to_owned();
+    let agent_args: Vec<&std::ffi::OsStr> = agent_args.iter().map(|a| a.as_os_str()).collect();
+    let agent = ClusterAgent::start_with_args(
+        &plane.node_kubeconfig(&ironlet_node)?,
+        &ironlet_node,
+        200,
+        &agent_args,
+    )?;
+    let peer = if args.peer {
+        Some(PeerNode::up_with(&plane, "bench-kubelet", &peer_env)?)
+    } else {
+        None
+    };
+    let pull = registry.as_ref().map(|r| PullSetup {
+        reference: format!("{}/{PULL_REPO_TAG}", r.host()),
+        ironlet_root: agent.root.clone(),
+        peer: peer.as_ref().map(|p| {
+            (
+                p.bin.join("ctr"),
+                p.dir().join("containerd.sock"),
+                p.node.clone(),
+            )
+        }),
+    });
     let mut nodes = vec![ironlet_node];
     if let Some(peer) = &peer {
         nodes.push(peer.node.clone());
@@ -101,9 +170,12 @@ fn main() -> Result<()> {
     } else {
         &nodes[..]
     };
-    let outcome = rt.block_on(run(&plane, measured, &args));
+    let outcome = rt.block_on(run(&plane, measured, &args, pull.as_ref()));
     let cleanup = rt.block_on(delete_all_labelled(&plane, NAMESPACE, LABEL));
-    teardown(rt, plane, agent, peer, outcome, cleanup)
+    let result = teardown(rt, plane, agent, peer, outcome, cleanup);
+    drop(registry);
+    drop(work);
+    result
 }
 
 #[derive(Clone, Copy)]
@@ -112,7 +184,21 @@ struct Sample {
     ready: Duration,
 }
 
-async fn run(plane: &ControlPlane, nodes: &[String], args: &Args) -> Result<()> {
+/// What `--pull` needs: the image's reference and how to remove it from each node.
+struct PullSetup {
+    reference: String,
+    /// The agent's `--root-dir` (`ironlet images rm/prune` there).
+    ironlet_root: std::path::PathBuf,
+    /// The peer's `ctr`, containerd socket and node name.
+    peer: Option<(std::path::PathBuf, std::path::PathBuf, String)>,
+}
+
+async fn run(
+    plane: &ControlPlane,
+    nodes: &[String],
+    args: &Args,
+    pull: Option<&PullSetup>,
+) -> Result<()> {
     let client = plane.admin_client().await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
     for node in nodes {
@@ -121,13 +207,14 @@ async fn run(plane: &ControlPlane, nodes: &[String], args: &Args) -> Result<()> 
     }
     // The watch is opened (and synced) before the first POST.
     let mut watch = PodWatch::start(pods.clone(), LABEL).await?;
-    measure(&pods, nodes, args, &mut watch).await
+    measure(&pods, nodes, args, pull, &mut watch).await
 }
 
 async fn measure(
     pods: &Api<Pod>,
     nodes: &[String],
     args: &Args,
+    pull: Option<&PullSetup>,
     watch: &mut PodWatch,
 ) -> Result<()> {
     // Warm-up, not measured: the first pod waits for the default ServiceAccount to exist.
@@ -140,6 +227,9 @@ async fn measure(
         })
         .await?;
         wait_stamps(watch, &name).await?;
+    }
+    if let Some(pull) = pull {
+        return measure_pull(pods, nodes, args.n, pull, watch).await;
     }
     let mut sequential: Vec<Vec<Sample>> = vec![Vec::with_capacity(args.n); nodes.len()];
     for round in 0..args.n {
@@ -237,6 +327,159 @@ async fn run_burst(
         samples.push(sample);
     }
     Ok((samples, last - first))
+}
+
+/// `--pull`: per round and node, the image removed, then a pod of it POSTed → Running.
+async fn measure_pull(
+    pods: &Api<Pod>,
+    nodes: &[String],
+    n: usize,
+    pull: &PullSetup,
+    watch: &mut PodWatch,
+) -> Result<()> {
+    let mut samples: Vec<Vec<Sample>> = vec![Vec::with_capacity(n); nodes.len()];
+    for round in 0..n {
+        for k in 0..nodes.len() {
+            let k = if round % 2 == 0 {
+                k
+            } else {
+                nodes.len() - 1 - k
+            };
+            let node = &nodes[k];
+            remove_image(pull, node)?;
+            let name = format!("{}-pull-{round}", short(node));
+            let mut spec = pod(&name, node)?;
+            if let Some(c) = spec.spec.as_mut().and_then(|s| s.containers.first_mut()) {
+                c.image = Some(pull.reference.clone());
+                c.image_pull_policy = Some("IfNotPresent".into());
+            }
+            let posted = Instant::now();
+            pods.create(&PostParams::default(), &spec)
+                .await
+                .with_context(|| format!("creating {name}"))?;
+            let stamps = wait_stamps(watch, &name).await?;
+            samples[k].push(sample(posted, stamps)?);
+            pulled_event(pods, &name).await?;
+            pods.delete(&name, &Default::default()).await?;
+            eventually(&format!("{name} gone"), POD_TIMEOUT, || async {
+                Ok(pods.get_opt(&name).await?.is_none().then_some(()))
+            })
+            .await?;
+        }
+    }
+    println!(
+        "\nImage not present: {n} pods per node, each after the image was removed from its node, \
+         POST → watch event (ms), {}",
+        pull.reference
+    );
+    report(nodes, &samples);
+    println!("load average after the pull pods: {}", load_average());
+    Ok(())
+}
+
+/// Waits for pod `name`'s `Pulled` event of a real pull ("Successfully pulled image …"):
+/// the image was not present.
+async fn pulled_event(pods: &Api<Pod>, name: &str) -> Result<()> {
+    use k8s_openapi::api::core::v1::Event;
+    let events: Api<Event> = Api::namespaced(pods.clone().into_client(), NAMESPACE);
+    let selector = format!("involvedObject.name={name},reason=Pulled");
+    eventually(
+        &format!("{name}'s Pulled event"),
+        Duration::from_secs(30),
+        || async {
+            let list = events
+                .list(&kube::api::ListParams::default().fields(&selector))
+                .await?;
+            Ok(list
+                .items
+                .iter()
+                .any(|e| {
+                    e.message
+                        .as_deref()
+                        .is_some_and(|m| m.starts_with("Successfully pulled image"))
+                })
+                .then_some(()))
+        },
+    )
+    .await
+}
+
+/// Removes the `--pull` image from `node` with everything only it used, and checks it gone.
+fn remove_image(pull: &PullSetup, node: &str) -> Result<()> {
+    let repo = pull
+        .reference
+        .rsplit_once(':')
+        .map_or(pull.reference.as_str(), |(r, _)| r);
+    if let Some((ctr, sock, _)) = pull.peer.as_ref().filter(|(_, _, n)| n == node) {
+        let ctr = |args: &[&str]| -> Result<String> {
+            let out = std::process::Command::new(ctr)
+                .arg("--address")
+                .arg(sock)
+                .args(["-n", "k8s.io"])
+                .args(args)
+                .output()
+                .context("running ctr")?;
+            ensure!(
+                out.status.success(),
+                "ctr {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        };
+        // Every name of the image (tag, repo digest, and the CRI's `sha256:<id>`): the
+        // names whose target is the tag's manifest.
+        let listed = ctr(&["images", "ls"])?;
+        let rows: Vec<(&str, &str)> = listed
+            .lines()
+            .skip(1)
+            .filter_map(|l| {
+                let mut f = l.split_whitespace();
+                Some((f.next()?, f.nth(1)?))
+            })
+            .collect();
+        let digests: Vec<&str> = rows
+            .iter()
+            .filter(|(name, _)| name.starts_with(repo))
+            .map(|(_, digest)| *digest)
+            .collect();
+        let names: Vec<&str> = rows
+            .iter()
+            .filter(|(_, digest)| digests.contains(digest))
+            .map(|(name, _)| *name)
+            .collect();
+        if !names.is_empty() {
+            let mut args = vec!["images", "rm", "--sync"];
+            args.extend(&names);
+            ctr(&args)?;
+        }
+        let left = ctr(&["images", "ls", "-q"])?;
+        ensure!(!left.contains(repo), "the peer still has the image: {left}");
+        return Ok(());
+    }
+    let ironlet = |args: &[&str]| -> Result<String> {
+        let out = std::process::Command::new(ironlet_binary()?)
+            .arg("--root-dir")
+            .arg(&pull.ironlet_root)
+            .args(args)
+            .output()
+            .context("running ironlet")?;
+        ensure!(
+            out.status.success(),
+            "ironlet {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let listed = ironlet(&["images", "ls"])?;
+    if listed.contains(repo) {
+        ironlet(&["images", "rm", &pull.reference])?;
+        ironlet(&["images", "prune"])?;
+    }
+    let left = ironlet(&["images", "ls"])?;
+    ensure!(!left.contains(repo), "ironlet still has the image: {left}");
+    Ok(())
 }
 
 fn sample(posted: Instant, stamps: PodStamps) -> Result<Sample> {

@@ -28,6 +28,7 @@ use anyhow::{bail, ensure, Context, Result};
 use nix::sys::resource::{getrusage, UsageWho};
 
 use ironlet_bench::debian_image::{build_layout, LAYERS};
+use ironlet_bench::registry_hosts::write_hosts_dir;
 use ironlet_bench::stats::{ms, percentile};
 use ironlet_runtime::image::{ImageStore, ImageStoreConfig, LocalImageService, PullRequest};
 use ironlet_runtime::testkit::registry::{RegistryOptions, TestRegistry};
@@ -398,19 +399,6 @@ impl Containerd {
         }
         unmount_under(&self.dir);
     }
-}
-
-/// `<work>/certs.d/<host>/hosts.toml` trusting the registry's CA, for `ctr --hosts-dir`.
-fn write_hosts_dir(work: &Path, registry: &TestRegistry) -> Result<PathBuf> {
-    let dir = work.join("certs.d");
-    let host = registry.host();
-    std::fs::create_dir_all(dir.join(&host))?;
-    let toml = format!(
-        "server = \"https://{host}\"\n\n[host.\"https://{host}\"]\n  capabilities = [\"pull\", \"resolve\"]\n  ca = \"{}\"\n",
-        registry.ca_file().display()
-    );
-    std::fs::write(dir.join(&host).join("hosts.toml"), toml)?;
-    Ok(dir)
 }
 
 /// Detaches every mount under `dir`, deepest first.

@@ -1,11 +1,12 @@
 //! What the benchmark binaries share (`cluster`, `stats`, `peer_bundle`, `peer_node`,
-//! `debian_image`, and here their command-line count and tokio runtime); each binary's
-//! module docs say what it measures.
+//! `debian_image`, `registry_hosts`, and here their command-line count and tokio runtime);
+//! each binary's module docs say what it measures.
 
 pub mod cluster;
 pub mod debian_image;
 pub mod peer_bundle;
 pub mod peer_node;
+pub mod registry_hosts;
 pub mod stats;
 
 use anyhow::Context;

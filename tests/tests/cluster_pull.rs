@@ -14,6 +14,17 @@
 //! image is younger than the 2 min minimum age, so nothing is removed while the tests run —
 //! and the Node gets kubelet's `FreeDiskSpaceFailed` warning.
 //!
+//! A kubelet credential provider plugin with `tokenAttributes` (KEP-4412) serves
+//! `<registry>/tokened/*`: a shell script that submits the service-account token it is sent
+//! to the API server's TokenReview (audience `e2e-registry`) and answers the registry's
+//! credentials only for service account `default/tokened` with annotation
+//! `e2e.ironlet.dev/registry-role: puller`. A pod of that account runs (its token was bound
+//! to it); a second pod of the account is served from the plugin cache (no new exec); a pod
+//! of the `default` account (no annotation: the plugin is not run) gets the registry's
+//! refusal. The node may request that audience only through an RBAC rule
+//! (`request-serviceaccounts-token-audience`), as an admin grants it to kubelets: without
+//! it, the pull fails with the API server's refusal of the token in its message.
+//!
 //! A pod's pull `kill -9`ed with the agent in the middle of a large layer (served slowly by
 //! a relay in front of the registry) completes after the supervisor restarts the agent: the
 //! partial blob and snapshot are gone, the image is stored with the registry's digests.
@@ -38,6 +49,10 @@ use serde_json::json;
 
 const USER: &str = "e2e-puller";
 const PASS: &str = "e2e-right-password";
+/// The credential provider plugin's token audience.
+const AUDIENCE: &str = "e2e-registry";
+/// The service-account annotation the plugin requires.
+const ROLE_KEY: &str = "e2e.ironlet.dev/registry-role";
 
 mod local;
 use local::agent_pid;
@@ -51,6 +66,9 @@ struct Env {
     proxy: TcpProxy,
     /// `big/kill:1` in the registry.
     big: LargeImage,
+    /// The token plugin's directory: `calls` (its requests), `reviewed` (the pods whose
+    /// tokens it accepted).
+    plugin: std::path::PathBuf,
     _work: tempfile::TempDir,
 }
 
@@ -74,6 +92,10 @@ const TESTS: &[SuiteTest<Env>] = &[
     (
         "a_pod_pulls_with_the_pull_secret_of_its_service_account",
         service_account_secret,
+    ),
+    (
+        "a_credential_provider_gets_the_pods_service_account_token_and_only_that_account_pulls",
+        service_account_token_provider,
     ),
     (
         "image_gc_that_cannot_free_enough_warns_on_the_node_with_kubelets_message",
@@ -119,7 +141,10 @@ fn start() -> Result<Env> {
             ca = registry.ca_file().display()
         ),
     )?;
+    registry.push(&images_out()?.join("layered"), "tokened/layered:1", &[])?;
     let plane = ControlPlane::up()?;
+    let plugin = work.path().join("plugin");
+    let provider_config = token_plugin(&plane, &registry, &plugin)?;
     let node = format!("e2e-pull-{}", std::process::id());
     let kubeconfig = plane.node_kubeconfig(&node)?;
     let agent = ClusterAgent::start_with_args(
@@ -133,6 +158,10 @@ fn start() -> Result<Env> {
             "--node-status-max-images=1".as_ref(),
             "--image-gc-high-threshold=1".as_ref(),
             "--image-gc-low-threshold=0".as_ref(),
+            "--image-credential-provider-config".as_ref(),
+            provider_config.as_os_str(),
+            "--image-credential-provider-bin-dir".as_ref(),
+            plugin.join("bin").as_os_str(),
         ],
     )?;
     Ok(Env {
@@ -141,8 +170,83 @@ fn start() -> Result<Env> {
         registry,
         proxy,
         big,
+        plugin,
         _work: work,
     })
+}
+
+/// Writes the token plugin (`dir/bin/sa-token`) and its CredentialProviderConfig, and lets
+/// nodes request tokens for [`AUDIENCE`]; returns the config's path.
+fn token_plugin(
+    plane: &ControlPlane,
+    registry: &TestRegistry,
+    dir: &std::path::Path,
+) -> Result<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin)?;
+    let kubectl = plane.kubectl_command();
+    let kubectl = format!(
+        "{} {}",
+        kubectl.get_program().to_string_lossy(),
+        kubectl
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    let host = registry.host();
+    let script = format!(
+        r#"#!/bin/sh
+# Credentials for {host}/tokened only for a token of default/tokened that the API server
+# accepts for audience {AUDIENCE}, with annotation {ROLE_KEY}=puller.
+req=$(cat)
+printf '%s\n' "$req" >> {dir}/calls
+token=$(printf '%s' "$req" | jq -r '.serviceAccountToken // empty')
+role=$(printf '%s' "$req" | jq -r '.serviceAccountAnnotations["{ROLE_KEY}"] // empty')
+[ -n "$token" ] || {{ echo "no serviceAccountToken" >&2; exit 1; }}
+review=$(jq -n --arg t "$token" '{{apiVersion:"authentication.k8s.io/v1",kind:"TokenReview",spec:{{token:$t,audiences:["{AUDIENCE}"]}}}}'   | {kubectl} create -f - -o json) || exit 1
+user=$(printf '%s' "$review" | jq -r 'select(.status.authenticated == true) | .status.user.username')
+[ "$user" = system:serviceaccount:default:tokened ] || {{ echo "token of '$user' refused" >&2; exit 1; }}
+[ "$role" = puller ] || {{ echo "role '$role' refused" >&2; exit 1; }}
+printf '%s' "$review" | jq -r '.status.user.extra["authentication.kubernetes.io/pod-name"][0]' >> {dir}/reviewed
+printf '{{"kind":"CredentialProviderResponse","apiVersion":"credentialprovider.kubelet.k8s.io/v1","cacheKeyType":"Image","cacheDuration":"5m","auth":{{"{host}/tokened":{{"username":"{USER}","password":"{PASS}"}}}}}}'
+"#,
+        dir = dir.display()
+    );
+    let path = bin.join("sa-token");
+    std::fs::write(&path, script)?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))?;
+    let config = dir.join("config.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "apiVersion: kubelet.config.k8s.io/v1\nkind: CredentialProviderConfig\nproviders:\n\
+             - name: sa-token\n  matchImages: [\"{host}/tokened\"]\n  defaultCacheDuration: 1m\n  \
+             apiVersion: credentialprovider.kubelet.k8s.io/v1\n  tokenAttributes:\n    \
+             serviceAccountTokenAudience: {AUDIENCE}\n    cacheType: ServiceAccount\n    \
+             requireServiceAccount: true\n    requiredServiceAccountAnnotationKeys: [{ROLE_KEY}]\n"
+        ),
+    )?;
+    grant_audience(plane, dir)?;
+    Ok(config)
+}
+
+/// What an admin grants kubelets for a credential provider's audience (`dir/rbac.yaml`).
+fn grant_audience(plane: &ControlPlane, dir: &std::path::Path) -> Result<()> {
+    let rbac = dir.join("rbac.yaml");
+    std::fs::write(
+        &rbac,
+        format!(
+            "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata: {{name: e2e-registry-audience}}\n\
+             rules:\n- apiGroups: [\"\"]\n  resources: [\"{AUDIENCE}\"]\n  verbs: [request-serviceaccounts-token-audience]\n\
+             ---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {{name: e2e-registry-audience}}\n\
+             roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: e2e-registry-audience}}\n\
+             subjects:\n- {{apiGroup: rbac.authorization.k8s.io, kind: Group, name: \"system:nodes\"}}\n"
+        ),
+    )?;
+    plane.kubectl(&["apply", "-f", &rbac.to_string_lossy()])?;
+    Ok(())
 }
 
 /// A pod of the registry's image with pull secret `secret`; `Always` pulls even when the
@@ -585,6 +689,121 @@ fn service_account_secret(env: &Env) -> Result<()> {
             "pulled from the registry with the service account's secret: {events:?}"
         );
         Ok(())
+    })
+}
+
+/// The plugin's requests so far.
+fn plugin_calls(env: &Env) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(env.plugin.join("calls"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+fn service_account_token_provider(env: &Env) -> Result<()> {
+    block_on(async {
+        let _ = env
+            .plane
+            .kubectl(&["delete", "serviceaccount", "tokened", "--ignore-not-found"]);
+        env.plane
+            .kubectl(&["create", "serviceaccount", "tokened"])?;
+        env.plane.kubectl(&[
+            "annotate",
+            "serviceaccount",
+            "tokened",
+            &format!("{ROLE_KEY}=puller"),
+        ])?;
+        let pods: Api<Pod> = Api::namespaced(env.plane.admin_client().await?, "default");
+        let pod_of = |name: &str, account: &str| -> Result<Pod> {
+            let mut pod = image_pod(env, name, "tokened/layered:1", None, "Always")?;
+            if let Some(spec) = pod.spec.as_mut() {
+                spec.service_account_name = Some(account.into());
+            }
+            Ok(pod)
+        };
+        let image = format!("{}/tokened/layered", env.registry.host());
+        let waiting_message = |name: &'static str| {
+            let pods = pods.clone();
+            async move {
+                eventually(
+                    &format!("{name} fails to pull"),
+                    Duration::from_secs(60),
+                    || async {
+                        let pod = pods.get(name).await?;
+                        Ok(pod
+                            .status
+                            .and_then(|s| s.container_statuses)
+                            .and_then(|c| c.into_iter().next())
+                            .and_then(|c| c.state)
+                            .and_then(|s| s.waiting)
+                            .filter(|w| {
+                                matches!(
+                                    w.reason.as_deref(),
+                                    Some("ErrImagePull" | "ImagePullBackOff")
+                                )
+                            })
+                            .map(|w| w.message.unwrap_or_default()))
+                    },
+                )
+                .await
+            }
+        };
+        let outcome = async {
+            // The node audience restriction: without the RBAC grant the API server refuses
+            // the token, and the pull's error says so.
+            env.plane
+                .kubectl(&["delete", "clusterrolebinding", "e2e-registry-audience"])?;
+            create_pod(&pods, &pod_of("tokened-0", "tokened")?).await?;
+            let refused = waiting_message("tokened-0").await;
+            grant_audience(&env.plane, &env.plugin)?;
+            let refused = refused?;
+            anyhow::ensure!(
+                refused.contains("not authorized to request tokens for audience")
+                    && refused.contains("Error getting service account token default/tokened"),
+                "the API server's refusal in the pull error: {refused:?}"
+            );
+            anyhow::ensure!(plugin_calls(env).is_empty(), "no token, no plugin run");
+            delete_pod(&pods, "tokened-0").await?;
+            create_pod(&pods, &pod_of("tokened-1", "tokened")?).await?;
+            wait_running(&pods, "tokened-1").await?;
+            let calls = plugin_calls(env);
+            anyhow::ensure!(calls.len() == 1, "one plugin run: {calls:?}");
+            anyhow::ensure!(
+                calls[0]["image"] == image.as_str()
+                    && calls[0]["serviceAccountAnnotations"] == json!({ ROLE_KEY: "puller" }),
+                "the request names the image and the required annotation: {}",
+                calls[0]
+            );
+            let reviewed = std::fs::read_to_string(env.plugin.join("reviewed"))?;
+            anyhow::ensure!(
+                reviewed.trim() == "tokened-1",
+                "the token was bound to the pod: {reviewed:?}"
+            );
+            // Another pod of the account: credentials from the plugin's cache.
+            create_pod(&pods, &pod_of("tokened-2", "tokened")?).await?;
+            wait_running(&pods, "tokened-2").await?;
+            anyhow::ensure!(plugin_calls(env).len() == 1, "served from the cache");
+            // The default account lacks the annotation: no plugin run, no credentials.
+            create_pod(&pods, &pod_of("untokened", "default")?).await?;
+            let message = waiting_message("untokened").await?;
+            anyhow::ensure!(
+                message.contains("401") || message.to_lowercase().contains("unauthorized"),
+                "the registry's refusal: {message:?}"
+            );
+            anyhow::ensure!(plugin_calls(env).len() == 1, "the plugin was not run");
+            Ok(())
+        }
+        .await;
+        for name in ["tokened-0", "tokened-1", "tokened-2", "untokened"] {
+            if pods.get_opt(name).await?.is_some() {
+                delete_pod(&pods, name).await?;
+            }
+        }
+        let _ = env
+            .plane
+            .kubectl(&["delete", "serviceaccount", "tokened", "--ignore-not-found"]);
+        outcome
     })
 }
 

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
 use k8s_openapi::ByteString;
 use kube::{Api, Client};
 
@@ -26,8 +26,9 @@ pub const CACHE_TTL: Duration = Duration::from_secs(1);
 
 type Cache<T> = Mutex<HashMap<(String, String), (Instant, Option<T>)>>;
 
-/// (namespace, service account, pod uid, audience, expiration) → (refresh after, token).
-type TokenCache = Mutex<HashMap<(String, String, String, String, i64), (Instant, String)>>;
+/// (namespace, service account, pod uid, audience, expiration, service account uid) →
+/// (refresh after, token).
+type TokenCache = Mutex<HashMap<(String, String, String, String, i64, String), (Instant, String)>>;
 
 /// kubelet refreshes a token after 80 % of its lifetime or 24 h, whichever comes first.
 fn token_reuse_period(expiration_seconds: i64) -> Duration {
@@ -41,6 +42,7 @@ pub struct ApiObjectSource {
     watches: Option<Arc<ObjectWatches>>,
     config_maps: Cache<ConfigMap>,
     secrets: Cache<Secret>,
+    service_accounts: Cache<ServiceAccount>,
     tokens: TokenCache,
 }
 
@@ -52,6 +54,7 @@ impl ApiObjectSource {
             watches,
             config_maps: Mutex::new(HashMap::new()),
             secrets: Mutex::new(HashMap::new()),
+            service_accounts: Mutex::new(HashMap::new()),
             tokens: Mutex::new(HashMap::new()),
         }
     }
@@ -119,6 +122,14 @@ impl ObjectSource for ApiObjectSource {
         Ok(secret.map(merge_string_data))
     }
 
+    async fn service_account(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<ServiceAccount>, ObjectError> {
+        read(&self.client, &self.service_accounts, namespace, name).await
+    }
+
     async fn service_account_token(
         &self,
         request: &TokenRequestFor<'_>,
@@ -126,7 +137,7 @@ impl ObjectSource for ApiObjectSource {
         use k8s_openapi::api::authentication::v1::{
             BoundObjectReference, TokenRequest, TokenRequestSpec,
         };
-        use k8s_openapi::api::core::v1::ServiceAccount;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
         let key = (
             request.namespace.to_owned(),
@@ -134,6 +145,7 @@ impl ObjectSource for ApiObjectSource {
             request.pod_uid.to_owned(),
             request.audience.unwrap_or_default().to_owned(),
             request.expiration_seconds,
+            request.service_account_uid.unwrap_or_default().to_owned(),
         );
         {
             let tokens = self.tokens.lock().unwrap_or_else(|p| p.into_inner());
@@ -144,6 +156,10 @@ impl ObjectSource for ApiObjectSource {
             }
         }
         let body = TokenRequest {
+            metadata: ObjectMeta {
+                uid: request.service_account_uid.map(str::to_owned),
+                ..ObjectMeta::default()
+            },
             spec: Some(TokenRequestSpec {
                 audiences: request.audience.map(|a| vec![a.to_owned()]),
                 expiration_seconds: Some(request.expiration_seconds),
@@ -222,6 +238,19 @@ impl ObjectSource for LayeredObjects {
     async fn secret(&self, namespace: &str, name: &str) -> Result<Option<Secret>, ObjectError> {
         for source in &self.0 {
             if let Some(found) = source.secret(namespace, name).await? {
+                return Ok(Some(found));
+            }
+        }
+        Ok(None)
+    }
+
+    async fn service_account(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<ServiceAccount>, ObjectError> {
+        for source in &self.0 {
+            if let Some(found) = source.service_account(namespace, name).await? {
                 return Ok(Some(found));
             }
         }

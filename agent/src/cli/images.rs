@@ -207,6 +207,7 @@ async fn pull(
         keyring,
         platform,
         progress: Some(tx),
+        pod: None,
     };
     // Progress goes on while stdout is closed (the pull itself completes); only the
     // final line reports a closed stdout, as every command does.

@@ -237,6 +237,7 @@ pub(crate) async fn projected(
                 pod_uid: ctx.pod.metadata.uid.as_deref().unwrap_or_default(),
                 audience: token.audience.as_deref().filter(|a| !a.is_empty()),
                 expiration_seconds: token.expiration_seconds.unwrap_or(3600),
+                service_account_uid: None,
             };
             let issued = ctx
                 .objects

@@ -48,8 +48,9 @@ pub use error::{ImageError, UnsafeEntryReason};
 pub use gc::GcReport;
 pub use lower::LowerLayer;
 pub use pull::{
-    CredentialProviders, Credentials, Endpoint, Keyring, PlatformSpec, PullConfig, PullProgress,
-    PullReport, PullRequest, Puller, RegistriesConfig,
+    CredentialProviders, Credentials, Endpoint, Keyring, PlatformSpec, PodIdentity, PullConfig,
+    PullProgress, PullReport, PullRequest, Puller, RegistriesConfig, ServiceAccountInfo,
+    ServiceAccountTokens, TokenFor,
 };
 pub use reference::Reference;
 pub use rootfs::{ImageSelector, PreparedRootfs, RootfsMode};

@@ -12,21 +12,32 @@
 //!                                         └► err: Failed, ErrImagePull, back-off doubled
 //! ```
 //!
+//! Credential provider plugins with `tokenAttributes` get the pod's identity
+//! ([`PodIdentity`]): its service account is read, and a token for the plugin's audience
+//! bound to the pod requested, through the node's API client ([`ObjectTokens`]).
+//!
 //! The back-off mirrors kubelet's image puller: 10 s, doubling, at most 300 s, per pod UID
 //! and image. Pulls wait for a node-wide slot when pulls are serialized or limited
 //! (`--serialize-image-pulls`, `--max-parallel-image-pulls`): the `Pulled` event's first
 //! time is the pull's own, the second ("including waiting") counts from `Pulling`.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ironlet_runtime::image::{Keyring, PullRequest};
+use ironlet_runtime::image::{
+    Keyring, PodIdentity, PullRequest, ServiceAccountInfo, ServiceAccountTokens, TokenFor,
+};
 use k8s_openapi::api::core::v1::{Container, Pod};
 
 use super::NodeSyncer;
 use crate::config::pod_uid;
 use crate::kubelet::events::{reason, EventType};
+use crate::objects::{ObjectSource, TokenRequestFor};
 use crate::pod_workers::SyncError;
+
+/// kubelet leaves a credential provider token's `expirationSeconds` to the API default.
+const PROVIDER_TOKEN_EXPIRATION_SECONDS: i64 = 3600;
 
 /// kubelet's image pull back-off: `flowcontrol.NewBackOff(10s, 300s)`.
 const PULL_BACKOFF_INITIAL: Duration = Duration::from_secs(10);
@@ -175,6 +186,7 @@ impl NodeSyncer {
         let started = Instant::now();
         let request = PullRequest {
             keyring: self.pull_secrets(pod).await,
+            pod: Some(self.pod_identity(pod)),
             ..PullRequest::default()
         };
         // kubelet's serial / parallel image puller: wait for a slot (FIFO); the wait
@@ -295,8 +307,66 @@ impl NodeSyncer {
         ring
     }
 
+    /// The pod as credential provider plugins with `tokenAttributes` see it.
+    fn pod_identity(&self, pod: &Pod) -> PodIdentity {
+        PodIdentity {
+            namespace: pod
+                .metadata
+                .namespace
+                .clone()
+                .unwrap_or_else(|| "default".into()),
+            name: pod.metadata.name.clone().unwrap_or_default(),
+            uid: pod.metadata.uid.clone().unwrap_or_default(),
+            service_account: pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.service_account_name.clone())
+                .unwrap_or_default(),
+            tokens: Arc::new(ObjectTokens(Arc::clone(&self.objects))),
+        }
+    }
+
     fn lock_pull_backoff(&self) -> std::sync::MutexGuard<'_, PullBackoff> {
         self.pull_backoff.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Service accounts and their tokens from the agent's object source (the API server).
+struct ObjectTokens(Arc<dyn ObjectSource>);
+
+#[async_trait::async_trait]
+impl ServiceAccountTokens for ObjectTokens {
+    async fn service_account(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<ServiceAccountInfo>, String> {
+        let account = self
+            .0
+            .service_account(namespace, name)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(account.map(|a| ServiceAccountInfo {
+            uid: a.metadata.uid.unwrap_or_default(),
+            annotations: a.metadata.annotations.unwrap_or_default(),
+        }))
+    }
+
+    async fn token(&self, r: &TokenFor<'_>) -> Result<String, String> {
+        let request = TokenRequestFor {
+            namespace: r.namespace,
+            service_account: r.service_account,
+            pod_name: r.pod_name,
+            pod_uid: r.pod_uid,
+            audience: Some(r.audience),
+            expiration_seconds: PROVIDER_TOKEN_EXPIRATION_SECONDS,
+            service_account_uid: Some(r.service_account_uid).filter(|u| !u.is_empty()),
+        };
+        match self.0.service_account_token(&request).await {
+            Ok(Some(token)) => Ok(token),
+            Ok(None) => Err("no API server to request a service account token from".into()),
+            Err(e) => Err(e.to_string()),
+        }
     }
 }
 

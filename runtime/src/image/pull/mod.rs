@@ -19,6 +19,8 @@ mod remote;
 
 pub use credentials::{Credentials, Keyring};
 pub use platform::PlatformSpec;
-pub use provider::CredentialProviders;
+pub use provider::{
+    CredentialProviders, PodIdentity, ServiceAccountInfo, ServiceAccountTokens, TokenFor,
+};
 pub use puller::{PullConfig, PullProgress, PullReport, PullRequest, Puller};
 pub use registries::{Endpoint, RegistriesConfig};

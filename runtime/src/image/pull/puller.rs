@@ -26,7 +26,7 @@ use futures_util::StreamExt;
 use super::credentials::{Credentials, Keyring};
 use super::layer::fetch_layer;
 use super::platform::PlatformSpec;
-use super::provider::CredentialProviders;
+use super::provider::{CredentialProviders, PodIdentity};
 use super::registries::RegistriesConfig;
 use super::remote::{ClientCache, Remote};
 use crate::image::digest::Digest;
@@ -76,6 +76,9 @@ pub struct PullRequest {
     /// Receives progress as the pull goes (the CLI prints it); only the caller that
     /// starts a pull gets its progress.
     pub progress: Option<tokio::sync::mpsc::UnboundedSender<PullProgress>>,
+    /// The pod the image is for: credential provider plugins with `tokenAttributes` get a
+    /// token of its service account.
+    pub pod: Option<PodIdentity>,
 }
 
 /// A step of a pull, for progress displays.
@@ -152,7 +155,17 @@ impl Puller {
             .platform
             .clone()
             .unwrap_or_else(|| self.config.platform.clone());
-        let key = format!("{parsed} {platform} {}", request.keyring.fingerprint());
+        let mut key = format!("{parsed} {platform} {}", request.keyring.fingerprint());
+        // Credentials from a service-account token differ by service account: pods of
+        // different accounts never share a pull.
+        let by_account = self
+            .config
+            .credential_providers
+            .as_ref()
+            .is_some_and(|p| p.depends_on_service_account(&parsed.name()));
+        if let Some(pod) = request.pod.as_ref().filter(|_| by_account) {
+            key.push_str(&format!(" sa={}/{}", pod.namespace, pod.service_account));
+        }
         let (shared, led) = {
             let mut map = self
                 .in_flight
@@ -168,6 +181,7 @@ impl Puller {
                         platform,
                         keyring: request.keyring,
                         progress: request.progress,
+                        pod: request.pod,
                         clients: Arc::clone(&self.clients),
                     };
                     // The task, not the caller, leaves the table: a caller may be dropped.
@@ -213,6 +227,7 @@ struct Job {
     platform: PlatformSpec,
     keyring: Keyring,
     progress: Option<tokio::sync::mpsc::UnboundedSender<PullProgress>>,
+    pod: Option<PodIdentity>,
     clients: Arc<ClientCache>,
 }
 
@@ -364,7 +379,9 @@ impl Job {
         let mut node_ring = self.config.node_keyring.clone();
         let mut provider_errors = Vec::new();
         if let Some(providers) = &self.config.credential_providers {
-            let (ring, errors) = providers.provide(&self.reference.name()).await;
+            let (ring, errors) = providers
+                .provide(&self.reference.name(), self.pod.as_ref())
+                .await;
             node_ring.extend(ring);
             provider_errors = errors;
         }
