@@ -18,7 +18,7 @@ mod error;
 mod file;
 mod file_scan;
 mod http;
-mod inotify;
+pub(crate) mod inotify;
 mod manifest;
 mod pod_config;
 mod source;

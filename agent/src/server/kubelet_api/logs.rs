@@ -6,7 +6,11 @@
 //! The current instance is the highest-numbered file, `previous` the one before it. With
 //! `follow`, the reader waits at the end of the file while the container runs and returns
 //! once it no longer does (and the rest is read); a line still being written (no newline
-//! yet) is only sent once whole.
+//! yet) is only sent once whole. A follower sleeps on an inotify watch of the log (kubelet's
+//! follower uses fsnotify alike) and looks at the container's state every
+//! [`STATE_CHECK_PERIOD`]; it reads only when the file changed. Polling the file instead
+//! would cost one blocking-pool task per follower per poll, which keeps the pool's threads
+//! alive at their high-water mark while logs are followed.
 
 use std::io::SeekFrom;
 use std::os::unix::fs::OpenOptionsExt;
@@ -15,6 +19,13 @@ use std::path::{Path, PathBuf};
 use chrono::{DateTime, Utc};
 use ironlet_runtime::local::logs::parse_record;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncSeekExt, BufReader};
+
+use crate::config::inotify::DirWatch;
+
+/// How often a follower looks whether the container still runs while its log is quiet.
+const STATE_CHECK_PERIOD: std::time::Duration = std::time::Duration::from_millis(250);
+/// How often a follower without an inotify watch (e.g. the per-user instance limit) reads.
+const POLL_PERIOD: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Kubelet's `PodLogOptions` as the query carries them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -285,6 +296,14 @@ pub async fn stream<S: Sink, F: Fn() -> bool + Send>(
     sink: &mut S,
     running: F,
 ) -> std::io::Result<()> {
+    // Set up before the first read, so that no write between a read and the wait is missed.
+    let mut changes = if opts.follow {
+        DirWatch::new(path)
+            .inspect_err(|err| tracing::debug!(%err, "following a log by polling"))
+            .ok()
+    } else {
+        None
+    };
     // Every file is opened now: a rotation while they are read removes none of them.
     let mut files = Vec::new();
     for file in instance_files(path) {
@@ -381,9 +400,26 @@ pub async fn stream<S: Sink, F: Fn() -> bool + Send>(
             }
             return Ok(());
         }
-        tokio::select! {
-            () = sink.closed() => return Ok(()),
-            () = tokio::time::sleep(std::time::Duration::from_millis(100)) => {}
+        let Some(watch) = changes.as_mut() else {
+            tokio::select! {
+                () = sink.closed() => return Ok(()),
+                () = tokio::time::sleep(POLL_PERIOD) => {}
+            }
+            continue;
+        };
+        // Until the log changes or the container stops (then its last lines are read).
+        let watching = loop {
+            tokio::select! {
+                () = sink.closed() => return Ok(()),
+                changed = watch.changed() => break changed,
+                () = tokio::time::sleep(STATE_CHECK_PERIOD) => if !running() {
+                    break Ok(());
+                },
+            }
+        };
+        if let Err(err) = watching {
+            tracing::debug!(%err, "the log's watch ended; following by polling");
+            changes = None;
         }
     }
 }
