@@ -42,6 +42,7 @@ mod source;
 mod store;
 mod sys;
 mod unpack;
+pub(crate) mod userns_overlay;
 mod whiteout;
 
 pub use error::{ImageError, UnsafeEntryReason};
