@@ -214,6 +214,53 @@ fn a_rootless_store_copies_with_its_user_xattr_whiteouts_and_refuses_a_host_over
     store.release_rootfs(&target).unwrap();
 }
 
+/// Snapshots unpacked by an older version (`sidecar`: whiteouts only in `changes.json`) keep
+/// working: copied, never overlaid (overlayfs would show their whited-out files).
+#[test]
+fn a_rootless_store_copies_snapshots_of_older_versions_with_sidecar_whiteouts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_d, store) = store_with(|c| c.privileged = false);
+    import_layered(&store, tmp.path());
+    // Make them what an older version wrote: no user-xattr whiteouts, the marker says so.
+    let snaps = store.root().join("snapshots");
+    for entry in std::fs::read_dir(&snaps).unwrap() {
+        let dir = entry.unwrap().path();
+        let mut stack = vec![dir.join("fs")];
+        while let Some(d) = stack.pop() {
+            let _ = xattr::remove(&d, "user.overlay.opaque");
+            for e in std::fs::read_dir(&d).unwrap() {
+                let p = e.unwrap().path();
+                if p.is_symlink() {
+                    continue;
+                }
+                if p.is_dir() {
+                    stack.push(p);
+                } else if xattr::get(&p, "user.overlay.whiteout").unwrap().is_some() {
+                    std::fs::remove_file(&p).unwrap();
+                }
+            }
+        }
+        let done = dir.join("done");
+        let marker = std::fs::read_to_string(&done).unwrap();
+        assert!(marker.contains("\"user_xattr\""), "{marker}");
+        std::fs::write(&done, marker.replace("\"user_xattr\"", "\"sidecar\"")).unwrap();
+    }
+    let target = tmp.path().join("bundle");
+    let prepared = store
+        .prepare_rootfs("layered", &target, RootfsMode::Auto)
+        .unwrap();
+    assert_eq!(prepared.mode, RootfsMode::Copy);
+    assert_layered_rootfs(&prepared.rootfs);
+    let err = store
+        .prepare_rootfs("layered", &tmp.path().join("b2"), RootfsMode::UsernsOverlay)
+        .unwrap_err();
+    assert!(
+        matches!(err, ImageError::OverlayUnavailable { .. }),
+        "{err}"
+    );
+    store.release_rootfs(&target).unwrap();
+}
+
 /// Rootless overlay (`image/userns_overlay.rs`): the store only prepares the directories and
 /// the description the container runtime mounts inside the container's user namespace;
 /// nothing is mounted on the host, and release removes all of it.

@@ -390,7 +390,8 @@ fn merged_child(dirs: &[std::os::fd::OwnedFd], name: &std::ffi::OsStr) -> std::i
         if kind == libc::S_IFDIR {
             let fd =
                 sys::open_dir_beneath(dir.as_fd(), Path::new(name), libc::RESOLVE_NO_SYMLINKS)?;
-            let by_fd = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+            // `.`: the directory itself, not the magic link to it (xattr reads do not follow).
+            let by_fd = PathBuf::from(format!("/proc/self/fd/{}/.", fd.as_raw_fd()));
             let opaque = matches!(xattr::get(&by_fd, USER_OPAQUE_XATTR), Ok(Some(v)) if v == b"y");
             found.push(fd);
             if opaque {
@@ -417,4 +418,74 @@ fn merged_child(dirs: &[std::os::fd::OwnedFd], name: &std::ffi::OsStr) -> std::i
     } else {
         Merged::Dir(found)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    fn read(layers: &[PathBuf], inner: &str) -> Option<String> {
+        let mut s = String::new();
+        open_merged(layers, inner)
+            .unwrap()?
+            .read_to_string(&mut s)
+            .unwrap();
+        Some(s)
+    }
+
+    #[test]
+    fn merged_reads_follow_overlayfs_whiteouts_opaque_dirs_and_symlinks_across_layers() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (top, bottom) = (tmp.path().join("top"), tmp.path().join("bottom"));
+        for d in [
+            "bottom/etc",
+            "bottom/opq",
+            "bottom/real",
+            "top/etc",
+            "top/opq",
+            "top/a/b",
+        ] {
+            std::fs::create_dir_all(tmp.path().join(d)).unwrap();
+        }
+        for (f, content) in [
+            ("bottom/etc/passwd", "lower passwd"),
+            ("bottom/etc/group", "lower group"),
+            ("bottom/opq/old", "old"),
+            ("bottom/real/file", "real"),
+            ("top/opq/new", "new"),
+        ] {
+            std::fs::write(tmp.path().join(f), content).unwrap();
+        }
+        std::fs::write(top.join("etc/passwd"), b"").unwrap();
+        xattr::set(top.join("etc/passwd"), USER_WHITEOUT_XATTR, b"y").unwrap();
+        xattr::set(top.join("etc"), USER_OPAQUE_XATTR, b"x").unwrap();
+        xattr::set(top.join("opq"), USER_OPAQUE_XATTR, b"y").unwrap();
+        std::os::unix::fs::symlink("/real/file", top.join("abs")).unwrap();
+        std::os::unix::fs::symlink("../../../../real/file", top.join("a/b/rel")).unwrap();
+        std::os::unix::fs::symlink("loop", top.join("loop")).unwrap();
+        let layers = [top, bottom];
+
+        assert_eq!(read(&layers, "/etc/passwd"), None, "whited out above");
+        assert_eq!(read(&layers, "/etc/group").as_deref(), Some("lower group"));
+        assert_eq!(read(&layers, "/opq/old"), None, "below an opaque directory");
+        assert_eq!(read(&layers, "/opq/new").as_deref(), Some("new"));
+        assert_eq!(
+            read(&layers, "/abs").as_deref(),
+            Some("real"),
+            "a link to another layer"
+        );
+        assert_eq!(
+            read(&layers, "/a/b/rel").as_deref(),
+            Some("real"),
+            "`..` stops at the root"
+        );
+        assert_eq!(read(&layers, "/etc/passwd/x"), None);
+        assert_eq!(read(&layers, "/missing"), None);
+        assert!(open_merged(&layers, "/loop").is_err());
+        assert!(
+            open_merged(&layers, "/etc").is_err(),
+            "a directory is no file"
+        );
+    }
 }
