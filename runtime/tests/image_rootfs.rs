@@ -261,6 +261,35 @@ fn a_rootless_store_copies_snapshots_of_older_versions_with_sidecar_whiteouts() 
     store.release_rootfs(&target).unwrap();
 }
 
+/// Where the probe found that overlayfs does not mount in a user namespace (an older kernel),
+/// rootless root file systems are copies, and the store says why. The probe's answer is kept
+/// per kernel release in the store; here it is planted.
+#[test]
+fn a_rootless_store_copies_where_the_kernel_refuses_a_userns_overlay() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_d, store) = store_with(|c| c.privileged = false);
+    import_layered(&store, tmp.path());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let record = serde_json::json!({"kernel": kernel.trim(), "result": {"Err": "mount -t overlay -o userxattr: Invalid argument"}});
+    std::fs::write(
+        store.root().join("userns-overlay-probe.json"),
+        record.to_string(),
+    )
+    .unwrap();
+    let target = tmp.path().join("bundle");
+    let prepared = store
+        .prepare_rootfs("layered", &target, RootfsMode::Auto)
+        .unwrap();
+    assert_eq!(prepared.mode, RootfsMode::Copy);
+    assert!(prepared.layers.is_empty());
+    assert_layered_rootfs(&prepared.rootfs);
+    assert_eq!(
+        store.userns_overlay_reason().as_deref(),
+        Some("mount -t overlay -o userxattr: Invalid argument")
+    );
+    store.release_rootfs(&target).unwrap();
+}
+
 /// Rootless overlay (`image/userns_overlay.rs`): the store only prepares the directories and
 /// the description the container runtime mounts inside the container's user namespace;
 /// nothing is mounted on the host, and release removes all of it.
