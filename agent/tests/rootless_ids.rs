@@ -2,7 +2,9 @@
 //! creates and removes: with a `/etc/subuid` and `/etc/subgid` range, an image's `USER` and
 //! its files' owners are what the image says inside the container, `runAsUser`, `fsGroup`
 //! and supplemental groups work in a static pod, and ids beyond the range are refused naming
-//! it; without a range, only the user's own id is mapped and a warning says so. Real
+//! it; without a range, only the user's own id is mapped and a warning says so; the root file
+//! system is an overlay mounted in the container's user namespace, whose whiteouts hide the
+//! lower files and whose writes never reach the image store. Real
 //! containers through `ironlet ctr run` and `ironlet run`; needs root to create the users
 //! (CI runs as root), skips otherwise.
 
@@ -230,4 +232,108 @@ fn containers_gone(user: &TestUser) -> bool {
     std::fs::read_dir(user.root_dir().join("containers"))
         .map(|d| d.count() == 0)
         .unwrap_or(true)
+}
+
+/// Every file of `dir` (recursively) with its kind, size, mode, owner, mtime and user xattrs:
+/// what must not change when containers write.
+fn tree_state(dir: &Path) -> Vec<String> {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let path = entry.path();
+            let Ok(m) = std::fs::symlink_metadata(&path) else {
+                continue;
+            };
+            let mut xattrs: Vec<String> = xattr::list(&path)
+                .into_iter()
+                .flatten()
+                .map(|n| n.to_string_lossy().into_owned())
+                .collect();
+            xattrs.sort();
+            out.push(format!(
+                "{} {:o} {} {}:{} {}.{} {:?}",
+                path.display(),
+                m.mode(),
+                m.len(),
+                m.uid(),
+                m.gid(),
+                m.mtime(),
+                m.mtime_nsec(),
+                xattrs
+            ));
+            if m.is_dir() {
+                stack.push(path);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn a_rootless_rootfs_is_an_overlay_that_hides_whiteouts_and_leaves_the_store_alone() {
+    if !is_root() {
+        return;
+    }
+    let user = TestUser::new("ovl", Some((range_start() + 65536 * 300, 65536)));
+    user.import("layered");
+    let snapshots = user.root_dir().join("images/snapshots");
+    let before = tree_state(&snapshots);
+    assert!(
+        before.len() > 10,
+        "the layered image's snapshots: {before:?}"
+    );
+    // Writes, deletions (of lower files and of a whole directory) and a new file.
+    let run = user.sh(
+        "layered",
+        &[],
+        "awk '$5 == \"/\"' /proc/self/mountinfo; ls /data /opaque; \
+         echo changed > /data/keep.txt && rm /data/late.txt && rm -r /opaque && echo n > /etc/new \
+         && cat /data/keep.txt && ls /",
+    );
+    let out = text(&run.stdout);
+    assert!(run.status.success(), "{out}{}", text(&run.stderr));
+    let root = out.lines().next().unwrap_or_default();
+    assert!(
+        root.contains(" - overlay ") && root.contains("userxattr"),
+        "/ is an overlay mounted in the user namespace: {out}"
+    );
+    let lines: Vec<&str> = out.lines().collect();
+    for present in ["keep.txt", "late.txt", "late-link", "rel-link", "new.txt"] {
+        assert!(lines.contains(&present), "{present} inside: {out}");
+    }
+    // Whited out by layer 3 (a file, a directory, an opaque directory's older content).
+    for hidden in ["gone.txt", "dir", "old1.txt", "old2.txt"] {
+        assert!(!lines.contains(&hidden), "{hidden} must be hidden: {out}");
+    }
+    assert!(!out.contains(".wh."), "{out}");
+    assert!(
+        lines.contains(&"changed") && !lines.contains(&"opaque"),
+        "{out}"
+    );
+    assert_eq!(
+        tree_state(&snapshots),
+        before,
+        "the container's writes reached the image store"
+    );
+    // The next container sees the image as it was.
+    let run = user.sh(
+        "layered",
+        &[],
+        "cat /data/keep.txt; ls /opaque; test -e /data/late.txt && echo late; test -e /etc/new || echo no-new",
+    );
+    assert!(run.status.success(), "{}", text(&run.stderr));
+    assert_eq!(text(&run.stdout), "keep\nnew.txt\nlate\nno-new\n");
+    user.assert_no_containers();
+    assert!(
+        containers_gone(&user),
+        "a removed container leaves no directory (upper, work, description)"
+    );
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    assert!(
+        !mounts.contains(&*user.root_dir().to_string_lossy()),
+        "nothing of the user's is mounted on the host: {mounts}"
+    );
 }

@@ -83,6 +83,7 @@ pub async fn make_bundle(dir: &Path) -> Result<PathBuf> {
         container: &config,
         image: &image.config,
         rootfs: &prepared.rootfs,
+        rootfs_layers: &[],
         hostname: "bench",
         namespaces: &SandboxNamespaces::default(),
         cgroups_path: Some("/ironlet-bench/c".into()),

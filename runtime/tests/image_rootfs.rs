@@ -179,11 +179,12 @@ fn auto_mode_uses_overlay_as_root() {
 }
 
 #[test]
-fn a_rootless_store_copies_with_its_sidecar_whiteouts_and_refuses_overlay() {
+fn a_rootless_store_copies_with_its_user_xattr_whiteouts_and_refuses_a_host_overlay() {
     let tmp = tempfile::tempdir().unwrap();
     let (_d, store) = store_with(|c| c.privileged = false);
     import_layered(&store, tmp.path());
-    // No whiteout devices or trusted xattrs in the snapshots: only changes.json.
+    // No whiteout devices or trusted xattrs in the snapshots: changes.json, and the
+    // user-xattr whiteouts copy mode must not copy as files.
     let snaps = store.root().join("snapshots");
     for entry in std::fs::read_dir(&snaps).unwrap() {
         let dir = entry.unwrap().path();
@@ -206,11 +207,141 @@ fn a_rootless_store_copies_with_its_sidecar_whiteouts_and_refuses_overlay() {
     assert_eq!(image_support::count(&store.root().join("leases")), 0);
 
     let prepared = store
-        .prepare_rootfs("layered", &target, RootfsMode::Auto)
+        .prepare_rootfs("layered", &target, RootfsMode::Copy)
         .unwrap();
     assert_eq!(prepared.mode, RootfsMode::Copy);
     assert_layered_rootfs(&prepared.rootfs);
     store.release_rootfs(&target).unwrap();
+}
+
+/// Snapshots unpacked by an older version (`sidecar`: whiteouts only in `changes.json`) keep
+/// working: copied, never overlaid (overlayfs would show their whited-out files).
+#[test]
+fn a_rootless_store_copies_snapshots_of_older_versions_with_sidecar_whiteouts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_d, store) = store_with(|c| c.privileged = false);
+    import_layered(&store, tmp.path());
+    // Make them what an older version wrote: no user-xattr whiteouts, the marker says so.
+    let snaps = store.root().join("snapshots");
+    for entry in std::fs::read_dir(&snaps).unwrap() {
+        let dir = entry.unwrap().path();
+        let mut stack = vec![dir.join("fs")];
+        while let Some(d) = stack.pop() {
+            let _ = xattr::remove(&d, "user.overlay.opaque");
+            for e in std::fs::read_dir(&d).unwrap() {
+                let p = e.unwrap().path();
+                if p.is_symlink() {
+                    continue;
+                }
+                if p.is_dir() {
+                    stack.push(p);
+                } else if xattr::get(&p, "user.overlay.whiteout").unwrap().is_some() {
+                    std::fs::remove_file(&p).unwrap();
+                }
+            }
+        }
+        let done = dir.join("done");
+        let marker = std::fs::read_to_string(&done).unwrap();
+        assert!(marker.contains("\"user_xattr\""), "{marker}");
+        std::fs::write(&done, marker.replace("\"user_xattr\"", "\"sidecar\"")).unwrap();
+    }
+    let target = tmp.path().join("bundle");
+    let prepared = store
+        .prepare_rootfs("layered", &target, RootfsMode::Auto)
+        .unwrap();
+    assert_eq!(prepared.mode, RootfsMode::Copy);
+    assert_layered_rootfs(&prepared.rootfs);
+    let err = store
+        .prepare_rootfs("layered", &tmp.path().join("b2"), RootfsMode::UsernsOverlay)
+        .unwrap_err();
+    assert!(
+        matches!(err, ImageError::OverlayUnavailable { .. }),
+        "{err}"
+    );
+    store.release_rootfs(&target).unwrap();
+}
+
+/// Where the probe found that overlayfs does not mount in a user namespace (an older kernel),
+/// rootless root file systems are copies, and the store says why. The probe's answer is kept
+/// per kernel release in the store; here it is planted.
+#[test]
+fn a_rootless_store_copies_where_the_kernel_refuses_a_userns_overlay() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_d, store) = store_with(|c| c.privileged = false);
+    import_layered(&store, tmp.path());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let record = serde_json::json!({"kernel": kernel.trim(), "result": {"Err": "mount -t overlay -o userxattr: Invalid argument"}});
+    std::fs::write(
+        store.root().join("userns-overlay-probe.json"),
+        record.to_string(),
+    )
+    .unwrap();
+    let target = tmp.path().join("bundle");
+    let prepared = store
+        .prepare_rootfs("layered", &target, RootfsMode::Auto)
+        .unwrap();
+    assert_eq!(prepared.mode, RootfsMode::Copy);
+    assert!(prepared.layers.is_empty());
+    assert_layered_rootfs(&prepared.rootfs);
+    assert_eq!(
+        store.userns_overlay_reason().as_deref(),
+        Some("mount -t overlay -o userxattr: Invalid argument")
+    );
+    store.release_rootfs(&target).unwrap();
+}
+
+/// Rootless overlay (`image/userns_overlay.rs`): the store only prepares the directories and
+/// the description the container runtime mounts inside the container's user namespace;
+/// nothing is mounted on the host, and release removes all of it.
+#[test]
+fn a_rootless_store_describes_a_userns_overlay_and_mounts_nothing_on_the_host() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_d, store) = store_with(|c| c.privileged = false);
+    import_layered(&store, tmp.path());
+    let target = tmp.path().join("bundle");
+    let prepared = store
+        .prepare_rootfs("layered", &target, RootfsMode::Auto)
+        .unwrap();
+    assert_eq!(
+        prepared.mode,
+        RootfsMode::UsernsOverlay,
+        "this kernel (≥ 6.7) mounts it"
+    );
+    let snaps = store.root().join("snapshots");
+    // Every snapshot of the (only) image, top first: the last one is the base layer's.
+    assert_eq!(prepared.layers.len(), image_support::count(&snaps));
+    let mut sorted = prepared.layers.clone();
+    sorted.dedup();
+    assert_eq!(sorted.len(), prepared.layers.len());
+    assert!(prepared
+        .layers
+        .iter()
+        .all(|l| l.starts_with(&snaps) && l.is_dir()));
+    assert_eq!(
+        image_support::count(&prepared.rootfs),
+        0,
+        "an empty mount point"
+    );
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mountinfo.contains(&*prepared.rootfs.to_string_lossy()));
+    for d in ["upper", "work", "rootfs-overlay.json"] {
+        assert!(target.join(d).exists(), "{d}");
+    }
+    // Prepared again: the same, unchanged.
+    let again = store
+        .prepare_rootfs("layered", &target, RootfsMode::Auto)
+        .unwrap();
+    assert_eq!(again, prepared);
+    assert!(store.userns_overlay_reason().is_none());
+    store.release_rootfs(&target).unwrap();
+    assert!(!target.exists(), "release leaves nothing");
+    assert_eq!(image_support::count(&store.root().join("leases")), 0);
+    let left: Vec<_> = std::fs::read_dir(&snaps)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("tmp-"))
+        .collect();
+    assert!(left.is_empty(), "the probe leaves nothing: {left:?}");
 }
 
 #[test]
@@ -337,7 +468,7 @@ fn a_rootless_store_records_file_owners_for_the_container_namespace() {
     store.import(&layout).unwrap();
     let target = tmp.path().join("bundle");
     let prepared = store
-        .prepare_rootfs("owners", &target, RootfsMode::Auto)
+        .prepare_rootfs("owners", &target, RootfsMode::Copy)
         .unwrap();
     assert_eq!(prepared.mode, RootfsMode::Copy);
     let owner = |p: &str| {

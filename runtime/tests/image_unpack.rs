@@ -468,6 +468,70 @@ fn whiteouts_are_reported_and_written_as_overlayfs_expects_when_root() {
     assert!(!a.target().join("etc/.wh.passwd").exists());
 }
 
+/// `path` is a whiteout overlayfs with `userxattr` reads: a zero-size regular file with
+/// `user.overlay.whiteout`, in a directory marked `user.overlay.opaque=x`.
+fn assert_xattr_whiteout(path: &Path) {
+    let meta = std::fs::symlink_metadata(path).unwrap();
+    assert!(meta.is_file() && meta.len() == 0, "{path:?}: {meta:?}");
+    assert!(
+        xattr::get(path, "user.overlay.whiteout").unwrap().is_some(),
+        "{path:?} has no user.overlay.whiteout"
+    );
+    assert_eq!(
+        xattr::get(path.parent().unwrap(), "user.overlay.opaque").unwrap(),
+        Some(b"x".to_vec()),
+        "the directory of {path:?}"
+    );
+}
+
+#[test]
+fn user_xattr_whiteouts_are_written_as_overlayfs_with_userxattr_reads_them() {
+    let a = Arena::new();
+    let layer = LayerBuilder::new()
+        .file(".wh.top", b"", 0o644)
+        .file("etc/.wh.passwd", b"", 0o644)
+        .dir("opq/", 0o755)
+        .file("opq/.wh..wh..opq", b"", 0o644)
+        .file("opq/.wh.x", b"", 0o644)
+        .file("opq/new", b"n", 0o644)
+        .file(".wh.both", b"", 0o644)
+        .dir("both/", 0o755)
+        .file("both/own", b"o", 0o644)
+        .dir("ro/", 0o555)
+        .file("ro/.wh.gone", b"", 0o644)
+        .build();
+    let o = UnpackOptions {
+        whiteouts: WhiteoutFormat::UserXattr,
+        ..opts()
+    };
+    let report = a.unpack(&layer, &o).unwrap();
+    assert_eq!(
+        report.changes.whiteouts.iter().collect::<Vec<_>>(),
+        vec!["both", "etc/passwd", "opq/x", "ro/gone", "top"]
+    );
+    let t = a.target();
+    for w in ["top", "etc/passwd", "ro/gone"] {
+        assert_xattr_whiteout(&t.join(w));
+    }
+    let opaque = |p: &str| xattr::get(t.join(p), "user.overlay.opaque").unwrap();
+    // Opaque: `y`, and no whiteout inside (overlayfs would not look for it there).
+    assert_eq!(opaque("opq"), Some(b"y".to_vec()));
+    assert!(!t.join("opq/x").exists());
+    // The layer's own `both` replaces the lower one wholly: an opaque directory.
+    assert_eq!(opaque("both"), Some(b"y".to_vec()));
+    assert_eq!(std::fs::read(t.join("both/own")).unwrap(), b"o");
+    assert_eq!(
+        std::fs::metadata(t.join("ro")).unwrap().mode() & 0o777,
+        0o555,
+        "the mode is applied after the whiteout"
+    );
+    assert!(std::fs::read_dir(&t).unwrap().all(|e| !e
+        .unwrap()
+        .file_name()
+        .to_string_lossy()
+        .starts_with(".wh.")));
+}
+
 /// Runs in a child process as `nobody` (see the next test); does nothing when run directly.
 #[test]
 #[ignore = "helper run by unpacking_as_an_unprivileged_user_works_without_root_features"]
@@ -481,7 +545,7 @@ fn unprivileged_unpack_helper() {
     std::fs::create_dir(&target).unwrap();
     let o = UnpackOptions {
         limits: opts().limits,
-        whiteouts: WhiteoutFormat::Sidecar,
+        whiteouts: WhiteoutFormat::UserXattr,
         preserve_owner: false,
     };
     let report = unpack_layer(&mut &layer[..], &target, &o, "unpriv").unwrap();
@@ -555,8 +619,12 @@ fn unpacking_as_an_unprivileged_user_works_without_root_features() {
         0o555
     );
     assert_eq!(std::fs::read(target.join("ro/inside")).unwrap(), b"x");
-    // No whiteout devices without root: only the sidecar list.
-    assert!(!target.join("etc/gone").exists());
+    // No whiteout devices without root: user-xattr whiteouts, and the sidecar list.
+    assert_xattr_whiteout(&target.join("etc/gone"));
+    assert_eq!(
+        xattr::get(target.join("opq"), "user.overlay.opaque").unwrap(),
+        Some(b"y".to_vec())
+    );
     assert_eq!(
         std::fs::read_to_string(dir.join("report")).unwrap(),
         r#"{"etc/gone"} {"opq"}"#

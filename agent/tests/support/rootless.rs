@@ -94,7 +94,7 @@ impl TestUser {
             .expect("chmod work");
         std::fs::copy(env!("CARGO_BIN_EXE_ironlet"), work.join("ironlet")).expect("copy binary");
         let out = ironlet_runtime::testkit::test_images().expect("test images");
-        for image in ["busybox", "nonroot"] {
+        for image in ["busybox", "nonroot", "layered"] {
             let cp = Command::new("cp")
                 .arg("-a")
                 .arg(out.join(image))

@@ -12,8 +12,9 @@
 //! checked with `lstat` to be real directories (never symlinks), so whiteouts and copies
 //! cannot reach outside the destination even when a lower layer planted `evil -> /`.
 //! Modes, mtimes, symlinks, FIFOs, xattrs (except overlay's own) and hard links within a
-//! layer are preserved; ownership only when `preserve_owner`. Overlay whiteout devices
-//! (0:0) in a snapshot are treated as whiteouts, never copied.
+//! layer are preserved; ownership only when `preserve_owner`. Overlay whiteouts in a
+//! snapshot (0:0 devices, zero-size files with `user.overlay.whiteout`) are treated as
+//! whiteouts, never copied.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -26,7 +27,7 @@ use std::path::{Path, PathBuf};
 use super::error::ImageError;
 use super::owners::OWNER_XATTR;
 use super::sys;
-use super::whiteout::{is_overlay_whiteout, Changes};
+use super::whiteout::{is_overlay_whiteout, is_xattr_whiteout, Changes};
 
 /// One layer to copy: its tree and its whiteouts.
 pub(crate) struct CopyLayer {
@@ -138,7 +139,7 @@ impl Copier<'_> {
     fn entry(&mut self, src: &Path, dst: &Path, rel: &Path) -> Result<(), ImageError> {
         let meta = fs::symlink_metadata(src).map_err(io_err("inspecting", src))?;
         let ft = meta.file_type();
-        if is_overlay_whiteout(&meta) {
+        if is_overlay_whiteout(&meta) || is_xattr_whiteout(src, meta.mode(), meta.size() as i64) {
             return remove_any(dst);
         }
         if ft.is_dir() {

@@ -12,16 +12,17 @@
 //! Guarantees: every component is opened by name from its parent's descriptor with
 //! `RESOLVE_NO_SYMLINKS`, so the lookup never leaves a lower snapshot, and a symlinked
 //! parent in a lower layer makes the target "missing" (containerd would follow it inside
-//! the merged root; images do not rely on that). Only regular files are found.
+//! the merged root; images do not rely on that). Only regular files are found (a
+//! `user.overlay.whiteout` file is a whiteout, not a file).
 
 use std::ffi::OsStr;
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Component, Path};
 
 use super::sys;
-use super::whiteout::Changes;
+use super::whiteout::{self, Changes};
 
 /// A layer below the one being unpacked: its unpacked tree and its whiteouts.
 #[derive(Debug, Clone, Copy)]
@@ -140,6 +141,12 @@ fn lookup(layer: &LowerLayer<'_>, rel: &Path) -> io::Result<Lookup> {
         return Ok(Lookup::Absent);
     };
     if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Ok(Lookup::Shadowed);
+    }
+    let by_fd = Path::new("/proc/self/fd")
+        .join(dir.as_raw_fd().to_string())
+        .join(name);
+    if whiteout::is_xattr_whiteout(&by_fd, st.st_mode, st.st_size) {
         return Ok(Lookup::Shadowed);
     }
     let fd = sys::open_beneath(

@@ -4,7 +4,10 @@
 //! ```text
 //!  import(path) ──► blobs/sha256/<hex> ──► snapshots/<chain-id>/fs ──► prepare_rootfs
 //!  (OCI layout,     (verified digest      (safe unpack, whiteouts,    (overlay: fsopen +
-//!   OCI archive,     and size)             done-marker)                lowerdir+; or copy)
+//!   OCI archive,     and size)             done-marker)                lowerdir+; rootless:
+//!                                                                      described, mounted in
+//!                                                                      the container's userns;
+//!                                                                      or copy)
 //!   docker-archive)        │                      │                          │
 //!                          └──── index.json ──────┴──── leases/ ─────────────┘
 //!                                (refs → manifest)       (gc roots)
@@ -15,7 +18,7 @@
 //! states its guarantees: `reference` (Docker-compatible names); `blobs`, `index` and
 //! `store` (the store on disk); `source` and `import` (the three import formats);
 //! `unpack`, `beneath`, `lower` and `whiteout` (safe layer extraction); `snapshot`; `rootfs`,
-//! `mount` and `copy` (root file systems); `gc`; `service` (async); `sys` and `fsx`
+//! `mount`, `userns_overlay` and `copy` (root file systems); `gc`; `service` (async); `sys` and `fsx`
 //! (system-call and file helpers).
 
 mod beneath;
@@ -42,6 +45,7 @@ mod source;
 mod store;
 mod sys;
 mod unpack;
+pub(crate) mod userns_overlay;
 mod whiteout;
 
 pub use error::{ImageError, UnsafeEntryReason};

@@ -39,6 +39,8 @@ pub(crate) struct OverlaySpec {
     pub lower: Vec<PathBuf>,
     pub upper: PathBuf,
     pub work: PathBuf,
+    /// Mounted by root of a user namespace: overlay state in `user.overlay.*` xattrs.
+    pub userxattr: bool,
 }
 
 fn cpath(p: &Path) -> io::Result<CString> {
@@ -206,6 +208,10 @@ pub(crate) fn mount_overlay(spec: &OverlaySpec, target: &Path) -> Result<(), Ima
         .map_err(|e| err("fsconfig(upperdir)", e, Some(&ctx)))?;
     ctx.set_string("workdir", &path_str(&spec.work)?)
         .map_err(|e| err("fsconfig(workdir)", e, Some(&ctx)))?;
+    if spec.userxattr {
+        ctx.set_flag("userxattr")
+            .map_err(|e| err("fsconfig(userxattr)", e, Some(&ctx)))?;
+    }
     if let Err(e) = ctx.set_flag("volatile") {
         tracing::debug!(err = %e, kernel_log = %ctx.log(), "kernel refuses volatile overlays; syncing at unmount");
     }
@@ -230,10 +236,11 @@ fn mount_legacy(spec: &OverlaySpec, target: &Path) -> Result<(), ImageError> {
         })
         .collect();
     let opts = format!(
-        "lowerdir={},upperdir={},workdir={}",
+        "lowerdir={},upperdir={},workdir={}{}",
         lower.join(":"),
         spec.upper.display(),
-        spec.work.display()
+        spec.work.display(),
+        if spec.userxattr { ",userxattr" } else { "" }
     );
     if opts.len() > LEGACY_LIMIT {
         return Err(ImageError::MountOptionsTooLong {
@@ -325,6 +332,7 @@ mod tests {
             lower,
             upper: dir.join("upper"),
             work: dir.join("work"),
+            userxattr: false,
         }
     }
 
@@ -335,6 +343,7 @@ mod tests {
             lower: vec![long.clone(); 30],
             upper: long.clone(),
             work: long,
+            userxattr: false,
         };
         let err = mount_legacy(&spec, Path::new("/nonexistent")).unwrap_err();
         assert!(

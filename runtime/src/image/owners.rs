@@ -11,11 +11,13 @@
 //!    topmost layer that has it.
 //! 2. the zygote's worker, once root of the container's user namespace (full subordinate
 //!    mapping, see `zygote/userns.rs`) and before libcontainer runs, walks the container's
-//!    rootfs copy and `lchown`s what carries the xattr ([`apply_recorded`]): inside, files
-//!    belong to whom the image says.
+//!    rootfs copy (or overlay, which copies those files up into its `upper`) and `lchown`s
+//!    what carries the xattr ([`apply_recorded`]): inside, files belong to whom the image
+//!    says.
 //! 3. the `delete` worker, in the same namespace, gives the tree back to container root (the
-//!    user on the host, [`hand_back`]), so the agent can remove it as before. Only a rootfs
-//!    marked by [`mark_applied`] needs that (the agent's removal skips its fast path for it).
+//!    user on the host, [`hand_back_rootfs`]: the copy, or an overlay's `upper` and `work`), so
+//!    the agent can remove it as before. Only a rootfs marked by [`mark_applied`] needs that
+//!    (the agent's removal skips its fast path for it).
 //!
 //! Chosen over unpacking inside the user namespace (podman's way) because that would make
 //! the whole store, its GC and every removal need the namespace; here only a container's own
@@ -86,6 +88,23 @@ pub fn hand_back(rootfs: &Path) -> io::Result<()> {
     })
 }
 
+/// [`hand_back`] of a container's rootfs and, for an overlay rootfs (not mounted in the
+/// caller's mount namespace), of its `upper` and `work` directories beside it, where copied-up
+/// and written files are.
+pub fn hand_back_rootfs(rootfs: &Path) -> io::Result<()> {
+    hand_back(rootfs)?;
+    let Some(dir) = rootfs.parent() else {
+        return Ok(());
+    };
+    for layer in ["upper", "work"] {
+        let path = dir.join(layer);
+        if path.is_dir() {
+            hand_back(&path)?;
+        }
+    }
+    Ok(())
+}
+
 /// The file beside a bundle's rootfs saying [`apply_recorded`] changed owners in it, so that
 /// its removal needs [`hand_back`] first (a rootfs whose files all belong to container root
 /// needs nothing).
@@ -114,7 +133,8 @@ fn chmod_at(dir: BorrowedFd<'_>, name: &OsStr, mode: u32) -> io::Result<()> {
 }
 
 /// Calls `visit(parent, name, stat)` for every entry below `root` and for `root` itself, never
-/// following a symlink nor leaving the file system. Iterative (layers can be 10 000
+/// following a symlink nor leaving the file system of `root` (which may be a mount point: an
+/// overlay rootfs). Iterative (layers can be 10 000
 /// directories deep), one descriptor held at a time, as `sys::remove_at` walks.
 fn walk(
     root: &Path,
@@ -135,13 +155,10 @@ fn walk(
     fn enter(
         parent: BorrowedFd<'_>,
         name: &OsStr,
+        resolve: u64,
         visit: &mut dyn FnMut(BorrowedFd<'_>, &OsStr, &libc::stat) -> io::Result<()>,
     ) -> io::Result<(OwnedFd, Vec<OsString>)> {
-        let fd = sys::open_dir_beneath(
-            parent,
-            Path::new(name),
-            libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_XDEV,
-        )?;
+        let fd = sys::open_dir_beneath(parent, Path::new(name), resolve)?;
         let mut subdirs = Vec::new();
         for child in sys::list_dir(fd.as_fd())? {
             match sys::lstat_at(fd.as_fd(), &child)? {
@@ -152,12 +169,13 @@ fn walk(
         }
         Ok((fd, subdirs))
     }
-    let (mut cur, subdirs) = enter(top.as_fd(), name, visit)?;
+    let (mut cur, subdirs) = enter(top.as_fd(), name, libc::RESOLVE_NO_SYMLINKS, visit)?;
     // Each level: its name in its parent and the subdirectories left.
     let mut path = vec![(name.to_os_string(), subdirs)];
     while let Some((_, subdirs)) = path.last_mut() {
         if let Some(sub) = subdirs.pop() {
-            let (fd, subdirs) = enter(cur.as_fd(), &sub, visit)?;
+            let no_xdev = libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_XDEV;
+            let (fd, subdirs) = enter(cur.as_fd(), &sub, no_xdev, visit)?;
             cur = fd;
             path.push((sub, subdirs));
             continue;

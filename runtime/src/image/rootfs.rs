@@ -3,8 +3,9 @@
 //!
 //! ```text
 //!  target_dir/rootfs   overlay mount point, or the copied tree
-//!            /upper    overlay upper dir (container writes)      } overlay mode only
+//!            /upper    overlay upper dir (container writes)      } overlay modes only
 //!            /work     overlay work dir                          }
+//!            /rootfs-overlay.json  what the runtime mounts (userns overlay, rootless)
 //!  images/leases/<sha256(target_dir)>.json   {image, chain ids, mode, ready}
 //! ```
 //!
@@ -32,6 +33,7 @@ use super::fsx::{self, LockKind};
 use super::mount::{self, OverlaySpec};
 use super::snapshot::Snapshot;
 use super::store::ImageStore;
+use super::userns_overlay;
 use super::whiteout::WhiteoutFormat;
 use crate::types::Image;
 
@@ -41,6 +43,10 @@ use crate::types::Image;
 pub enum RootfsMode {
     /// An overlayfs of the snapshots (needs root and overlay-format snapshots).
     Overlay,
+    /// An overlayfs of the snapshots that the container runtime mounts inside the
+    /// container's user namespace (rootless; `userns_overlay.rs`): `rootfs` stays an empty
+    /// directory on the host, described by `rootfs-overlay.json` beside it.
+    UsernsOverlay,
     /// A copy of the snapshots with whiteouts applied.
     Copy,
     /// Overlay when it is possible and works, else copy.
@@ -76,10 +82,13 @@ impl ImageSelector for String {
 pub struct PreparedRootfs {
     /// `target_dir/rootfs`.
     pub rootfs: PathBuf,
-    /// What was used: [`RootfsMode::Overlay`] or [`RootfsMode::Copy`], never `Auto`.
+    /// What was used, never `Auto`.
     pub mode: RootfsMode,
     /// The image id (`sha256:<config digest>`).
     pub image_id: String,
+    /// With [`RootfsMode::UsernsOverlay`], the snapshot trees (top first) the container will
+    /// see merged, to read image files from before it runs; empty otherwise.
+    pub layers: Vec<PathBuf>,
 }
 
 /// One lease file.
@@ -144,8 +153,10 @@ impl ImageStore {
         let image_id = record.config_digest.to_string();
         let rootfs = target_dir.join("rootfs");
         if let Some(existing) = Self::read_lease(&self.lease_path(&target_dir)) {
+            let described = userns_overlay::read(&target_dir);
             let usable = match existing.mode {
                 RootfsMode::Overlay => mount::is_mount_point(&rootfs),
+                RootfsMode::UsernsOverlay => rootfs.is_dir() && described.is_some(),
                 _ => rootfs.is_dir(),
             };
             let wanted = mode == RootfsMode::Auto || mode == existing.mode;
@@ -154,6 +165,7 @@ impl ImageStore {
                     rootfs,
                     mode: existing.mode,
                     image_id,
+                    layers: described.map(|d| d.lower).unwrap_or_default(),
                 });
             }
             tracing::warn!(
@@ -186,10 +198,16 @@ impl ImageStore {
                     return Err(e);
                 }
                 tracing::info!(image = %image_id, ?target_dir, mode = ?used, layers = snapshots.len(), "rootfs prepared");
+                let layers = if used == RootfsMode::UsernsOverlay {
+                    snapshots.iter().rev().map(Snapshot::fs).collect()
+                } else {
+                    Vec::new()
+                };
                 Ok(PreparedRootfs {
                     rootfs,
                     mode: used,
                     image_id,
+                    layers,
                 })
             }
             Err(e) => {
@@ -208,10 +226,11 @@ impl ImageStore {
         mode: RootfsMode,
     ) -> Result<RootfsMode, ImageError> {
         let rootfs = target_dir.join("rootfs");
-        let overlay_ready = !snapshots.is_empty()
-            && snapshots
-                .iter()
-                .all(|s| s.marker.whiteouts == WhiteoutFormat::Overlay);
+        let all = |format| {
+            !snapshots.is_empty() && snapshots.iter().all(|s| s.marker.whiteouts == format)
+        };
+        let overlay_ready = all(WhiteoutFormat::Overlay);
+        let userxattr_ready = all(WhiteoutFormat::UserXattr);
         match mode {
             RootfsMode::Copy => self.copy_rootfs(snapshots, &rootfs),
             RootfsMode::Overlay if !overlay_ready => Err(ImageError::OverlayUnavailable {
@@ -221,6 +240,20 @@ impl ImageStore {
                     .into(),
             }),
             RootfsMode::Overlay => self.overlay_rootfs(snapshots, target_dir),
+            RootfsMode::UsernsOverlay if !userxattr_ready => Err(ImageError::OverlayUnavailable {
+                target: rootfs,
+                reason: "snapshots were not unpacked with user-xattr whiteouts (an older \
+                         version, root, or a file system without user xattrs) or the image \
+                         has no layers"
+                    .into(),
+            }),
+            RootfsMode::UsernsOverlay => match self.userns_overlay_works() {
+                Ok(()) => self.describe_userns_overlay(snapshots, target_dir),
+                Err(reason) => Err(ImageError::OverlayUnavailable {
+                    target: rootfs,
+                    reason: reason.clone(),
+                }),
+            },
             RootfsMode::Auto if overlay_ready && self.config.privileged => {
                 match self.overlay_rootfs(snapshots, target_dir) {
                     Ok(m) => Ok(m),
@@ -234,8 +267,89 @@ impl ImageStore {
                     }
                 }
             }
-            RootfsMode::Auto => self.copy_rootfs(snapshots, &rootfs),
+            RootfsMode::Auto
+                if !self.config.privileged
+                    && userxattr_ready
+                    && self.userns_overlay_works().is_ok() =>
+            {
+                self.describe_userns_overlay(snapshots, target_dir)
+            }
+            RootfsMode::Auto => {
+                if !self.config.privileged && !userxattr_ready && !snapshots.is_empty() {
+                    tracing::info!(?target_dir, "copying the image: some of its layers were unpacked by an older version (whiteouts overlayfs cannot read rootless); remove the image and pull or import it again for an overlay");
+                }
+                self.copy_rootfs(snapshots, &rootfs)
+            }
         }
+    }
+
+    /// Whether overlayfs mounts inside a user namespace here ([`userns_overlay::probe`]);
+    /// the error says why not, and is logged the first time in each process. The answer is
+    /// kept in the store per kernel release, so each `ironlet ctr run` need not probe again.
+    pub(crate) fn userns_overlay_works(&self) -> &Result<(), String> {
+        self.userns_overlay.get_or_init(|| {
+            let cache = self.root.join("userns-overlay-probe.json");
+            let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                .unwrap_or_default()
+                .trim()
+                .to_owned();
+            let cached = std::fs::read(&cache)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<ProbeRecord>(&b).ok())
+                .filter(|r| !kernel.is_empty() && r.kernel == kernel);
+            let result = match cached {
+                Some(record) => record.result,
+                None => {
+                    let scratch = self
+                        .snapshots_dir()
+                        .join(fsx::unique_name("tmp-userns-overlay-probe-"));
+                    let result = fsx::ensure_dir(&scratch)
+                        .map_err(|e| e.to_string())
+                        .and_then(|()| userns_overlay::probe(&scratch));
+                    if let Err(e) = fsx::remove_tree(&scratch) {
+                        tracing::warn!(dir = ?scratch, err = %e, "removing the overlay probe");
+                    }
+                    let record = ProbeRecord {
+                        kernel,
+                        result: result.clone(),
+                    };
+                    if let Ok(bytes) = serde_json::to_vec(&record) {
+                        let _ = fsx::write_atomic(&cache, &bytes);
+                    }
+                    result
+                }
+            };
+            match &result {
+                Ok(()) => tracing::debug!("overlayfs mounts in a user namespace: rootless root file systems are overlays"),
+                Err(reason) => tracing::warn!(%reason, "overlayfs does not mount in a user namespace here: rootless root file systems are copies of the image"),
+            }
+            result
+        })
+    }
+
+    /// Why rootless root file systems cannot be overlays here (probing if not done yet);
+    /// `None` when they can.
+    pub fn userns_overlay_reason(&self) -> Option<String> {
+        self.userns_overlay_works().clone().err()
+    }
+
+    /// Prepares the directories and description of a [`RootfsMode::UsernsOverlay`].
+    fn describe_userns_overlay(
+        &self,
+        snapshots: &[Snapshot],
+        target_dir: &Path,
+    ) -> Result<RootfsMode, ImageError> {
+        let d = userns_overlay::Description {
+            lower: snapshots.iter().rev().map(Snapshot::fs).collect(),
+            upper: target_dir.join("upper"),
+            work: target_dir.join("work"),
+            owners: snapshots.iter().any(|s| s.marker.owned_entries != Some(0)),
+        };
+        for dir in [&target_dir.join("rootfs"), &d.upper, &d.work] {
+            make_dir(dir)?;
+        }
+        userns_overlay::describe(target_dir, &d)?;
+        Ok(RootfsMode::UsernsOverlay)
     }
 
     fn overlay_rootfs(
@@ -247,6 +361,7 @@ impl ImageStore {
             lower: snapshots.iter().rev().map(Snapshot::fs).collect(),
             upper: target_dir.join("upper"),
             work: target_dir.join("work"),
+            userxattr: false,
         };
         let rootfs = target_dir.join("rootfs");
         for d in [&rootfs, &spec.upper, &spec.work] {
@@ -302,7 +417,7 @@ impl ImageStore {
         let target_dir = absolute(target_dir)?;
         let rootfs = target_dir.join("rootfs");
         mount::unmount(&rootfs)?;
-        for d in ["rootfs", "upper", "work"] {
+        for d in ["rootfs", "upper", "work", userns_overlay::DESCRIPTION] {
             fsx::remove_tree(&target_dir.join(d))?;
         }
         let lease = self.lease_path(&target_dir);
@@ -316,6 +431,13 @@ impl ImageStore {
         tracing::debug!(?target_dir, "rootfs released");
         Ok(())
     }
+}
+
+/// The answer of [`userns_overlay::probe`] on one kernel release.
+#[derive(Serialize, Deserialize)]
+struct ProbeRecord {
+    kernel: String,
+    result: Result<(), String>,
 }
 
 fn make_dir(path: &Path) -> Result<(), ImageError> {

@@ -58,6 +58,9 @@ pub(crate) struct Marker {
     /// snapshot unpacked before that (or as root, where the files have their owners).
     #[serde(default)]
     pub owners_recorded: bool,
+    /// How many entries have a recorded owner (`None`: unknown, an older snapshot, or root).
+    #[serde(default)]
+    pub owned_entries: Option<u64>,
 }
 
 /// A complete snapshot on disk.
@@ -80,6 +83,24 @@ impl Snapshot {
 }
 
 impl ImageStore {
+    /// Whether the snapshots' file system takes `user.*` xattrs from this user (checked once
+    /// per store): rootless snapshots then get [`WhiteoutFormat::UserXattr`] whiteouts.
+    pub(crate) fn user_xattrs_supported(&self) -> bool {
+        *self.user_xattrs.get_or_init(|| {
+            let dir = self.snapshots_dir();
+            let probe = dir.join(fsx::unique_name("tmp-xattr-probe-"));
+            let result = std::fs::File::create(&probe).and_then(|f| {
+                use xattr::FileExt;
+                f.set_xattr("user.ironlet.probe", b"1")
+            });
+            let _ = std::fs::remove_file(&probe);
+            if let Err(e) = &result {
+                tracing::info!(dir = ?dir, err = %e, "the image store's file system refuses user xattrs: rootless snapshots record whiteouts for copying only");
+            }
+            result.is_ok()
+        })
+    }
+
     pub(crate) fn snapshot_dir(&self, chain_id: &Digest) -> PathBuf {
         self.snapshots_dir().join(chain_id.hex())
     }
@@ -202,6 +223,8 @@ impl ImageStore {
         let mut hashing = HashingReader::new(decoded);
         let whiteouts = if self.config.privileged {
             WhiteoutFormat::Overlay
+        } else if self.user_xattrs_supported() {
+            WhiteoutFormat::UserXattr
         } else {
             WhiteoutFormat::Sidecar
         };
@@ -261,6 +284,7 @@ impl ImageStore {
             entries: report.entries,
             bytes: report.bytes,
             owners_recorded: !self.config.privileged,
+            owned_entries: (!self.config.privileged).then_some(report.owned_entries),
         };
         let bytes = serde_json::to_vec(&marker)
             .map_err(|e| ImageError::io("encoding", tmp.join(DONE), std::io::Error::other(e)))?;

@@ -67,6 +67,11 @@ pub struct ImageStore {
     pub(crate) config: ImageStoreConfig,
     pub(crate) blobs: Blobs,
     pub(crate) index: Index,
+    /// See [`ImageStore::user_xattrs_supported`].
+    pub(crate) user_xattrs: std::sync::OnceLock<bool>,
+    /// Whether overlayfs mounts in a user namespace here (see `userns_overlay.rs`), probed
+    /// once; the error says why not.
+    pub(crate) userns_overlay: std::sync::OnceLock<Result<(), String>>,
 }
 
 /// What a lookup resolved to.
@@ -92,6 +97,8 @@ impl ImageStore {
             blobs: Blobs::new(root),
             index: Index::new(root),
             config,
+            user_xattrs: Default::default(),
+            userns_overlay: Default::default(),
         };
         // Other users get nothing of the store, rootless or not: blobs may hold private
         // images and snapshots setuid binaries. containerd keeps its root 0700 (0711 at

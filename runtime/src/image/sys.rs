@@ -307,11 +307,24 @@ pub(crate) fn remove_at(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<()> {
     /// Opens the subdirectory `name` of `parent` and removes everything in it but its
     /// subdirectories, which it returns.
     fn enter(parent: BorrowedFd<'_>, name: &OsStr) -> io::Result<(OwnedFd, Frame)> {
-        let fd = open_dir_beneath(
-            parent,
-            Path::new(name),
-            libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_XDEV,
-        )?;
+        let open = || {
+            open_dir_beneath(
+                parent,
+                Path::new(name),
+                libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_XDEV,
+            )
+        };
+        let fd = match open() {
+            // A directory without read permission (mode 000, as overlayfs makes its
+            // `work/work`) is made enterable first.
+            Err(e) if e.raw_os_error() == Some(libc::EACCES) => {
+                let n = cstr(name)?;
+                // SAFETY: n is a valid C string for the call.
+                let _ = unsafe { libc::fchmodat(parent.as_raw_fd(), n.as_ptr(), 0o700, 0) };
+                open()?
+            }
+            other => other?,
+        };
         // A read-only directory (mode 0555 from a layer) must become writable to be
         // emptied when we are not root.
         let _ = fchmod(fd.as_fd(), 0o700);

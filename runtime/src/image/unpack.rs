@@ -27,7 +27,8 @@
 //!   skipped with a warning, other refusals fail the entry as root).
 //!
 //! Whiteouts (see `whiteout.rs`) are always returned in [`Changes`]; with
-//! [`WhiteoutFormat::Overlay`] they are also written as overlayfs expects them. Ownership is applied only with `preserve_owner` (root);
+//! [`WhiteoutFormat::Overlay`] or [`WhiteoutFormat::UserXattr`] they are also written as
+//! overlayfs expects them. Ownership is applied only with `preserve_owner` (root);
 //! otherwise files belong to the unpacking user and a non-root owner is recorded in an xattr
 //! (see `owners.rs`). Directory modes and times are applied after
 //! the last entry, so a read-only directory can still receive its children. xattrs are not
@@ -45,6 +46,7 @@ use super::lower::{self, LowerLayer};
 use super::sys;
 use super::whiteout::{self, Whiteout, OVERLAY_OPAQUE_XATTR};
 use super::whiteout::{Changes, WhiteoutFormat};
+use super::whiteout::{USER_OPAQUE_XATTR, USER_WHITEOUT_XATTR};
 
 /// Limits on one layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,6 +72,8 @@ pub struct UnpackReport {
     pub entries: u64,
     pub bytes: u64,
     pub changes: Changes,
+    /// Entries whose non-root owner was recorded in an xattr (unprivileged, see `owners.rs`).
+    pub owned_entries: u64,
 }
 
 /// Unpacks the tar stream `reader` into the existing directory `target`. `layer` names the
@@ -110,6 +114,9 @@ pub fn unpack_layer_onto(
     for entry in entries {
         let mut entry = entry.map_err(|e| u.read_err(e))?;
         u.entry(&mut entry)?;
+    }
+    if opts.whiteouts == WhiteoutFormat::UserXattr {
+        u.write_xattr_whiteouts()?;
     }
     u.finish_dirs()?;
     Ok(u.report)
@@ -241,6 +248,14 @@ impl<'a> Unpacker<'a> {
             return Err(self.unsafe_entry(&name, UnsafeEntryReason::DeviceNode));
         }
         let meta = self.meta(entry)?;
+        if !self.opts.preserve_owner
+            && meta
+                .xattrs
+                .iter()
+                .any(|(k, _)| k == super::owners::OWNER_XATTR)
+        {
+            self.report.owned_entries += 1;
+        }
         let parent = self
             .open_parent(&parent_rel, true)
             .map_err(|r| self.resolve_err(&name, &rel, r))?;
@@ -622,8 +637,13 @@ impl<'a> Unpacker<'a> {
             .map_err(|r| self.resolve_err(entry, parent, r))?;
         let overlay = self.opts.whiteouts == WhiteoutFormat::Overlay;
         if hidden.is_empty() {
-            if overlay {
-                sys::fsetxattr(pfd.as_fd(), OVERLAY_OPAQUE_XATTR, b"y")
+            let opaque_xattr = match self.opts.whiteouts {
+                WhiteoutFormat::Overlay => Some(OVERLAY_OPAQUE_XATTR),
+                WhiteoutFormat::UserXattr => Some(USER_OPAQUE_XATTR),
+                WhiteoutFormat::Sidecar => None,
+            };
+            if let Some(key) = opaque_xattr {
+                sys::fsetxattr(pfd.as_fd(), key, b"y")
                     .map_err(|e| self.write_err(entry, parent, e))?;
             }
             let dir = parent.to_string_lossy().into_owned();
@@ -639,6 +659,63 @@ impl<'a> Unpacker<'a> {
         }
         let path = rel.to_string_lossy().into_owned();
         self.report.changes.whiteouts.insert(path);
+        Ok(())
+    }
+
+    /// Writes the whiteouts of [`WhiteoutFormat::UserXattr`] once the layer's own entries
+    /// exist (so their order in the tar does not matter, and a directory made opaque later
+    /// never holds a whiteout overlayfs would not look for), before directory modes are
+    /// applied (a read-only directory refuses user xattrs). For each whited-out path: in a
+    /// directory this layer makes opaque, nothing (the opaque mark hides all below); where
+    /// the layer has its own directory of that name, that directory becomes opaque (the lower
+    /// one is deleted, the layer's stays); where it has another entry, nothing (it hides the
+    /// lower one); else a zero-size file with [`USER_WHITEOUT_XATTR`], its directory marked
+    /// `user.overlay.opaque=x`. A parent a later entry replaced by a non-directory is skipped.
+    fn write_xattr_whiteouts(&mut self) -> Result<(), ImageError> {
+        let whiteouts: Vec<String> = self.report.changes.whiteouts.iter().cloned().collect();
+        let mut marked: std::collections::BTreeSet<String> = Default::default();
+        for w in whiteouts {
+            let (parent, name) = w.rsplit_once('/').unwrap_or(("", w.as_str()));
+            if self.report.changes.opaque_dirs.contains(parent) {
+                continue;
+            }
+            let (prel, rel) = (Path::new(parent), Path::new(&w));
+            let pfd = match self.parents.open(prel, false) {
+                Ok(fd) => fd
+                    .try_clone_to_owned()
+                    .map_err(|e| self.write_err(&w, rel, e))?,
+                Err(Resolve::Io(e))
+                    if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR)) =>
+                {
+                    continue
+                }
+                Err(other) => return Err(self.resolve_err(&w, rel, other)),
+            };
+            let name = OsStr::new(name);
+            match sys::lstat_at(pfd.as_fd(), name).map_err(|e| self.write_err(&w, rel, e))? {
+                Some(st) if st.st_mode & libc::S_IFMT == libc::S_IFDIR => {
+                    let fd = sys::open_dir_beneath(
+                        pfd.as_fd(),
+                        Path::new(name),
+                        libc::RESOLVE_NO_SYMLINKS,
+                    )
+                    .map_err(|e| self.write_err(&w, rel, e))?;
+                    sys::fsetxattr(fd.as_fd(), USER_OPAQUE_XATTR, b"y")
+                        .map_err(|e| self.write_err(&w, rel, e))?;
+                }
+                Some(_) => {}
+                None => {
+                    let file = sys::create_file_at(pfd.as_fd(), name)
+                        .map_err(|e| self.write_err(&w, rel, e))?;
+                    sys::fsetxattr(file.as_fd(), USER_WHITEOUT_XATTR, b"y")
+                        .map_err(|e| self.write_err(&w, rel, e))?;
+                    if marked.insert(parent.to_owned()) {
+                        sys::fsetxattr(pfd.as_fd(), USER_OPAQUE_XATTR, b"x")
+                            .map_err(|e| self.write_err(&w, prel, e))?;
+                    }
+                }
+            }
+        }
         Ok(())
     }
 

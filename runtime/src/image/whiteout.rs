@@ -6,11 +6,19 @@
 //! entries in `dir` stay). Other `.wh..wh.*` names are aufs bookkeeping and are ignored.
 //!
 //! A snapshot always records both kinds in [`Changes`] (`changes.json`), which copy mode
-//! applies. With [`WhiteoutFormat::Overlay`] (root) they are also written the way
-//! overlayfs reads a lower layer, a 0:0 character device and the xattr
-//! `trusted.overlay.opaque=y`, so that the snapshots can be overlay-mounted directly.
-//! Rootless snapshots use [`WhiteoutFormat::Sidecar`]: creating those needs privileges
-//! (`trusted.*` xattrs), so they can only be copied.
+//! applies. They are also written the way overlayfs reads a lower layer, so that the
+//! snapshots can be overlay-mounted directly:
+//!
+//! - [`WhiteoutFormat::Overlay`] (root): a 0:0 character device and the xattr
+//!   `trusted.overlay.opaque=y` (both need privileges);
+//! - [`WhiteoutFormat::UserXattr`] (rootless): what overlayfs mounted with `userxattr` (in a
+//!   user namespace) reads, and any user may write (Documentation/filesystems/overlayfs.rst,
+//!   "whiteouts and opaque directories", Linux 6.7): a whiteout is a zero-size regular file
+//!   with the xattr `user.overlay.whiteout`, and its directory is marked
+//!   `user.overlay.opaque=x` ("holds such whiteouts"; the kernel only looks for them there);
+//!   an opaque directory has `user.overlay.opaque=y` and needs no whiteouts in it;
+//! - [`WhiteoutFormat::Sidecar`]: only [`Changes`]; rootless snapshots unpacked before
+//!   `UserXattr` existed, or on a file system without user xattrs. They can only be copied.
 
 use std::collections::BTreeSet;
 
@@ -20,6 +28,10 @@ const WHITEOUT_PREFIX: &str = ".wh.";
 const OPAQUE_MARKER: &str = ".wh..wh..opq";
 /// The xattr overlayfs reads to treat a lower directory as opaque.
 pub(crate) const OVERLAY_OPAQUE_XATTR: &str = "trusted.overlay.opaque";
+/// The same, read by overlayfs mounted with `userxattr` (`y`: opaque; `x`: holds whiteouts).
+pub(crate) const USER_OPAQUE_XATTR: &str = "user.overlay.opaque";
+/// The xattr that makes a zero-size regular file a whiteout for overlayfs with `userxattr`.
+pub(crate) const USER_WHITEOUT_XATTR: &str = "user.overlay.whiteout";
 
 /// How whiteouts are represented in an unpacked tree.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -27,7 +39,10 @@ pub(crate) const OVERLAY_OPAQUE_XATTR: &str = "trusted.overlay.opaque";
 pub enum WhiteoutFormat {
     /// 0:0 character devices and `trusted.overlay.opaque=y` (needs root), plus [`Changes`].
     Overlay,
-    /// Only [`Changes`] (rootless).
+    /// Zero-size files with `user.overlay.whiteout`, `user.overlay.opaque=y|x` (rootless,
+    /// for overlayfs with `userxattr`), plus [`Changes`].
+    UserXattr,
+    /// Only [`Changes`] (rootless snapshots of older versions).
     Sidecar,
 }
 
@@ -70,6 +85,14 @@ pub(crate) fn classify(file_name: &str) -> Option<Whiteout<'_>> {
 pub(crate) fn is_overlay_whiteout(meta: &std::fs::Metadata) -> bool {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
     meta.file_type().is_char_device() && meta.rdev() == 0
+}
+
+/// `true` for a whiteout of [`WhiteoutFormat::UserXattr`]: `st` (of `path`, not followed)
+/// is a zero-size regular file carrying [`USER_WHITEOUT_XATTR`].
+pub(crate) fn is_xattr_whiteout(path: &std::path::Path, st_mode: u32, st_size: i64) -> bool {
+    st_mode & libc::S_IFMT == libc::S_IFREG
+        && st_size == 0
+        && matches!(xattr::get(path, USER_WHITEOUT_XATTR), Ok(Some(_)))
 }
 
 #[cfg(test)]

@@ -155,11 +155,9 @@ impl Inner {
         record::save(dir, rec).map_err(|e| RuntimeError::io("save container record", dir, e))?;
         let images = self.images.clone();
         let (img, target) = (image.clone(), dir.to_owned());
-        let mode = if self.config.rootless {
-            RootfsMode::Copy
-        } else {
-            RootfsMode::Auto
-        };
+        // Rootless: an overlay mounted in the container's user namespace where the kernel
+        // allows it and the snapshots have its whiteouts, else a copy (the store decides).
+        let mode = RootfsMode::Auto;
         let prepared =
             tokio::task::spawn_blocking(move || images.prepare_rootfs(&img, &target, mode))
                 .await
@@ -196,6 +194,7 @@ impl Inner {
             container: &rec.config,
             image: &image.config,
             rootfs: &prepared.rootfs,
+            rootfs_layers: &prepared.layers,
             hostname: &hostname,
             namespaces: &namespaces,
             cgroups_path: rec.cgroups_path.clone(),

@@ -41,7 +41,7 @@ pub(crate) fn build_for_host(inputs: &SpecInputs<'_>, host: &HostFacts) -> Resul
     validate_hostname(inputs.hostname)?;
     validate_cgroups_path(inputs.cgroups_path.as_deref())?;
 
-    let rootfs = Rootfs::open(inputs.rootfs)?;
+    let rootfs = Rootfs::open(inputs.rootfs, inputs.rootfs_layers)?;
     let mut user = user::resolve(&rootfs, security, inputs.image)?;
     if let Some(userns) = userns {
         check_mapped(userns, &user)?;
@@ -310,6 +310,7 @@ mod tests {
                 container: &self.container,
                 image: &self.image,
                 rootfs: self.rootfs.path(),
+                rootfs_layers: &[],
                 hostname: "h",
                 namespaces: &self.namespaces,
                 cgroups_path: Some("/c".into()),

@@ -13,6 +13,10 @@ pub struct SpecInputs<'a> {
     pub image: &'a ImageConfig,
     /// The prepared root filesystem directory; its `/etc/passwd` and `/etc/group` resolve users.
     pub rootfs: &'a Path,
+    /// Not empty when `rootfs` is only mounted inside the container (a rootless overlay,
+    /// [`PreparedRootfs::layers`](crate::image::PreparedRootfs::layers)): the snapshot trees,
+    /// top first, whose merged view the user files are read from.
+    pub rootfs_layers: &'a [PathBuf],
     /// Set as the UTS hostname (unless the UTS namespace is the host's) and as `$HOSTNAME`.
     pub hostname: &'a str,
     pub namespaces: &'a SandboxNamespaces,

@@ -22,14 +22,18 @@ use super::SpecError;
 /// Bigger `/etc/passwd` files are refused.
 pub(crate) const MAX_SIZE: u64 = 8 << 20;
 
-/// An open root filesystem directory.
+/// An open root filesystem directory, or the layers it will be the overlay of.
 pub(crate) struct Rootfs {
     dir: OwnedFd,
     path: PathBuf,
+    /// Not empty: the rootfs is mounted only inside the container (a rootless overlay) and
+    /// files are read from the merged view of these snapshot trees, top first (see
+    /// `image/userns_overlay.rs`).
+    layers: Vec<PathBuf>,
 }
 
 impl Rootfs {
-    pub(crate) fn open(path: &Path) -> Result<Self, SpecError> {
+    pub(crate) fn open(path: &Path, layers: &[PathBuf]) -> Result<Self, SpecError> {
         let not_a_dir = || SpecError::RootfsNotADirectory {
             path: path.to_owned(),
         };
@@ -44,6 +48,7 @@ impl Rootfs {
         Ok(Self {
             dir,
             path: path.to_owned(),
+            layers: layers.to_vec(),
         })
     }
 
@@ -55,16 +60,25 @@ impl Rootfs {
             path: shown.clone(),
             source,
         };
-        let how = OpenHow::new()
-            .flags(OFlag::O_RDONLY | OFlag::O_CLOEXEC | OFlag::O_NOCTTY | OFlag::O_NONBLOCK)
-            .resolve(ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS);
-        let fd = match nix::fcntl::openat2(std::os::fd::AsRawFd::as_raw_fd(&self.dir), inner, how) {
-            Ok(fd) => fd,
-            Err(Errno::ENOENT | Errno::ENOTDIR) => return Ok(None),
-            Err(errno) => return Err(fail(errno.into())),
+        let file = if self.layers.is_empty() {
+            let how = OpenHow::new()
+                .flags(OFlag::O_RDONLY | OFlag::O_CLOEXEC | OFlag::O_NOCTTY | OFlag::O_NONBLOCK)
+                .resolve(ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+            let fd =
+                match nix::fcntl::openat2(std::os::fd::AsRawFd::as_raw_fd(&self.dir), inner, how) {
+                    Ok(fd) => fd,
+                    Err(Errno::ENOENT | Errno::ENOTDIR) => return Ok(None),
+                    Err(errno) => return Err(fail(errno.into())),
+                };
+            // SAFETY: `openat2` returned a fresh descriptor that nothing else owns.
+            unsafe { File::from_raw_fd(fd) }
+        } else {
+            match crate::image::userns_overlay::open_merged(&self.layers, inner) {
+                Ok(Some(file)) => file,
+                Ok(None) => return Ok(None),
+                Err(e) => return Err(fail(e)),
+            }
         };
-        // SAFETY: `openat2` returned a fresh descriptor that nothing else owns.
-        let file = unsafe { File::from_raw_fd(fd) };
         let meta = file.metadata().map_err(fail)?;
         if !meta.is_file() {
             return Err(fail(std::io::Error::other("not a regular file")));
@@ -94,7 +108,7 @@ mod tests {
         std::fs::write(root.path().join("real/passwd"), "inside\n").expect("write");
         std::os::unix::fs::symlink("/real/passwd", root.path().join("etc/passwd"))
             .expect("symlink");
-        let rootfs = Rootfs::open(root.path()).expect("open");
+        let rootfs = Rootfs::open(root.path(), &[]).expect("open");
         assert_eq!(
             rootfs.read("/etc/passwd").expect("read").as_deref(),
             Some("inside\n")
@@ -108,7 +122,7 @@ mod tests {
         let root = outer.path().join("rootfs");
         std::fs::create_dir_all(root.join("etc")).expect("mkdir");
         std::os::unix::fs::symlink("../../../secret", root.join("etc/group")).expect("symlink");
-        let rootfs = Rootfs::open(&root).expect("open");
+        let rootfs = Rootfs::open(&root, &[]).expect("open");
         assert_eq!(rootfs.read("/etc/group").expect("read"), None);
     }
 
@@ -117,7 +131,7 @@ mod tests {
         let root = tempfile::tempdir().expect("tempdir");
         std::fs::create_dir_all(root.path().join("etc")).expect("mkdir");
         nix::unistd::mkfifo(&root.path().join("etc/passwd"), Mode::S_IRUSR).expect("mkfifo");
-        let rootfs = Rootfs::open(root.path()).expect("open");
+        let rootfs = Rootfs::open(root.path(), &[]).expect("open");
         assert!(matches!(
             rootfs.read("/etc/passwd"),
             Err(SpecError::ReadRootfsFile { .. })
@@ -127,7 +141,7 @@ mod tests {
     #[test]
     fn a_missing_rootfs_is_reported_as_not_a_directory() {
         assert!(matches!(
-            Rootfs::open(Path::new("/nonexistent/ironlet/rootfs")),
+            Rootfs::open(Path::new("/nonexistent/ironlet/rootfs"), &[]),
             Err(SpecError::RootfsNotADirectory { .. })
         ));
     }

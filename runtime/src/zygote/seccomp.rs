@@ -407,6 +407,7 @@ mod tests {
             container: &config,
             image: &ImageConfig::default(),
             rootfs: Path::new("/"),
+            rootfs_layers: &[],
             hostname: "h",
             namespaces: &SandboxNamespaces::default(),
             cgroups_path: None,

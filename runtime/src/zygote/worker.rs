@@ -99,8 +99,10 @@ fn perform(
         Request::Delete { id, .. } => Some((id.clone(), false)),
         _ => None,
     };
+    // Asked before entering a user namespace, where the worker becomes its root.
+    let rootless = !nix::unistd::geteuid().is_root();
     let mut plan = super::userns::Plan::OwnIds;
-    if let Some((id, adds)) = cgroup_user.filter(|_| !nix::unistd::geteuid().is_root()) {
+    if let Some((id, adds)) = cgroup_user.filter(|_| rootless) {
         plan = match &request {
             Request::Create { bundle, .. } => {
                 super::userns::plan_for_create(bundle).map_err(|e| e.to_string())?
@@ -123,22 +125,30 @@ fn perform(
             bundle,
             state_root,
             ..
-        } if plan.maps_ranges() => {
+        } if rootless => {
             let rootfs = super::userns::rootfs_of(&bundle).map_err(|e| e.to_string())?;
-            let changed = crate::image::owners::apply_recorded(&rootfs).map_err(|e| {
-                format!(
-                    "rootless: give the image's owners to {}: {e}",
-                    rootfs.display()
-                )
-            })?;
-            if changed > 0 {
-                crate::image::owners::mark_applied(&bundle)
-                    .map_err(|e| format!("rootless: mark {}: {e}", bundle.display()))?;
+            // An overlay rootfs is mounted here, in the mount namespace the container's is
+            // copied from (image/userns_overlay.rs); it goes when both are gone.
+            let overlay = crate::image::userns_overlay::mount_described(&rootfs)?;
+            if plan.maps_ranges() && overlay != Some(false) {
+                let changed = crate::image::owners::apply_recorded(&rootfs).map_err(|e| {
+                    format!(
+                        "rootless: give the image's owners to {}: {e}",
+                        rootfs.display()
+                    )
+                })?;
+                if changed > 0 {
+                    crate::image::owners::mark_applied(&bundle)
+                        .map_err(|e| format!("rootless: mark {}: {e}", bundle.display()))?;
+                }
             }
             let created = create(&id, &bundle, &state_root, stdio, seccomp);
-            if created.is_err() {
+            if created.is_err() && plan.maps_ranges() {
                 // The agent removes the rootfs of a failed create; it must be the user's.
-                let _ = crate::image::owners::hand_back(&rootfs);
+                if overlay.is_some() {
+                    let _ = nix::mount::umount2(&rootfs, nix::mount::MntFlags::MNT_DETACH);
+                }
+                let _ = crate::image::owners::hand_back_rootfs(&rootfs);
             }
             created.map(Some)
         }
@@ -158,7 +168,7 @@ fn perform(
                 .and_then(|c| super::userns::rootfs_of(c.bundle()).ok());
             delete(&id, &state_root, force)?;
             if let Some(rootfs) = rootfs {
-                crate::image::owners::hand_back(&rootfs).map_err(|e| {
+                crate::image::owners::hand_back_rootfs(&rootfs).map_err(|e| {
                     format!("rootless: give {} back to the user: {e}", rootfs.display())
                 })?;
             }

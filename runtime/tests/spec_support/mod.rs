@@ -104,6 +104,7 @@ pub fn inputs<'a>(
         container,
         image,
         rootfs,
+        rootfs_layers: &[],
         hostname: "pod-a",
         namespaces,
         cgroups_path: Some("/kubepods/burstable/podabc/0123456789abcdef".into()),
