@@ -8,21 +8,27 @@
 //! signals it when this cgroup **or an ancestor** runs out of memory — *before* the victim is
 //! chosen — and once more when the cgroup is removed. So after a wake-up the counter is re-read
 //! for up to 1 s until the kill shows up. OOMs caused by a *descendant's* own limit do not
-//! signal us; the 10 s safety re-check picks those up (a container whose init is the victim is
-//! reported at once by its exit, with the counter read then).
+//! signal an ancestor's eventfd, so every cgroup of the subtree gets one (as containerd
+//! registers one per container), and an inotify `IN_CREATE` watch on each tells when a child
+//! cgroup appears (a container created after the watch began): the set is rebuilt after every
+//! wake-up. No periodic re-check is needed; the safety one is minutes apart.
 //!
 //! Limitation: the counter lives in the cgroup. A kill that is followed by the cgroup's removal
 //! before the watcher has read the counter is not reported; read
 //! [`Hierarchy::oom_kill_count`] before removing a cgroup whose OOM kills matter.
 
+use std::future::poll_fn;
 use std::io;
-use std::path::PathBuf;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
 
 use nix::sys::eventfd::{EfdFlags, EventFd};
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use tokio::io::unix::AsyncFd;
 
-use super::{register_readable, FileWatch, V1_SAFETY_INTERVAL, V2_SAFETY_INTERVAL};
+use super::{register_readable, FileWatch, InotifyFd, SAFETY_INTERVAL};
 use crate::error::{Error, Result};
 use crate::fs;
 use crate::hierarchy::Hierarchy;
@@ -55,8 +61,23 @@ pub struct OomWatcher {
 }
 
 enum Source {
-    V1(AsyncFd<EventFd>),
+    V1(V1Sources),
     V2(FileWatch),
+}
+
+/// v1: an eventfd per memory cgroup of the subtree and the inotify instance that watches each
+/// for new child cgroups.
+struct V1Sources {
+    eventfds: Vec<AsyncFd<EventFd>>,
+    created: AsyncFd<InotifyFd>,
+}
+
+/// What woke a v1 watcher.
+enum V1Wake {
+    /// An eventfd: an OOM in the subtree (or above it), or a cgroup of it removed.
+    Notified,
+    /// A child cgroup was created somewhere in the subtree.
+    Created,
 }
 
 impl Hierarchy {
@@ -64,7 +85,7 @@ impl Hierarchy {
     pub fn watch_oom(&self, path: &CgroupPath) -> Result<OomWatcher> {
         let memory_dir = self.require_dir("memory", path)?;
         let source = match self {
-            Self::V1 { .. } => Source::V1(register_v1(&memory_dir)?),
+            Self::V1 { .. } => Source::V1(v1_sources(&memory_dir)?),
             Self::V2 { .. } => Source::V2(FileWatch::new(&memory_dir, "memory.events")?),
         };
         let last_total = self.oom_kill_count(path)?;
@@ -95,6 +116,75 @@ fn register_v1(memory_dir: &std::path::Path) -> Result<AsyncFd<EventFd>> {
     let line = format!("{} {}", eventfd.as_raw_fd(), oom_control.as_raw_fd());
     fs::write_raw(&control, &line).map_err(setup)?;
     register_readable(eventfd).map_err(setup)
+}
+
+/// An eventfd for every memory cgroup of the subtree at `memory_dir` and an `IN_CREATE` watch
+/// on each. A descendant removed meanwhile is skipped; the root must be there.
+fn v1_sources(memory_dir: &Path) -> Result<V1Sources> {
+    let setup = |source: io::Error| Error::WatchSetup {
+        what: "inotify",
+        path: memory_dir.to_path_buf(),
+        source,
+    };
+    let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)
+        .map_err(|e| setup(e.into()))?;
+    let mut eventfds = Vec::new();
+    for dir in fs::subtree(memory_dir)? {
+        let root = dir == memory_dir;
+        let watched = inotify
+            .add_watch(&dir, AddWatchFlags::IN_CREATE | AddWatchFlags::IN_ONLYDIR)
+            .map_err(|e| setup(e.into()));
+        match watched.and_then(|_| register_v1(&dir)) {
+            Ok(eventfd) => eventfds.push(eventfd),
+            Err(err) if root => return Err(err),
+            Err(err) => tracing::debug!(dir = %dir.display(), %err, "child cgroup not watched"),
+        }
+    }
+    let created = register_readable(InotifyFd(inotify)).map_err(setup)?;
+    Ok(V1Sources { eventfds, created })
+}
+
+/// Polls `fd` for readability and consumes what is there with `read`.
+fn poll_consume<T: AsRawFd>(
+    fd: &AsyncFd<T>,
+    cx: &mut Context<'_>,
+    read: impl Fn(&T) -> io::Result<()>,
+) -> Poll<io::Result<()>> {
+    loop {
+        let mut guard = ready!(fd.poll_read_ready(cx))?;
+        if let Ok(result) = guard.try_io(|inner| read(inner.get_ref())) {
+            return Poll::Ready(result);
+        }
+    }
+}
+
+/// Waits until an eventfd fires or a child cgroup is created.
+async fn wait_v1(sources: &V1Sources, dir: &Path) -> Result<V1Wake> {
+    let failed = |what: &'static str, source: io::Error| Error::Watch {
+        what,
+        path: dir.join("cgroup.event_control"),
+        source,
+    };
+    poll_fn(|cx| {
+        for eventfd in &sources.eventfds {
+            if let Poll::Ready(read) =
+                poll_consume(eventfd, cx, |e| e.read().map(drop).map_err(io::Error::from))
+            {
+                return Poll::Ready(
+                    read.map(|()| V1Wake::Notified)
+                        .map_err(|e| failed("eventfd", e)),
+                );
+            }
+        }
+        poll_consume(&sources.created, cx, |i| {
+            i.0.read_events().map(drop).map_err(io::Error::from)
+        })
+        .map(|read| {
+            read.map(|()| V1Wake::Created)
+                .map_err(|e| failed("inotify", e))
+        })
+    })
+    .await
 }
 
 impl OomWatcher {
@@ -135,19 +225,27 @@ impl OomWatcher {
         }
     }
 
-    /// Waits for a notification or the safety interval. `true` if a v1 eventfd fired.
+    /// Waits for a notification or the safety interval. `true` if a v1 eventfd fired. A v1
+    /// wake-up re-reads the subtree's cgroups (some may be new, some gone).
     async fn wait(&mut self) -> Result<bool> {
-        match &self.source {
-            Source::V1(eventfd) => {
-                tokio::select! {
-                    woke = wait_eventfd(eventfd, &self.memory_dir) => woke.map(|()| true),
-                    () = tokio::time::sleep(V1_SAFETY_INTERVAL) => Ok(false),
+        match &mut self.source {
+            Source::V1(sources) => {
+                let woke = tokio::select! {
+                    woke = wait_v1(sources, &self.memory_dir) => Some(woke?),
+                    () = tokio::time::sleep(SAFETY_INTERVAL) => None,
+                };
+                match v1_sources(&self.memory_dir) {
+                    Ok(fresh) => *sources = fresh,
+                    // Gone: the next round ends the stream.
+                    Err(_) if !self.memory_dir.is_dir() => {}
+                    Err(err) => return Err(err),
                 }
+                Ok(matches!(woke, Some(V1Wake::Notified)))
             }
             Source::V2(watch) => {
                 tokio::select! {
                     woke = watch.wait() => woke.map(|()| false),
-                    () = tokio::time::sleep(V2_SAFETY_INTERVAL) => Ok(false),
+                    () = tokio::time::sleep(SAFETY_INTERVAL) => Ok(false),
                 }
             }
         }
@@ -159,21 +257,5 @@ impl OomWatcher {
             self.ended = true;
         }
         None
-    }
-}
-
-async fn wait_eventfd(eventfd: &AsyncFd<EventFd>, dir: &std::path::Path) -> Result<()> {
-    let failed = |source: io::Error| Error::Watch {
-        what: "eventfd",
-        path: dir.join("cgroup.event_control"),
-        source,
-    };
-    loop {
-        let mut guard = eventfd.readable().await.map_err(failed)?;
-        match guard.try_io(|inner| inner.get_ref().read().map_err(io::Error::from)) {
-            Ok(Ok(_count)) => return Ok(()),
-            Ok(Err(e)) => return Err(failed(e)),
-            Err(_would_block) => {}
-        }
     }
 }
