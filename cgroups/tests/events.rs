@@ -62,7 +62,8 @@ async fn a_memory_hog_in_a_16mib_pod_fires_watch_oom_and_is_counted() -> anyhow:
 
 /// A kill under a container's own limit, in a pod without one: on v1 the kernel does not
 /// signal the pod's eventfd for it. The pod's watcher, started before the container cgroup
-/// existed, reports it at once all the same (well within the 5 min safety re-check).
+/// existed and told of it with `rescan`, reports it at once all the same (well within the
+/// 5 min safety re-check).
 #[tokio::test]
 async fn watch_oom_of_a_pod_reports_a_kill_under_a_container_created_after_the_watch_began(
 ) -> anyhow::Result<()> {
@@ -84,8 +85,7 @@ async fn watch_oom_of_a_pod_reports_a_kill_under_a_container_created_after_the_w
             ..CgroupSettings::default()
         },
     )?;
-    // Let the watcher see the new child before the kill (inotify, then a rebuild).
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    pod_ooms.rescan()?;
     let mut hog = spawn_in(
         h,
         &container,

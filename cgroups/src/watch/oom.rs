@@ -9,9 +9,11 @@
 //! chosen — and once more when the cgroup is removed. So after a wake-up the counter is re-read
 //! for up to 1 s until the kill shows up. OOMs caused by a *descendant's* own limit do not
 //! signal an ancestor's eventfd, so every cgroup of the subtree gets one (as containerd
-//! registers one per container), and an inotify `IN_CREATE` watch on each tells when a child
-//! cgroup appears (a container created after the watch began): the set is rebuilt after every
-//! wake-up. No periodic re-check is needed; the safety one is minutes apart.
+//! registers one per container). The set is re-read after every wake-up and on
+//! [`OomWatcher::rescan`], which the owner calls when it created a child cgroup (a container
+//! started after the watch began; an inotify instance per watcher would exhaust
+//! `fs.inotify.max_user_instances`, 128 by default, at a few hundred pods). No periodic
+//! re-check is needed; the safety one is minutes apart.
 //!
 //! Limitation: the counter lives in the cgroup. A kill that is followed by the cgroup's removal
 //! before the watcher has read the counter is not reported; read
@@ -25,10 +27,9 @@ use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
 
 use nix::sys::eventfd::{EfdFlags, EventFd};
-use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use tokio::io::unix::AsyncFd;
 
-use super::{register_readable, FileWatch, InotifyFd, SAFETY_INTERVAL};
+use super::{register_readable, FileWatch, SAFETY_INTERVAL};
 use crate::error::{Error, Result};
 use crate::fs;
 use crate::hierarchy::Hierarchy;
@@ -58,6 +59,9 @@ pub struct OomWatcher {
     source: Source,
     last_total: u64,
     ended: bool,
+    /// Until when the counter is re-read after a v1 notification (kept across a cancelled
+    /// `next`).
+    settle_until: Option<Instant>,
 }
 
 enum Source {
@@ -65,19 +69,10 @@ enum Source {
     V2(FileWatch),
 }
 
-/// v1: an eventfd per memory cgroup of the subtree and the inotify instance that watches each
-/// for new child cgroups.
+/// v1: an eventfd per memory cgroup of the subtree, and those cgroups.
 struct V1Sources {
     eventfds: Vec<AsyncFd<EventFd>>,
-    created: AsyncFd<InotifyFd>,
-}
-
-/// What woke a v1 watcher.
-enum V1Wake {
-    /// An eventfd: an OOM in the subtree (or above it), or a cgroup of it removed.
-    Notified,
-    /// A child cgroup was created somewhere in the subtree.
-    Created,
+    dirs: Vec<PathBuf>,
 }
 
 impl Hierarchy {
@@ -85,7 +80,7 @@ impl Hierarchy {
     pub fn watch_oom(&self, path: &CgroupPath) -> Result<OomWatcher> {
         let memory_dir = self.require_dir("memory", path)?;
         let source = match self {
-            Self::V1 { .. } => Source::V1(v1_sources(&memory_dir)?),
+            Self::V1 { .. } => Source::V1(v1_sources(&memory_dir, fs::subtree(&memory_dir)?)?),
             Self::V2 { .. } => Source::V2(FileWatch::new(&memory_dir, "memory.events")?),
         };
         let last_total = self.oom_kill_count(path)?;
@@ -97,6 +92,7 @@ impl Hierarchy {
             source,
             last_total,
             ended: false,
+            settle_until: None,
         })
     }
 }
@@ -118,30 +114,19 @@ fn register_v1(memory_dir: &std::path::Path) -> Result<AsyncFd<EventFd>> {
     register_readable(eventfd).map_err(setup)
 }
 
-/// An eventfd for every memory cgroup of the subtree at `memory_dir` and an `IN_CREATE` watch
-/// on each. A descendant removed meanwhile is skipped; the root must be there.
-fn v1_sources(memory_dir: &Path) -> Result<V1Sources> {
-    let setup = |source: io::Error| Error::WatchSetup {
-        what: "inotify",
-        path: memory_dir.to_path_buf(),
-        source,
-    };
-    let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)
-        .map_err(|e| setup(e.into()))?;
+/// An eventfd for every memory cgroup of the subtree at `memory_dir` (`dirs`, as
+/// [`fs::subtree`] lists them). A descendant removed meanwhile is skipped; the root must be
+/// there.
+fn v1_sources(memory_dir: &Path, dirs: Vec<PathBuf>) -> Result<V1Sources> {
     let mut eventfds = Vec::new();
-    for dir in fs::subtree(memory_dir)? {
-        let root = dir == memory_dir;
-        let watched = inotify
-            .add_watch(&dir, AddWatchFlags::IN_CREATE | AddWatchFlags::IN_ONLYDIR)
-            .map_err(|e| setup(e.into()));
-        match watched.and_then(|_| register_v1(&dir)) {
+    for dir in &dirs {
+        match register_v1(dir) {
             Ok(eventfd) => eventfds.push(eventfd),
-            Err(err) if root => return Err(err),
+            Err(err) if dir == memory_dir => return Err(err),
             Err(err) => tracing::debug!(dir = %dir.display(), %err, "child cgroup not watched"),
         }
     }
-    let created = register_readable(InotifyFd(inotify)).map_err(setup)?;
-    Ok(V1Sources { eventfds, created })
+    Ok(V1Sources { eventfds, dirs })
 }
 
 /// Polls `fd` for readability and consumes what is there with `read`.
@@ -158,31 +143,21 @@ fn poll_consume<T: AsRawFd>(
     }
 }
 
-/// Waits until an eventfd fires or a child cgroup is created.
-async fn wait_v1(sources: &V1Sources, dir: &Path) -> Result<V1Wake> {
-    let failed = |what: &'static str, source: io::Error| Error::Watch {
-        what,
-        path: dir.join("cgroup.event_control"),
-        source,
-    };
+/// Waits until an eventfd fires.
+async fn wait_v1(sources: &V1Sources, dir: &Path) -> Result<()> {
     poll_fn(|cx| {
         for eventfd in &sources.eventfds {
             if let Poll::Ready(read) =
                 poll_consume(eventfd, cx, |e| e.read().map(drop).map_err(io::Error::from))
             {
-                return Poll::Ready(
-                    read.map(|()| V1Wake::Notified)
-                        .map_err(|e| failed("eventfd", e)),
-                );
+                return Poll::Ready(read.map_err(|source| Error::Watch {
+                    what: "eventfd",
+                    path: dir.join("cgroup.event_control"),
+                    source,
+                }));
             }
         }
-        poll_consume(&sources.created, cx, |i| {
-            i.0.read_events().map(drop).map_err(io::Error::from)
-        })
-        .map(|read| {
-            read.map(|()| V1Wake::Created)
-                .map_err(|e| failed("inotify", e))
-        })
+        Poll::Pending
     })
     .await
 }
@@ -196,7 +171,6 @@ impl OomWatcher {
 
     /// The next OOM kill, or `None` once the cgroup is gone.
     pub async fn next(&mut self) -> Result<Option<OomEvent>> {
-        let mut settle_until: Option<Instant> = None;
         loop {
             if self.ended || !self.memory_dir.is_dir() {
                 return Ok(self.end());
@@ -214,13 +188,16 @@ impl OomWatcher {
             }
             // v1 sums over descendants, which can disappear and take their counts with them.
             self.last_total = total;
-            if settle_until.is_some_and(|until| Instant::now() < until) {
+            if self
+                .settle_until
+                .is_some_and(|until| Instant::now() < until)
+            {
                 tokio::time::sleep(V1_SETTLE_POLL).await;
                 continue;
             }
-            settle_until = None;
+            self.settle_until = None;
             if self.wait().await? {
-                settle_until = Some(Instant::now() + V1_SETTLE);
+                self.settle_until = Some(Instant::now() + V1_SETTLE);
             }
         }
     }
@@ -231,16 +208,11 @@ impl OomWatcher {
         match &mut self.source {
             Source::V1(sources) => {
                 let woke = tokio::select! {
-                    woke = wait_v1(sources, &self.memory_dir) => Some(woke?),
-                    () = tokio::time::sleep(SAFETY_INTERVAL) => None,
+                    woke = wait_v1(sources, &self.memory_dir) => { woke?; true }
+                    () = tokio::time::sleep(SAFETY_INTERVAL) => false,
                 };
-                match v1_sources(&self.memory_dir) {
-                    Ok(fresh) => *sources = fresh,
-                    // Gone: the next round ends the stream.
-                    Err(_) if !self.memory_dir.is_dir() => {}
-                    Err(err) => return Err(err),
-                }
-                Ok(matches!(woke, Some(V1Wake::Notified)))
+                self.rescan()?;
+                Ok(woke)
             }
             Source::V2(watch) => {
                 tokio::select! {
@@ -249,6 +221,26 @@ impl OomWatcher {
                 }
             }
         }
+    }
+
+    /// Re-reads which cgroups the subtree has (v1: each needs its own eventfd). Call it
+    /// after creating a child cgroup of the watched one; cheap when nothing changed (the
+    /// subtree's directories are listed, nothing registered). Not needed on v2.
+    pub fn rescan(&mut self) -> Result<()> {
+        let Source::V1(sources) = &mut self.source else {
+            return Ok(());
+        };
+        let dirs = fs::subtree(&self.memory_dir)?;
+        if dirs == sources.dirs {
+            return Ok(());
+        }
+        match v1_sources(&self.memory_dir, dirs) {
+            Ok(fresh) => *sources = fresh,
+            // Gone: the next round ends the stream.
+            Err(_) if !self.memory_dir.is_dir() => {}
+            Err(err) => return Err(err),
+        }
+        Ok(())
     }
 
     fn end(&mut self) -> Option<OomEvent> {
