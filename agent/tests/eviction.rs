@@ -10,6 +10,11 @@
 //!   period. The machine's own memory is never short: the pressure is the pods' share.
 //! * PIDs: `pid.available` set 400 below what the machine has at the start; a pod forking
 //!   800 sleepers is evicted, a quiet pod stays.
+//! * Disk: a 256 MiB tmpfs as the data root (the node filesystem); a pod writing 180 MiB
+//!   into an emptyDir crosses `nodefs.available<100Mi`. Hard: reclaim, then eviction. Soft:
+//!   crossed for less than its grace period, nothing is evicted (the condition still goes
+//!   True and clears); held past it, the pod is evicted and its termination grace period is
+//!   capped by `--eviction-max-pod-grace-period`.
 
 mod support;
 
@@ -394,4 +399,205 @@ fn disk_pressure_reclaims_node_level_resources_then_evicts_the_pod_filling_the_n
     agent.wait_until("DiskPressure clears", Duration::from_secs(60), |a| {
         condition_changes(a, "DiskPressure", false) == 1
     });
+}
+
+/// Writes 180 MiB into its emptyDir, holds it 6 s, removes it and stays.
+const BRIEF_FILLER: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: brief}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: brief
+    image: busybox
+    command: [sh, -c, "dd if=/dev/zero of=/scratch/fill bs=1M count=180; sleep 6; rm -f /scratch/fill; exec sleep 3600"]
+    volumeMounts: [{name: scratch, mountPath: /scratch}]
+  volumes:
+  - name: scratch
+    emptyDir: {}
+"#;
+
+/// Writes 180 MiB into its emptyDir and holds it. On SIGTERM it frees the space (so that
+/// the eviction relieves the node) but does not exit: only the SIGKILL at the end of its
+/// grace period stops it, and its 60 s are capped by `--eviction-max-pod-grace-period`.
+const STUBBORN_FILLER: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: stubborn}
+spec:
+  terminationGracePeriodSeconds: 60
+  containers:
+  - name: stubborn
+    image: busybox
+    command:
+    - sh
+    - -c
+    - |
+      trap 'rm -f /scratch/fill' TERM
+      dd if=/dev/zero of=/scratch/fill bs=1M count=180
+      while true; do sleep 3600 & wait; done
+    volumeMounts: [{name: scratch, mountPath: /scratch}]
+  volumes:
+  - name: scratch
+    emptyDir: {}
+"#;
+
+/// The agent's `kubelet_evictions` sample for `signal`, if any.
+fn evictions_metric(agent: &Agent, signal: &str) -> Option<String> {
+    let metrics = agent.try_get("/metrics").unwrap_or_default();
+    let prefix = format!("kubelet_evictions{{eviction_signal=\"{signal}\"}} ");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .map(str::to_owned)
+}
+
+#[test]
+fn a_soft_threshold_evicts_only_after_its_grace_period_and_caps_the_pods_grace_period() {
+    if !support::is_root() {
+        return;
+    }
+    const GRACE_SECS: i64 = 20;
+    let agent = agent_with_running_pod(
+        AgentOptions {
+            root_tmpfs_size: Some("256m".into()),
+            ..AgentOptions::default()
+        },
+        &[
+            "--eviction-soft=nodefs.available<100Mi",
+            &format!("--eviction-soft-grace-period=nodefs.available={GRACE_SECS}s"),
+            "--eviction-max-pod-grace-period=3",
+            "--eviction-pressure-transition-period=5s",
+        ],
+        "quiet",
+        QUIET,
+    );
+
+    // 1. Below the threshold for ~6 s, less than the 20 s grace period: as in kubelet, the
+    //    condition does not wait for the grace period, the eviction does.
+    agent.write_manifest("brief.yaml", BRIEF_FILLER);
+    agent.wait_until("DiskPressure (brief)", Duration::from_secs(60), |a| {
+        condition_changes(a, "DiskPressure", true) == 1
+    });
+    agent.wait_until(
+        "DiskPressure clears (brief)",
+        Duration::from_secs(60),
+        |a| condition_changes(a, "DiskPressure", false) == 1,
+    );
+    let log = support::crash::strip_ansi(&agent.log());
+    assert!(
+        !log.contains("evicting pod"),
+        "a soft threshold met for less than its grace period evicted a pod"
+    );
+    assert!(
+        !log.contains("Attempting to reclaim"),
+        "EvictionThresholdMet before the grace period"
+    );
+    assert_eq!(evictions_metric(&agent, "nodefs.available"), None);
+    for name in ["brief", "quiet"] {
+        let pod = agent.pod(name).expect("listed");
+        assert_eq!(phase(&pod), "Running", "{name}");
+        assert_eq!(restart_count(&pod, name), 0, "{name}");
+    }
+
+    // 2. Held past the grace period: evicted with kubelet's message, after the grace
+    //    period, killed after --eviction-max-pod-grace-period (3 s), not its own 60 s.
+    agent.write_manifest("stubborn.yaml", STUBBORN_FILLER);
+    let running = agent.wait_pod("stubborn", "Running", Duration::from_secs(60), |p| {
+        phase(p) == "Running"
+    });
+    let id = support::crash::container_id(&running, "stubborn").expect("a container id");
+    let mut evicting_seen = None;
+    agent.wait_until("the soft eviction starts", Duration::from_secs(90), |a| {
+        evicting_seen = Some(Instant::now());
+        a.log().contains("evicting pod")
+    });
+    let evicting_seen = evicting_seen.expect("set above");
+    agent.wait_until(
+        "the stubborn container is killed",
+        Duration::from_secs(30),
+        |a| !a.container_processes().contains_key(&id),
+    );
+    let killed_after = evicting_seen.elapsed();
+    let pod = agent.wait_pod("stubborn", "evicted", Duration::from_secs(30), |p| {
+        phase(p) == "Failed"
+    });
+    let status = pod.status.clone().expect("status");
+    assert_eq!(status.reason.as_deref(), Some("Evicted"));
+    let message = status.message.unwrap_or_default();
+    assert!(
+        message.starts_with(
+            "The node was low on resource: ephemeral-storage. Threshold quantity: 100Mi, available: "
+        ),
+        "{message}"
+    );
+    assert_eq!(
+        support::condition(&pod, "DisruptionTarget").as_deref(),
+        Some("True"),
+        "kubelet sets DisruptionTarget on a pressure eviction"
+    );
+    let log = support::crash::strip_ansi(&agent.log());
+    let pressure = log
+        .lines()
+        .filter(|l| {
+            l.contains("node condition changed")
+                && l.contains("DiskPressure")
+                && l.contains("status=true")
+        })
+        .nth(1)
+        .and_then(|l| {
+            l.split_whitespace()
+                .next()?
+                .parse::<chrono::DateTime<chrono::Utc>>()
+                .ok()
+        })
+        .expect("the second DiskPressure=True line");
+    let evicting_line = log
+        .lines()
+        .find(|l| l.contains("evicting pod"))
+        .expect("the evicting pod line");
+    assert!(
+        evicting_line.contains("stubborn") && evicting_line.contains("grace_seconds=3"),
+        "{evicting_line}"
+    );
+    let evicting: chrono::DateTime<chrono::Utc> = evicting_line
+        .split_whitespace()
+        .next()
+        .and_then(|t| t.parse().ok())
+        .expect("a timestamp");
+    let waited = evicting - pressure;
+    eprintln!(
+        "soft threshold met {} ms before the eviction; container killed {killed_after:?} after it",
+        waited.num_milliseconds()
+    );
+    assert!(
+        waited >= chrono::Duration::seconds(GRACE_SECS - 1)
+            && waited < chrono::Duration::seconds(GRACE_SECS + 15),
+        "evicted {waited:?} after the threshold was met, grace period {GRACE_SECS}s"
+    );
+    // SIGTERM is trapped: only the SIGKILL after the capped grace period (3 s) ends it.
+    assert!(
+        killed_after >= Duration::from_millis(2500) && killed_after < Duration::from_secs(20),
+        "killed {killed_after:?} after the eviction, not after the capped 3 s"
+    );
+    assert!(log.contains("Attempting to reclaim ephemeral-storage"));
+    assert_eq!(
+        evictions_metric(&agent, "nodefs.available").as_deref(),
+        Some("1")
+    );
+    assert_eq!(condition_changes(&agent, "DiskPressure", true), 2);
+    // The trap freed the space: the condition clears after the transition period and no
+    // other pod is evicted.
+    agent.wait_until("DiskPressure clears", Duration::from_secs(60), |a| {
+        condition_changes(a, "DiskPressure", false) == 2
+    });
+    for name in ["brief", "quiet"] {
+        let pod = agent.pod(name).expect("listed");
+        assert_eq!(phase(&pod), "Running", "{name} was evicted too");
+    }
+    assert_eq!(
+        evictions_metric(&agent, "nodefs.available").as_deref(),
+        Some("1")
+    );
 }

@@ -1038,3 +1038,55 @@ fn a_pod_past_its_active_deadline_ends_failed_with_deadline_exceeded_and_stops()
     );
     agent.remove_manifest("deadline.yaml");
 }
+
+/// A sidecar without limits keeps the pod cgroup unlimited: the kill happens under the
+/// container's own 32Mi, which on cgroup v1 does not signal the pod cgroup's eventfd.
+const OOM_IN_A_CONTAINER: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: container-oom}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: limited
+    image: busybox
+    command: [sh, -c, "sleep 3; dd if=/dev/zero of=/dev/null bs=64M count=1; exec sleep 3600"]
+    resources:
+      requests: {memory: 16Mi}
+      limits: {memory: 32Mi}
+  - name: unlimited
+    image: busybox
+    command: [sleep, "3600"]
+"#;
+
+/// The pod's cgroup watcher sees an OOM kill of a process that is not a container's init,
+/// under the container's own limit, at once (not at its minutes-apart safety re-check): on
+/// v1 it registered the container cgroup created after the watch began.
+#[test]
+fn an_oom_kill_under_a_containers_own_limit_is_seen_at_once() {
+    if !support::is_root() {
+        return;
+    }
+    let agent = Agent::start();
+    agent.write_manifest("container-oom.yaml", OOM_IN_A_CONTAINER);
+    let pod = agent.wait_pod("container-oom", "Running", Duration::from_secs(60), |p| {
+        phase(p) == "Running"
+    });
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    agent.wait_until(
+        "the pod cgroup's OOM kill is reported",
+        Duration::from_secs(20),
+        |a| {
+            support::crash::strip_ansi(&a.log())
+                .lines()
+                .any(|l| l.contains("OOM kill") && l.contains(&format!("pod{uid} ")))
+        },
+    );
+    let pod = agent.pod("container-oom").expect("listed");
+    assert_eq!(phase(&pod), "Running");
+    assert_eq!(
+        restart_count(&pod, "limited"),
+        0,
+        "dd was the victim, not the init"
+    );
+}

@@ -60,6 +60,52 @@ async fn a_memory_hog_in_a_16mib_pod_fires_watch_oom_and_is_counted() -> anyhow:
     Ok(())
 }
 
+/// A kill under a container's own limit, in a pod without one: on v1 the kernel does not
+/// signal the pod's eventfd for it. The pod's watcher, started before the container cgroup
+/// existed and told of it with `rescan`, reports it at once all the same (well within the
+/// 5 min safety re-check).
+#[tokio::test]
+async fn watch_oom_of_a_pod_reports_a_kill_under_a_container_created_after_the_watch_began(
+) -> anyhow::Result<()> {
+    if !root_or_skip(
+        "watch_oom_of_a_pod_reports_a_kill_under_a_container_created_after_the_watch_began",
+    ) {
+        return Ok(());
+    }
+    let tree = TestTree::detect()?;
+    let h = tree.hierarchy();
+    let pod = tree.node.pod_path(QosClass::BestEffort, "container-oom")?;
+    tree.node.create_pod(&pod, &CgroupSettings::default())?;
+    let mut pod_ooms = h.watch_oom(&pod)?;
+    let container = tree.node.container_path(&pod, "hog")?;
+    tree.node.create_container(
+        &container,
+        &CgroupSettings {
+            memory_limit: Some(16 << 20),
+            ..CgroupSettings::default()
+        },
+    )?;
+    pod_ooms.rescan()?;
+    let mut hog = spawn_in(
+        h,
+        &container,
+        "dd",
+        &["if=/dev/zero", "of=/dev/null", "bs=64M", "count=1"],
+    )?;
+    // 5 s: less than the 10 s re-check that used to be the only way to see it.
+    let event = within(
+        5,
+        "watch_oom(pod) never reported the kill under the container's own limit",
+        pod_ooms.next(),
+    )
+    .await?
+    .ok_or_else(|| anyhow::anyhow!("pod OOM watch ended instead of reporting the kill"))?;
+    assert!(event.new_kills >= 1, "{event:?}");
+    let status = tokio::task::spawn_blocking(move || hog.wait()).await??;
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+    Ok(())
+}
+
 #[tokio::test]
 async fn watch_empty_fires_when_the_last_process_is_killed() -> anyhow::Result<()> {
     if !root_or_skip("watch_empty_fires_when_the_last_process_is_killed") {

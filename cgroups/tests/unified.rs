@@ -84,7 +84,7 @@ async fn v2_empty_watch_fires_on_exit_without_polling() -> anyhow::Result<()> {
         .create_container(&container, &CgroupSettings::default())?;
     let mut short = spawn_in(h, &container, "sleep", &["0.3"])?;
     let mut empty = h.watch_empty(&pod)?;
-    // Well under the 5 s safety re-check: only the inotify event can deliver it this fast.
+    // Well under the 5 min safety re-check: only the inotify event can deliver it this fast.
     let event = within(
         2,
         "cgroup.events modification was not delivered by inotify",

@@ -4,9 +4,10 @@
 //! the OOM killer that was not a container's init, a pod whose last process vanished).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use ironlet_cgroups::{CgroupPath, Hierarchy};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
 
 /// What happened in a pod's cgroup.
@@ -59,11 +60,13 @@ impl CgroupWatches {
     }
 }
 
-/// The running watchers, by pod UID.
+/// The running watchers, by pod UID: the cgroup, the task, and how to tell it to rescan
+/// the cgroup's children (a repeated watch request: the pod's sync may have created a
+/// container cgroup since).
 pub(super) struct Watchers {
     hierarchy: Option<Hierarchy>,
     events: mpsc::UnboundedSender<CgroupEvent>,
-    tasks: HashMap<String, (CgroupPath, JoinHandle<()>)>,
+    tasks: HashMap<String, (CgroupPath, JoinHandle<()>, Arc<Notify>)>,
 }
 
 impl Watchers {
@@ -82,24 +85,29 @@ impl Watchers {
     pub(super) fn apply(&mut self, request: WatchRequest) {
         match request {
             WatchRequest::Watch { pod_uid, path } => {
-                if self.tasks.get(&pod_uid).is_some_and(|(p, _)| *p == path) {
+                if let Some((_, _, rescan)) =
+                    self.tasks.get(&pod_uid).filter(|(p, _, _)| *p == path)
+                {
+                    rescan.notify_one();
                     return;
                 }
                 let Some(hierarchy) = &self.hierarchy else {
                     return;
                 };
+                let rescan = Arc::new(Notify::new());
                 let task = tokio::spawn(watch_pod(
                     hierarchy.clone(),
                     pod_uid.clone(),
                     path.clone(),
                     self.events.clone(),
+                    rescan.clone(),
                 ));
-                if let Some((_, old)) = self.tasks.insert(pod_uid, (path, task)) {
+                if let Some((_, old, _)) = self.tasks.insert(pod_uid, (path, task, rescan)) {
                     old.abort();
                 }
             }
             WatchRequest::Unwatch { pod_uid } => {
-                if let Some((_, task)) = self.tasks.remove(&pod_uid) {
+                if let Some((_, task, _)) = self.tasks.remove(&pod_uid) {
                     task.abort();
                 }
             }
@@ -109,7 +117,7 @@ impl Watchers {
 
 impl Drop for Watchers {
     fn drop(&mut self) {
-        for (_, (_, task)) in self.tasks.drain() {
+        for (_, (_, task, _)) in self.tasks.drain() {
             task.abort();
         }
     }
@@ -120,6 +128,7 @@ async fn watch_pod(
     pod_uid: String,
     path: CgroupPath,
     events: mpsc::UnboundedSender<CgroupEvent>,
+    rescan: Arc<Notify>,
 ) {
     let (mut empty, mut oom) = match (hierarchy.watch_empty(&path), hierarchy.watch_oom(&path)) {
         (Ok(e), Ok(o)) => (e, o),
@@ -132,6 +141,13 @@ async fn watch_pod(
     // is empty until its first container starts): it costs one extra sync, never a miss.
     loop {
         let kind = tokio::select! {
+            () = rescan.notified() => {
+                // A container cgroup may be new: on v1 it needs its own OOM eventfd.
+                if let Err(err) = oom.rescan() {
+                    tracing::debug!(%pod_uid, %err, "rescanning the pod cgroup failed");
+                }
+                continue;
+            }
             event = empty.next() => match event {
                 Ok(Some(_)) => CgroupEventKind::Empty,
                 Ok(None) => return,

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use tokio::io::unix::AsyncFd;
 
-use super::{register_readable, FileWatch, V1_SAFETY_INTERVAL, V2_SAFETY_INTERVAL};
+use super::{register_readable, FileWatch, SAFETY_INTERVAL};
 use crate::error::{Error, Result};
 use crate::fs;
 use crate::hierarchy::Hierarchy;
@@ -124,7 +124,7 @@ impl EmptyWatcher {
                 Source::V2(watch) => {
                     tokio::select! {
                         woke = watch.wait() => woke?,
-                        () = tokio::time::sleep(V2_SAFETY_INTERVAL) => {}
+                        () = tokio::time::sleep(SAFETY_INTERVAL) => {}
                     }
                 }
             }
@@ -186,10 +186,11 @@ async fn wait_v1(members: Vec<i32>, last_woken_with: &mut Option<Vec<i32>>) {
         tokio::time::sleep(V1_POLL).await;
         return;
     }
+    // Every member has a pidfd: the cgroup cannot empty without one of them exiting.
     let fallback = if fds.len() < members.len() {
         V1_POLL
     } else {
-        V1_SAFETY_INTERVAL
+        SAFETY_INTERVAL
     };
     let any_exit = poll_fn(|cx| {
         if fds.iter().any(|fd| fd.poll_read_ready(cx).is_ready()) {

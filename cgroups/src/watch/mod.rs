@@ -4,7 +4,9 @@
 //! ```text
 //!            v2                                   v1
 //!  OOM    inotify IN_MODIFY on memory.events    eventfd via cgroup.event_control +
-//!         → compare oom_kill                    memory.oom_control → compare oom_kill
+//!         → compare oom_kill                    memory.oom_control of every cgroup of the
+//!                                               subtree (inotify IN_CREATE adds new ones)
+//!                                               → compare oom_kill
 //!  empty  inotify IN_MODIFY on cgroup.events    pidfd of every member → rescan on exit;
 //!         → "populated 0"                       poll cgroup.procs every 250 ms while empty
 //! ```
@@ -14,8 +16,9 @@
 //! * `next().await` returns `Ok(Some(event))` per event, and `Ok(None)` once the cgroup has been
 //!   removed — after that every call returns `Ok(None)` (the stream has ended).
 //! * Events carry the monotonic instant they were observed at, for the pod cache's ordering.
-//! * Every wait is bounded by a safety re-check (10 s on v1, 5 s on v2), so a lost notification
-//!   delays an event but never loses it.
+//! * Every wait is bounded by a safety re-check (5 min, kubelet's relist period with its
+//!   evented PLEG), so a lost notification delays an event but never loses it. Nothing waits
+//!   for it in the normal case: every exit, OOM kill and removal wakes a watcher by itself.
 //! * They need a tokio runtime with I/O and time enabled (`AsyncFd`, `sleep`).
 
 mod empty;
@@ -36,14 +39,13 @@ use tokio::io::Interest;
 
 use crate::error::{Error, Result};
 
-/// Safety re-check interval of v1 watchers (v1 misses some notifications, see `oom.rs`).
-/// Each re-check walks the pod's cgroup subtree (and an emptiness re-check opens a pidfd per
-/// member): at 1 s this was most of the agent's idle CPU at a few hundred pods (issue 14's
-/// density benchmark: 8.7 % of a core at 500 pods), for notifications that are not lost in the
-/// cases that matter (container exits come from the runtime, removal signals the eventfd).
-const V1_SAFETY_INTERVAL: Duration = Duration::from_secs(10);
-/// Safety re-check interval of v2 watchers.
-const V2_SAFETY_INTERVAL: Duration = Duration::from_secs(5);
+/// Safety re-check interval of the watchers. Each re-check walks the pod's cgroup subtree (and
+/// a v1 emptiness re-check opens a pidfd per member): at 1 s, then 10 s, per pod, this was most
+/// of the agent's idle CPU at a few hundred pods (issue 14's density benchmark), for
+/// notifications that are not lost: exits wake pidfds (v1) or `cgroup.events` (v2), OOM kills
+/// and removals the eventfds (v1) or `memory.events` (v2). kubelet relists every 5 min with
+/// its evented PLEG; so do these, and the PLEG's own relist comes first.
+const SAFETY_INTERVAL: Duration = Duration::from_secs(300);
 
 /// Types that own their file descriptor: `as_raw_fd` returns the same open fd for as long as the
 /// value lives, which is what `AsyncFd::register_with_interest` requires.

@@ -8,21 +8,28 @@
 //! signals it when this cgroup **or an ancestor** runs out of memory — *before* the victim is
 //! chosen — and once more when the cgroup is removed. So after a wake-up the counter is re-read
 //! for up to 1 s until the kill shows up. OOMs caused by a *descendant's* own limit do not
-//! signal us; the 10 s safety re-check picks those up (a container whose init is the victim is
-//! reported at once by its exit, with the counter read then).
+//! signal an ancestor's eventfd, so every cgroup of the subtree gets one (as containerd
+//! registers one per container). The set is re-read after every wake-up and on
+//! [`OomWatcher::rescan`], which the owner calls when it created a child cgroup (a container
+//! started after the watch began; an inotify instance per watcher would exhaust
+//! `fs.inotify.max_user_instances`, 128 by default, at a few hundred pods). No periodic
+//! re-check is needed; the safety one is minutes apart.
 //!
 //! Limitation: the counter lives in the cgroup. A kill that is followed by the cgroup's removal
 //! before the watcher has read the counter is not reported; read
 //! [`Hierarchy::oom_kill_count`] before removing a cgroup whose OOM kills matter.
 
+use std::future::poll_fn;
 use std::io;
-use std::path::PathBuf;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
 
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use tokio::io::unix::AsyncFd;
 
-use super::{register_readable, FileWatch, V1_SAFETY_INTERVAL, V2_SAFETY_INTERVAL};
+use super::{register_readable, FileWatch, SAFETY_INTERVAL};
 use crate::error::{Error, Result};
 use crate::fs;
 use crate::hierarchy::Hierarchy;
@@ -52,11 +59,20 @@ pub struct OomWatcher {
     source: Source,
     last_total: u64,
     ended: bool,
+    /// Until when the counter is re-read after a v1 notification (kept across a cancelled
+    /// `next`).
+    settle_until: Option<Instant>,
 }
 
 enum Source {
-    V1(AsyncFd<EventFd>),
+    V1(V1Sources),
     V2(FileWatch),
+}
+
+/// v1: an eventfd per memory cgroup of the subtree, and those cgroups.
+struct V1Sources {
+    eventfds: Vec<AsyncFd<EventFd>>,
+    dirs: Vec<PathBuf>,
 }
 
 impl Hierarchy {
@@ -64,7 +80,7 @@ impl Hierarchy {
     pub fn watch_oom(&self, path: &CgroupPath) -> Result<OomWatcher> {
         let memory_dir = self.require_dir("memory", path)?;
         let source = match self {
-            Self::V1 { .. } => Source::V1(register_v1(&memory_dir)?),
+            Self::V1 { .. } => Source::V1(v1_sources(&memory_dir, fs::subtree(&memory_dir)?)?),
             Self::V2 { .. } => Source::V2(FileWatch::new(&memory_dir, "memory.events")?),
         };
         let last_total = self.oom_kill_count(path)?;
@@ -76,6 +92,7 @@ impl Hierarchy {
             source,
             last_total,
             ended: false,
+            settle_until: None,
         })
     }
 }
@@ -97,6 +114,54 @@ fn register_v1(memory_dir: &std::path::Path) -> Result<AsyncFd<EventFd>> {
     register_readable(eventfd).map_err(setup)
 }
 
+/// An eventfd for every memory cgroup of the subtree at `memory_dir` (`dirs`, as
+/// [`fs::subtree`] lists them). A descendant removed meanwhile is skipped; the root must be
+/// there.
+fn v1_sources(memory_dir: &Path, dirs: Vec<PathBuf>) -> Result<V1Sources> {
+    let mut eventfds = Vec::new();
+    for dir in &dirs {
+        match register_v1(dir) {
+            Ok(eventfd) => eventfds.push(eventfd),
+            Err(err) if dir == memory_dir => return Err(err),
+            Err(err) => tracing::debug!(dir = %dir.display(), %err, "child cgroup not watched"),
+        }
+    }
+    Ok(V1Sources { eventfds, dirs })
+}
+
+/// Polls `fd` for readability and consumes what is there with `read`.
+fn poll_consume<T: AsRawFd>(
+    fd: &AsyncFd<T>,
+    cx: &mut Context<'_>,
+    read: impl Fn(&T) -> io::Result<()>,
+) -> Poll<io::Result<()>> {
+    loop {
+        let mut guard = ready!(fd.poll_read_ready(cx))?;
+        if let Ok(result) = guard.try_io(|inner| read(inner.get_ref())) {
+            return Poll::Ready(result);
+        }
+    }
+}
+
+/// Waits until an eventfd fires.
+async fn wait_v1(sources: &V1Sources, dir: &Path) -> Result<()> {
+    poll_fn(|cx| {
+        for eventfd in &sources.eventfds {
+            if let Poll::Ready(read) =
+                poll_consume(eventfd, cx, |e| e.read().map(drop).map_err(io::Error::from))
+            {
+                return Poll::Ready(read.map_err(|source| Error::Watch {
+                    what: "eventfd",
+                    path: dir.join("cgroup.event_control"),
+                    source,
+                }));
+            }
+        }
+        Poll::Pending
+    })
+    .await
+}
+
 impl OomWatcher {
     /// The watched cgroup.
     #[must_use]
@@ -106,7 +171,6 @@ impl OomWatcher {
 
     /// The next OOM kill, or `None` once the cgroup is gone.
     pub async fn next(&mut self) -> Result<Option<OomEvent>> {
-        let mut settle_until: Option<Instant> = None;
         loop {
             if self.ended || !self.memory_dir.is_dir() {
                 return Ok(self.end());
@@ -124,33 +188,59 @@ impl OomWatcher {
             }
             // v1 sums over descendants, which can disappear and take their counts with them.
             self.last_total = total;
-            if settle_until.is_some_and(|until| Instant::now() < until) {
+            if self
+                .settle_until
+                .is_some_and(|until| Instant::now() < until)
+            {
                 tokio::time::sleep(V1_SETTLE_POLL).await;
                 continue;
             }
-            settle_until = None;
+            self.settle_until = None;
             if self.wait().await? {
-                settle_until = Some(Instant::now() + V1_SETTLE);
+                self.settle_until = Some(Instant::now() + V1_SETTLE);
             }
         }
     }
 
-    /// Waits for a notification or the safety interval. `true` if a v1 eventfd fired.
+    /// Waits for a notification or the safety interval. `true` if a v1 eventfd fired. A v1
+    /// wake-up re-reads the subtree's cgroups (some may be new, some gone).
     async fn wait(&mut self) -> Result<bool> {
-        match &self.source {
-            Source::V1(eventfd) => {
-                tokio::select! {
-                    woke = wait_eventfd(eventfd, &self.memory_dir) => woke.map(|()| true),
-                    () = tokio::time::sleep(V1_SAFETY_INTERVAL) => Ok(false),
-                }
+        match &mut self.source {
+            Source::V1(sources) => {
+                let woke = tokio::select! {
+                    woke = wait_v1(sources, &self.memory_dir) => { woke?; true }
+                    () = tokio::time::sleep(SAFETY_INTERVAL) => false,
+                };
+                self.rescan()?;
+                Ok(woke)
             }
             Source::V2(watch) => {
                 tokio::select! {
                     woke = watch.wait() => woke.map(|()| false),
-                    () = tokio::time::sleep(V2_SAFETY_INTERVAL) => Ok(false),
+                    () = tokio::time::sleep(SAFETY_INTERVAL) => Ok(false),
                 }
             }
         }
+    }
+
+    /// Re-reads which cgroups the subtree has (v1: each needs its own eventfd). Call it
+    /// after creating a child cgroup of the watched one; cheap when nothing changed (the
+    /// subtree's directories are listed, nothing registered). Not needed on v2.
+    pub fn rescan(&mut self) -> Result<()> {
+        let Source::V1(sources) = &mut self.source else {
+            return Ok(());
+        };
+        let dirs = fs::subtree(&self.memory_dir)?;
+        if dirs == sources.dirs {
+            return Ok(());
+        }
+        match v1_sources(&self.memory_dir, dirs) {
+            Ok(fresh) => *sources = fresh,
+            // Gone: the next round ends the stream.
+            Err(_) if !self.memory_dir.is_dir() => {}
+            Err(err) => return Err(err),
+        }
+        Ok(())
     }
 
     fn end(&mut self) -> Option<OomEvent> {
@@ -159,21 +249,5 @@ impl OomWatcher {
             self.ended = true;
         }
         None
-    }
-}
-
-async fn wait_eventfd(eventfd: &AsyncFd<EventFd>, dir: &std::path::Path) -> Result<()> {
-    let failed = |source: io::Error| Error::Watch {
-        what: "eventfd",
-        path: dir.join("cgroup.event_control"),
-        source,
-    };
-    loop {
-        let mut guard = eventfd.readable().await.map_err(failed)?;
-        match guard.try_io(|inner| inner.get_ref().read().map_err(io::Error::from)) {
-            Ok(Ok(_count)) => return Ok(()),
-            Ok(Err(e)) => return Err(failed(e)),
-            Err(_would_block) => {}
-        }
     }
 }
