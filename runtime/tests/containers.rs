@@ -426,9 +426,12 @@ fn cgroup_view_read_only(env: &Env) -> Result<()> {
 
 fn status_after_exit_has_whole_log(env: &Env) -> Result<()> {
     env.rt.block_on(async {
-        // 512 KiB of two-byte lines written at once (cat fills the pipe, then exits): the
-        // pump still has a quarter of a million records to write when the exit is seen.
-        let script = "yes 1 | head -c 524288 > /tmp/f; echo end >> /tmp/f; cat /tmp/f; exit 1";
+        // 512 KiB of 64-byte lines written at once (cat fills the pipe, then exits): the
+        // pump still has up to a pipe's worth (64 KiB, a thousand records) to write when the
+        // exit is seen. Not two-byte lines: 32 000 records left could take the pump longer
+        // than the status read waits for it (2 s) on a loaded machine with a debug build.
+        let script = "yes 012345678901234567890123456789012345678901234567890123456789012 \
+                      | head -c 524288 > /tmp/f; echo end >> /tmp/f; cat /tmp/f; exit 1";
         let (sandbox, id) = start_one(env, &busybox_sh("chatty", script)).await?;
         let status = wait_exit(env, &id, 30).await?;
         // No polling: the file must be complete when the status says the container exited.
