@@ -148,6 +148,15 @@ pub enum Error {
         /// The I/O error.
         source: io::Error,
     },
+    /// Watching a cgroup file on the shared inotify instance failed (setting it up or
+    /// waiting on it).
+    #[error("inotify watch of {path}")]
+    Inotify {
+        /// The file watched.
+        path: PathBuf,
+        /// What failed.
+        source: crate::inotify::Error,
+    },
     /// Waiting on an event source failed after it was set up.
     #[error("waiting for {what} on {path}")]
     Watch {

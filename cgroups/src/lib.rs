@@ -44,6 +44,7 @@
 //! | `create`, `apply`, `remove`, `usage` | the verbs on a [`Hierarchy`] |
 //! | `machine` | [`MachineUsage`]: the node's CPU and memory from `/proc` |
 //! | `watch` | [`OomWatcher`], [`EmptyWatcher`] (tokio) |
+//! | [`inotify`] | one inotify instance per runtime, shared by every watch of the process |
 //! | `capacity`, `delegation` | [`NodeCapacity`], [`Delegation`] |
 //! | `dynmods` | [`favor_dynamic_modifications`]: cheap task migration (`favordynmods`) |
 //! | [`view`] | a container's read-only `/sys/fs/cgroup` on v1 |
@@ -56,9 +57,10 @@
 //!
 //! ## Lint policy
 //!
-//! `missing_docs` and `unsafe_op_in_unsafe_fn` are denied. `unsafe` appears in two places only:
+//! `missing_docs` and `unsafe_op_in_unsafe_fn` are denied. `unsafe` appears in three places only:
 //! the `pidfd_open`/`pidfd_send_signal`/`kill` syscalls in `pidfd.rs` (nix 0.29 does not wrap
-//! them), and registering owned fds with tokio (`AsyncFd::register_with_interest`) in `watch/`.
+//! them), registering owned fds with tokio (`AsyncFd::register_with_interest`) in `watch/`, and
+//! handing a duplicated descriptor to nix's `Inotify` (`from_raw_fd`) in `inotify/`.
 
 #![deny(missing_docs, unsafe_op_in_unsafe_fn)]
 
@@ -70,6 +72,7 @@ mod dynmods;
 mod error;
 mod fs;
 mod hierarchy;
+pub mod inotify;
 mod machine;
 mod mountinfo;
 mod node;

@@ -95,3 +95,89 @@ async fn v2_empty_watch_fires_on_exit_without_polling() -> anyhow::Result<()> {
     short.wait()?;
     Ok(())
 }
+
+/// More pods than `fs.inotify.max_user_instances` (128 by default, shared with every other
+/// process of the user) each get their emptiness watcher, and every one of them reports its
+/// pod's last exit and then its removal, through inotify (well before the 5 min re-check).
+/// With an inotify instance per watcher, creating them failed from the limit on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn v2_empty_watchers_of_more_pods_than_max_user_instances_all_fire_and_end(
+) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    const PODS: usize = 200;
+    let test = "v2_empty_watchers_of_more_pods_than_max_user_instances_all_fire_and_end";
+    let Some(hierarchy) = unified_or_skip(test) else {
+        return Ok(());
+    };
+    let limit = std::fs::read_to_string("/proc/sys/fs/inotify/max_user_instances")?;
+    if limit.trim().parse::<usize>()? >= PODS {
+        eprintln!(
+            "{test}: max_user_instances {} is not below {PODS}",
+            limit.trim()
+        );
+    }
+    let tree = TestTree::new(hierarchy)?;
+    let h = tree.hierarchy().clone();
+    let mut pods = Vec::new();
+    let mut sleepers = Vec::new();
+    for n in 0..PODS {
+        let pod = tree
+            .node
+            .pod_path(QosClass::BestEffort, &format!("many{n}"))?;
+        tree.node.create_pod(&pod, &CgroupSettings::default())?;
+        let container = tree.node.container_path(&pod, "c")?;
+        tree.node
+            .create_container(&container, &CgroupSettings::default())?;
+        sleepers.push(spawn_in(&h, &container, "sleep", &["1000"])?);
+        pods.push(pod);
+    }
+    let mut watchers = Vec::new();
+    for (n, pod) in pods.iter().enumerate() {
+        let watcher = h
+            .watch_empty(pod)
+            .with_context(|| format!("emptiness watcher {} of {PODS}", n + 1))?;
+        watchers.push(watcher);
+    }
+    let held = common::inotify_instances_of_this_process()?;
+    assert!(held < 10, "{held} inotify instances for {PODS} watchers");
+
+    let waiting: Vec<_> = watchers
+        .into_iter()
+        .map(|mut watcher| {
+            tokio::spawn(async move {
+                let first = watcher.next().await;
+                (watcher, first)
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        waiting.iter().all(|task| !task.is_finished()),
+        "a watcher reported emptiness while its pod runs"
+    );
+    for sleeper in &mut sleepers {
+        sleeper.kill()?;
+    }
+    for sleeper in &mut sleepers {
+        sleeper.wait()?;
+    }
+    let mut watchers = Vec::new();
+    for (n, task) in waiting.into_iter().enumerate() {
+        let (watcher, first) = within(10, "a pod's last exit was not reported", task).await?;
+        assert!(
+            first?.is_some(),
+            "watcher {n} ended instead of reporting the exit"
+        );
+        watchers.push(watcher);
+    }
+
+    let node = tree.node.clone();
+    let removed = pods.clone();
+    tokio::task::spawn_blocking(move || removed.iter().try_for_each(|pod| node.remove(pod)))
+        .await??;
+    for (n, watcher) in watchers.iter_mut().enumerate() {
+        let end = within(5, "a watcher did not end with its cgroup", watcher.next()).await?;
+        assert!(end.is_none(), "watcher {n}: {end:?}");
+    }
+    Ok(())
+}

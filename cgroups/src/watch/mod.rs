@@ -28,16 +28,17 @@ pub use empty::{EmptyEvent, EmptyWatcher};
 pub use oom::{OomEvent, OomWatcher};
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use nix::sys::eventfd::EventFd;
-use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+use nix::sys::inotify::AddWatchFlags;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
 use crate::error::{Error, Result};
+use crate::inotify::{Instance, Watch};
 
 /// Safety re-check interval of the watchers. Each re-check walks the pod's cgroup subtree (and
 /// a v1 emptiness re-check opens a pidfd per member): at 1 s, then 10 s, per pod, this was most
@@ -49,74 +50,53 @@ const SAFETY_INTERVAL: Duration = Duration::from_secs(300);
 
 /// Types that own their file descriptor: `as_raw_fd` returns the same open fd for as long as the
 /// value lives, which is what `AsyncFd::register_with_interest` requires.
-trait OwnsFd: AsRawFd {}
+pub(crate) trait OwnsFd: AsRawFd {}
 impl OwnsFd for OwnedFd {}
 impl OwnsFd for EventFd {}
-impl OwnsFd for InotifyFd {}
 
 /// Registers `inner` with the tokio reactor for readability.
-fn register_readable<T: OwnsFd>(inner: T) -> io::Result<AsyncFd<T>> {
+pub(crate) fn register_readable<T: OwnsFd>(inner: T) -> io::Result<AsyncFd<T>> {
     // SAFETY: `OwnsFd` types own their fd, which stays open and unchanged until `inner` (moved
     // into the `AsyncFd`) is dropped.
     Ok(unsafe { AsyncFd::register_with_interest(inner, Interest::READABLE) }?)
 }
 
-/// nix's `Inotify` only implements `AsFd`; `AsyncFd` wants `AsRawFd`.
-struct InotifyFd(Inotify);
-
-impl AsRawFd for InotifyFd {
-    fn as_raw_fd(&self) -> RawFd {
-        self.0.as_fd().as_raw_fd()
-    }
-}
-
-/// An inotify instance watching one cgroup interface file for modification and its directory
-/// for deletion.
+/// A watch of one cgroup interface file for modification and of its directory for deletion,
+/// on the runtime's shared inotify instance (see [`crate::inotify`]): the directory's watch
+/// is one wd for all the watchers of that cgroup.
 struct FileWatch {
-    fd: AsyncFd<InotifyFd>,
+    watch: Watch,
     file: PathBuf,
 }
 
 impl FileWatch {
     fn new(dir: &Path, file_name: &str) -> Result<Self> {
         let file = dir.join(file_name);
-        let setup = |source: io::Error| Error::WatchSetup {
-            what: "inotify",
+        let setup = |source| Error::Inotify {
             path: file.clone(),
             source,
         };
-        let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)
-            .map_err(|e| setup(e.into()))?;
-        inotify
-            .add_watch(&file, AddWatchFlags::IN_MODIFY)
-            .map_err(|e| setup(e.into()))?;
-        inotify
-            .add_watch(
+        let mut watch = Instance::shared().map_err(setup)?.watch();
+        watch.add(&file, AddWatchFlags::IN_MODIFY).map_err(setup)?;
+        watch
+            .add(
                 dir,
                 AddWatchFlags::IN_DELETE_SELF | AddWatchFlags::IN_ONLYDIR,
             )
-            .map_err(|e| setup(e.into()))?;
-        let fd = register_readable(InotifyFd(inotify)).map_err(setup)?;
-        Ok(Self { fd, file })
+            .map_err(setup)?;
+        Ok(Self { watch, file })
     }
 
-    /// Waits until at least one inotify event arrived and consumes the pending ones.
+    /// Waits until the file was modified or a watch ended (the cgroup was removed, or the
+    /// shared queue overflowed): the caller re-reads the file either way.
     async fn wait(&self) -> Result<()> {
-        loop {
-            let mut guard = self.fd.readable().await.map_err(|e| self.failed(e))?;
-            match guard.try_io(|inner| inner.get_ref().0.read_events().map_err(io::Error::from)) {
-                Ok(Ok(_events)) => return Ok(()),
-                Ok(Err(e)) => return Err(self.failed(e)),
-                Err(_would_block) => {}
-            }
-        }
-    }
-
-    fn failed(&self, source: io::Error) -> Error {
-        Error::Watch {
-            what: "inotify",
-            path: self.file.clone(),
-            source,
-        }
+        self.watch
+            .changed()
+            .await
+            .map(drop)
+            .map_err(|source| Error::Inotify {
+                path: self.file.clone(),
+                source,
+            })
     }
 }

@@ -138,3 +138,15 @@ pub fn read_file(
         .ok_or_else(|| anyhow::anyhow!("controller {controller} not mounted"))?;
     Ok(std::fs::read_to_string(dir.join(file))?.trim().to_owned())
 }
+
+/// How many inotify instances this process holds (its `anon_inode:inotify` descriptors).
+pub fn inotify_instances_of_this_process() -> anyhow::Result<usize> {
+    let mut count = 0;
+    for entry in std::fs::read_dir("/proc/self/fd")? {
+        // A descriptor closed since it was listed has no link any more.
+        if let Ok(target) = std::fs::read_link(entry?.path()) {
+            count += usize::from(target.as_os_str() == "anon_inode:inotify");
+        }
+    }
+    Ok(count)
+}
