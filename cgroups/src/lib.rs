@@ -57,10 +57,10 @@
 //!
 //! ## Lint policy
 //!
-//! `missing_docs` and `unsafe_op_in_unsafe_fn` are denied. `unsafe` appears in three places only:
+//! `missing_docs` and `unsafe_op_in_unsafe_fn` are denied. `unsafe` appears in two places only:
 //! the `pidfd_open`/`pidfd_send_signal`/`kill` syscalls in `pidfd.rs` (nix 0.29 does not wrap
-//! them), registering owned fds with tokio (`AsyncFd::register_with_interest`) in `watch/`, and
-//! handing a duplicated descriptor to nix's `Inotify` (`from_raw_fd`) in `inotify/`.
+//! them), and registering owned fds with tokio (`AsyncFd::register_with_interest`) in `watch/`
+//! (used by `inotify/` too).
 
 #![deny(missing_docs, unsafe_op_in_unsafe_fn)]
 

@@ -9,7 +9,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{inotify_instances_of_this_process, within};
+use common::{inotify_descriptors_of_this_process, within};
 use ironlet_cgroups::inotify::{Changes, Instance, Watch};
 use nix::sys::inotify::AddWatchFlags;
 
@@ -61,10 +61,10 @@ async fn two_hundred_watches_share_one_instance_and_each_gets_only_its_own_event
     }
     assert_eq!(instance.watches(), FILES);
     // One instance per runtime: the other tests of this binary may hold theirs.
-    let held = inotify_instances_of_this_process()?;
+    let held = inotify_descriptors_of_this_process()?;
     assert!(
         held < 10,
-        "{held} inotify instances for {FILES} watches: not shared"
+        "{held} inotify descriptors for {FILES} watches: not shared"
     );
     for (n, (file, watch)) in watches.iter().enumerate().step_by(7) {
         append(file, "x")?;

@@ -138,8 +138,8 @@ async fn v2_empty_watchers_of_more_pods_than_max_user_instances_all_fire_and_end
             .with_context(|| format!("emptiness watcher {} of {PODS}", n + 1))?;
         watchers.push(watcher);
     }
-    let held = common::inotify_instances_of_this_process()?;
-    assert!(held < 10, "{held} inotify instances for {PODS} watchers");
+    let held = common::inotify_descriptors_of_this_process()?;
+    assert!(held < 10, "{held} inotify descriptors for {PODS} watchers");
 
     let waiting: Vec<_> = watchers
         .into_iter()

@@ -5,42 +5,42 @@
 //! are still seen. Events about hidden files (names starting with `.`, e.g. editor swap files)
 //! are ignored, like the files themselves.
 //!
+//! The watch is one subscriber of the runtime's shared inotify instance
+//! ([`ironlet_cgroups::inotify`]): a `kubectl logs -f` follower or a static pod path costs a
+//! watch, not an instance of the user's 128 (`fs.inotify.max_user_instances`).
+//!
 //! The watch only says *that* something changed; the file source then re-reads everything. When
 //! the watched directory itself goes away, [`DirWatch::changed`] fails with
 //! [`WatchError::Gone`] and the source falls back to its periodic re-read until it can watch
 //! again.
 
-use std::ffi::OsString;
-use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 
-use nix::errno::Errno;
-use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, InotifyEvent};
-use tokio::io::unix::AsyncFd;
+use ironlet_cgroups::inotify::{self, Instance, Watch};
+use nix::sys::inotify::AddWatchFlags;
 
 /// Why the watch could not be set up or stopped working.
 #[derive(Debug, thiserror::Error)]
 pub enum WatchError {
-    /// `inotify_init1` failed (e.g. the per-user instance limit).
-    #[error("creating an inotify instance: {0}")]
-    Init(#[source] Errno),
-    /// `inotify_add_watch` failed (e.g. the directory does not exist).
-    #[error("watching {path}: {source}")]
-    AddWatch {
+    /// Joining the runtime's shared inotify instance or watching the directory failed (the
+    /// per-user limits, or the directory does not exist).
+    #[error("watching {path}")]
+    Setup {
         /// The directory.
         path: PathBuf,
         /// The error.
         #[source]
-        source: Errno,
+        source: inotify::Error,
     },
-    /// Registering the descriptor with tokio or reading events failed.
-    #[error("reading inotify events for {path}: {source}")]
+    /// The shared instance stopped reading events.
+    #[error("reading inotify events for {path}")]
     Read {
         /// The directory.
         path: PathBuf,
         /// The error.
         #[source]
-        source: std::io::Error,
+        source: inotify::Error,
     },
     /// The watched directory was deleted or moved.
     #[error("watched directory {path} is gone")]
@@ -50,18 +50,10 @@ pub enum WatchError {
     },
 }
 
-/// The inotify descriptor in the shape tokio's `AsyncFd` wants.
-struct InotifyFd(Inotify);
-
-impl AsRawFd for InotifyFd {
-    fn as_raw_fd(&self) -> RawFd {
-        self.0.as_fd().as_raw_fd()
-    }
-}
-
-/// An inotify watch on the static pod path.
+/// An inotify watch on the static pod path (or on a log's directory), on the runtime's shared
+/// inotify instance.
 pub struct DirWatch {
-    fd: AsyncFd<InotifyFd>,
+    watch: Watch,
     dir: PathBuf,
     /// For a single-file path, the file's name: other entries of the directory are ignored.
     only: Option<OsString>,
@@ -92,8 +84,18 @@ impl DirWatch {
                 manifest_path.file_name().map(ToOwned::to_owned),
             )
         };
-        let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)
-            .map_err(WatchError::Init)?;
+        let setup = |source| WatchError::Setup {
+            path: dir.clone(),
+            source,
+        };
+        let wanted = only.clone();
+        let filter = move |name: &OsStr| {
+            let hidden = name.as_encoded_bytes().first() == Some(&b'.');
+            !hidden && wanted.as_deref().is_none_or(|only| only == name)
+        };
+        let mut watch = Instance::shared()
+            .map_err(setup)?
+            .watch_filtered(Box::new(filter));
         let mask = AddWatchFlags::IN_CREATE
             | AddWatchFlags::IN_DELETE
             | AddWatchFlags::IN_MODIFY
@@ -104,21 +106,8 @@ impl DirWatch {
             | AddWatchFlags::IN_DELETE_SELF
             | AddWatchFlags::IN_MOVE_SELF
             | AddWatchFlags::IN_ONLYDIR;
-        inotify
-            .add_watch(dir.as_path(), mask)
-            .map_err(|source| WatchError::AddWatch {
-                path: dir.clone(),
-                source,
-            })?;
-        // SAFETY: `InotifyFd` owns the descriptor (an `OwnedFd` inside `Inotify`), always
-        // returns that same descriptor, and lives inside the `AsyncFd` until it is dropped, so
-        // the descriptor stays open and unchanged for as long as tokio has it registered.
-        let fd =
-            unsafe { AsyncFd::register(InotifyFd(inotify)) }.map_err(|err| WatchError::Read {
-                path: dir.clone(),
-                source: err.into_parts().1,
-            })?;
-        Ok(Self { fd, dir, only })
+        watch.add(&dir, mask).map_err(setup)?;
+        Ok(Self { watch, dir, only })
     }
 
     /// The directory being watched.
@@ -129,72 +118,32 @@ impl DirWatch {
 
     /// Waits for a relevant change.
     pub async fn changed(&mut self) -> Result<(), WatchError> {
-        loop {
-            let mut guard = self
-                .fd
-                .readable()
-                .await
-                .map_err(|source| WatchError::Read {
-                    path: self.dir.clone(),
-                    source,
-                })?;
-            match guard.get_inner().0.read_events() {
-                Ok(events) => {
-                    if self.classify(&events)? {
-                        return Ok(());
-                    }
-                }
-                Err(Errno::EAGAIN) => guard.clear_ready(),
-                Err(errno) => {
-                    return Err(WatchError::Read {
-                        path: self.dir.clone(),
-                        source: errno.into(),
-                    })
-                }
-            }
-        }
+        let changes = self.watch.changed().await.map_err(|e| self.failed(e))?;
+        self.classify(changes)
     }
 
-    /// Consumes every queued event without waiting; still reports a vanished directory.
+    /// Consumes every change seen so far without waiting; still reports a vanished directory.
     pub fn drain(&mut self) -> Result<(), WatchError> {
-        loop {
-            match self.fd.get_ref().0.read_events() {
-                Ok(events) => {
-                    self.classify(&events)?;
-                }
-                Err(Errno::EAGAIN) => return Ok(()),
-                Err(errno) => {
-                    return Err(WatchError::Read {
-                        path: self.dir.clone(),
-                        source: errno.into(),
-                    })
-                }
-            }
+        let changes = self.watch.take().map_err(|e| self.failed(e))?;
+        self.classify(changes)
+    }
+
+    fn failed(&self, source: inotify::Error) -> WatchError {
+        WatchError::Read {
+            path: self.dir.clone(),
+            source,
         }
     }
 
-    /// Whether `events` contain a relevant change; an error if the directory went away.
-    fn classify(&self, events: &[InotifyEvent]) -> Result<bool, WatchError> {
-        let gone =
-            AddWatchFlags::IN_DELETE_SELF | AddWatchFlags::IN_MOVE_SELF | AddWatchFlags::IN_IGNORED;
-        let mut relevant = false;
-        for event in events {
-            if event.mask.intersects(gone) {
-                return Err(WatchError::Gone {
-                    path: self.dir.clone(),
-                });
-            }
-            if event.mask.contains(AddWatchFlags::IN_Q_OVERFLOW) {
-                relevant = true;
-                continue;
-            }
-            let Some(name) = event.name.as_ref() else {
-                continue;
-            };
-            let hidden = name.as_encoded_bytes().first() == Some(&b'.');
-            let wanted = self.only.as_ref().is_none_or(|only| only == name);
-            relevant |= wanted && !hidden;
+    /// An error if the directory went away. Every change that reaches here is relevant: the
+    /// shared instance's filter dropped hidden and other files' entries.
+    fn classify(&self, changes: inotify::Changes) -> Result<(), WatchError> {
+        let gone = AddWatchFlags::IN_DELETE_SELF | AddWatchFlags::IN_MOVE_SELF;
+        if changes.removed || changes.events.intersects(gone) {
+            return Err(WatchError::Gone {
+                path: self.dir.clone(),
+            });
         }
-        Ok(relevant)
+        Ok(())
     }
 }

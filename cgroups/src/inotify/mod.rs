@@ -42,7 +42,7 @@ mod registry;
 
 use std::ffi::OsStr;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, IntoRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
@@ -167,17 +167,6 @@ impl Subscriber {
         Ok(std::mem::take(&mut pending.changes))
     }
 }
-
-/// nix's `Inotify` only implements `AsFd`; `AsyncFd` wants `AsRawFd`.
-pub(crate) struct InotifyFd(Inotify);
-
-impl AsRawFd for InotifyFd {
-    fn as_raw_fd(&self) -> RawFd {
-        self.0.as_fd().as_raw_fd()
-    }
-}
-
-impl OwnsFd for InotifyFd {}
 
 struct Shared {
     inotify: Inotify,
@@ -372,74 +361,96 @@ fn start_reader(shared: &Arc<Shared>, state: &mut State) -> Result<(), Error> {
         return Ok(());
     }
     let runtime = Handle::try_current().map_err(|_| Error::NoRuntime)?;
-    // Each reader registers its own descriptor of the instance with tokio, so that a reader
-    // that stopped (or died with its runtime) never leaves a registration in the way.
-    let dup = shared
-        .inotify
-        .as_fd()
-        .try_clone_to_owned()
-        .map_err(Error::Reader)?;
-    // SAFETY: `dup` is a descriptor we own (just duplicated) and hand over to `Inotify`.
-    let inotify = unsafe { Inotify::from_raw_fd(dup.into_raw_fd()) };
-    let fd = register_readable(InotifyFd(inotify)).map_err(Error::Reader)?;
+    let fd = register_readable(SharedFd(shared.clone())).map_err(Error::Reader)?;
     state.generations += 1;
     let generation = state.generations;
     state.reader = Some(generation);
-    runtime.spawn(read_events(shared.clone(), fd, generation));
+    runtime.spawn(read_events(ReaderRuns {
+        fd: Some(fd),
+        generation,
+    }));
     Ok(())
 }
 
-/// Marks the reader stopped however its task ends (returned, or dropped with its runtime).
-struct ReaderRuns<'a> {
-    shared: &'a Shared,
+/// The instance's descriptor, registered with tokio by its reader.
+struct SharedFd(Arc<Shared>);
+
+impl AsRawFd for SharedFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.inotify.as_fd().as_raw_fd()
+    }
+}
+
+// The `Arc` keeps the `Inotify`, and so its descriptor, for as long as the value lives.
+impl OwnsFd for SharedFd {}
+
+/// A running reader: its registration with tokio, which goes when the reader stops, however
+/// its task ends (returned, or dropped with its runtime). Registration and `State::reader`
+/// change together under the instance's lock, so the next reader never finds the descriptor
+/// still registered.
+struct ReaderRuns {
+    fd: Option<AsyncFd<SharedFd>>,
     generation: u64,
 }
 
-impl Drop for ReaderRuns<'_> {
-    fn drop(&mut self) {
-        let mut state = self.shared.lock();
+impl ReaderRuns {
+    /// Deregisters and marks the reader stopped, with the instance's lock held.
+    fn stop(&mut self, state: &mut State) {
+        self.fd = None;
         if state.reader == Some(self.generation) {
             state.reader = None;
         }
     }
 }
 
-/// The reader task: reads events while the instance holds watches and routes them.
-async fn read_events(shared: Arc<Shared>, fd: AsyncFd<InotifyFd>, generation: u64) {
-    let _runs = ReaderRuns {
-        shared: &shared,
-        generation,
-    };
-    loop {
-        let events = tokio::select! {
-            ready = fd.readable() => match ready {
-                Ok(mut guard) => match guard.try_io(|fd| fd.get_ref().0.read_events().map_err(io::Error::from)) {
-                    Ok(Ok(events)) => events,
-                    Ok(Err(error)) => return fail(&shared, error),
-                    Err(_would_block) => continue,
-                },
-                Err(error) => return fail(&shared, error),
-            },
-            () = shared.idle.notified() => Vec::new(),
+impl Drop for ReaderRuns {
+    fn drop(&mut self) {
+        let Some(shared) = self.fd.as_ref().map(|fd| fd.get_ref().0.clone()) else {
+            return;
         };
         let mut state = shared.lock();
-        for event in &events {
-            state.registry.dispatch(Event {
-                wd: event.wd,
-                mask: event.mask,
-                name: event.name.as_deref(),
-            });
-        }
-        if state.registry.is_empty() {
-            state.reader = None;
-            return;
-        }
+        self.stop(&mut state);
     }
 }
 
-/// The reader cannot go on: every subscriber learns it from its next wait.
-fn fail(shared: &Shared, error: io::Error) {
-    tracing::warn!(%error, "reading inotify events failed; watches of this instance stop");
-    let error = Arc::new(error);
-    shared.lock().registry.fail_all(&error);
+/// The reader task: reads events while the instance holds watches and routes them.
+async fn read_events(mut runs: ReaderRuns) {
+    let Some(shared) = runs.fd.as_ref().map(|fd| fd.get_ref().0.clone()) else {
+        return;
+    };
+    loop {
+        let Some(fd) = runs.fd.as_ref() else {
+            return;
+        };
+        let read = tokio::select! {
+            ready = fd.readable() => match ready {
+                Ok(mut guard) => match guard.try_io(|fd| fd.get_ref().0.inotify.read_events().map_err(io::Error::from)) {
+                    Ok(read) => read,
+                    Err(_would_block) => continue,
+                },
+                Err(error) => Err(error),
+            },
+            () = shared.idle.notified() => Ok(Vec::new()),
+        };
+        let mut state = shared.lock();
+        match read {
+            Ok(events) => {
+                for event in &events {
+                    state.registry.dispatch(Event {
+                        wd: event.wd,
+                        mask: event.mask,
+                        name: event.name.as_deref(),
+                    });
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, "reading inotify events failed; watches of this instance stop");
+                state.registry.fail_all(&Arc::new(error));
+                return runs.stop(&mut state);
+            }
+        }
+        if state.registry.is_empty() {
+            return runs.stop(&mut state);
+        }
+    }
 }

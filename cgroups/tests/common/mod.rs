@@ -139,8 +139,9 @@ pub fn read_file(
     Ok(std::fs::read_to_string(dir.join(file))?.trim().to_owned())
 }
 
-/// How many inotify instances this process holds (its `anon_inode:inotify` descriptors).
-pub fn inotify_instances_of_this_process() -> anyhow::Result<usize> {
+/// How many inotify descriptors this process holds (`anon_inode:inotify`; a shared instance
+/// has two: its own and its reader's).
+pub fn inotify_descriptors_of_this_process() -> anyhow::Result<usize> {
     let mut count = 0;
     for entry in std::fs::read_dir("/proc/self/fd")? {
         // A descriptor closed since it was listed has no link any more.

@@ -614,4 +614,88 @@ mod tests {
             .expect("follower task");
         assert_eq!(got, lines(0..8));
     }
+
+    /// A sink that hands every write to the test as it happens.
+    struct Forward(tokio::sync::mpsc::UnboundedSender<Vec<u8>>);
+
+    #[async_trait::async_trait]
+    impl Sink for Forward {
+        async fn write(&mut self, bytes: &[u8]) -> bool {
+            self.0.send(bytes.to_vec()).is_ok()
+        }
+        async fn closed(&mut self) {
+            std::future::pending::<()>().await
+        }
+    }
+
+    fn inotify_descriptors_of_this_process() -> usize {
+        std::fs::read_dir("/proc/self/fd")
+            .expect("/proc/self/fd")
+            .filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
+            .filter(|target| target.as_os_str() == "anon_inode:inotify")
+            .count()
+    }
+
+    /// More `kubectl logs -f` than `fs.inotify.max_user_instances` (128 by default) follow
+    /// on one inotify instance, and each gets the lines of its own log as they are written.
+    /// With an instance per follower, those past the limit fell back to polling.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_hundred_followers_share_one_inotify_instance_and_each_gets_its_lines() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::time::Duration;
+        const FOLLOWERS: usize = 200;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let running = std::sync::Arc::new(AtomicBool::new(true));
+        let mut followers = Vec::new();
+        for n in 0..FOLLOWERS {
+            // A container's log directory each, as the CRI layout has them.
+            let log = dir.path().join(format!("c{n}")).join("0.log");
+            std::fs::create_dir(dir.path().join(format!("c{n}"))).expect("mkdir");
+            std::fs::write(&log, record(0)).expect("write");
+            let (sink, received) = tokio::sync::mpsc::unbounded_channel();
+            let running = running.clone();
+            let task = {
+                let log = log.clone();
+                tokio::spawn(async move {
+                    let opts = LogOptions::parse(Some("follow=true"), now()).expect("valid");
+                    stream(&log, &opts, &mut Forward(sink), || {
+                        running.load(Ordering::SeqCst)
+                    })
+                    .await
+                })
+            };
+            followers.push((log, received, task));
+        }
+        // Each follower sends its head (and the line there) once its watch is set up.
+        for (_, received, _) in &mut followers {
+            let head = tokio::time::timeout(Duration::from_secs(10), received.recv()).await;
+            assert_eq!(head.expect("a follower started").expect("head"), b"");
+            let first = tokio::time::timeout(Duration::from_secs(5), received.recv()).await;
+            assert_eq!(first.expect("the first line").expect("line"), b"line 0\n");
+        }
+        let held = inotify_descriptors_of_this_process();
+        assert!(
+            held < 10,
+            "{held} inotify descriptors for {FOLLOWERS} followers"
+        );
+        for (log, _, _) in &followers {
+            use std::io::Write;
+            let mut f = std::fs::OpenOptions::new()
+                .append(true)
+                .open(log)
+                .expect("open");
+            f.write_all(record(1).as_bytes()).expect("append");
+        }
+        for (n, (_, received, _)) in followers.iter_mut().enumerate() {
+            let line = tokio::time::timeout(Duration::from_secs(5), received.recv()).await;
+            let line = line.unwrap_or_else(|_| panic!("follower {n} got no new line"));
+            assert_eq!(line.expect("line"), b"line 1\n", "follower {n}");
+        }
+        running.store(false, Ordering::SeqCst);
+        for (n, (_, _, task)) in followers.into_iter().enumerate() {
+            let ended = tokio::time::timeout(Duration::from_secs(5), task).await;
+            let result = ended.unwrap_or_else(|_| panic!("follower {n} did not end"));
+            result.expect("follower task").expect("stream");
+        }
+    }
 }
