@@ -321,7 +321,8 @@ impl Watch {
     }
 
     /// Waits until something changed since the changes were last taken, and takes them.
-    /// Cancel-safe: changes are only taken when returned.
+    /// Cancel-safe: changes are only taken when returned. One waiter per `Watch` at a time
+    /// (a second one may sleep through the first one's wake-up).
     pub async fn changed(&self) -> Result<Changes, Error> {
         loop {
             let changes = self.subscriber.take()?;
