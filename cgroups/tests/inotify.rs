@@ -287,3 +287,59 @@ fn watches_work_on_a_runtime_made_after_another_shut_down() -> anyhow::Result<()
     }
     Ok(())
 }
+
+/// When the shared queue overflows (`fs.inotify.max_queued_events`), events are lost for
+/// every watch of the instance: each subscriber, the quiet ones too, is told to re-check.
+#[tokio::test(flavor = "current_thread")]
+async fn a_queue_overflow_tells_every_subscriber_to_re_check() -> anyhow::Result<()> {
+    use std::io::Write;
+    let queued: usize = std::fs::read_to_string("/proc/sys/fs/inotify/max_queued_events")?
+        .trim()
+        .parse()?;
+    let dir = tempfile::tempdir()?;
+    let (a, b, quiet) = (
+        dir.path().join("a"),
+        dir.path().join("b"),
+        dir.path().join("q"),
+    );
+    for file in [&a, &b, &quiet] {
+        std::fs::write(file, "")?;
+    }
+    let instance = Instance::new()?;
+    let (wa, wb, wq) = (
+        watch(&instance, &a, MODIFY)?,
+        watch(&instance, &b, MODIFY)?,
+        watch(&instance, &quiet, MODIFY)?,
+    );
+    // The reader shares this thread: it reads nothing until the test yields. Alternating
+    // files keeps the kernel from merging the events.
+    let mut files = [
+        std::fs::OpenOptions::new().append(true).open(&a)?,
+        std::fs::OpenOptions::new().append(true).open(&b)?,
+    ];
+    for n in 0..queued + 100 {
+        files[n % 2].write_all(b"x")?;
+    }
+    let changes = within(5, "the overflow", wq.changed()).await?;
+    assert!(changes.overflowed, "{changes:?}");
+    for w in [&wa, &wb] {
+        let changes = w.take()?;
+        assert!(
+            changes.overflowed && changes.events == MODIFY,
+            "{changes:?}"
+        );
+    }
+    // The watches go on after it.
+    files[0].write_all(b"x")?;
+    let after = within(5, "IN_MODIFY after the overflow", async {
+        loop {
+            let changes = wa.changed().await?;
+            if !changes.overflowed {
+                return anyhow::Ok(changes);
+            }
+        }
+    })
+    .await?;
+    assert_eq!(after.events, MODIFY);
+    Ok(())
+}
