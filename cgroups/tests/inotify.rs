@@ -60,6 +60,10 @@ async fn two_hundred_watches_share_one_instance_and_each_gets_only_its_own_event
         watches.push((file.clone(), watch(&instance, &file, MODIFY)?));
     }
     assert_eq!(instance.watches(), FILES);
+    assert!(
+        Instance::shared()?.same_as(&instance),
+        "two instances in one runtime"
+    );
     // One instance per runtime: the other tests of this binary may hold theirs.
     let held = inotify_descriptors_of_this_process()?;
     assert!(

@@ -304,7 +304,6 @@ impl Watch {
         let meta = file.metadata().map_err(failed)?;
         let link = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
         let mut state = self.shared.lock();
-        start_reader(&self.shared, &mut state)?;
         let wd = self
             .shared
             .inotify
@@ -316,8 +315,22 @@ impl Watch {
         state
             .registry
             .add(wd, (meta.dev(), meta.ino()), &self.subscriber, mask);
+        if let Err(err) = start_reader(&self.shared, &mut state) {
+            self.release(&mut state, wd);
+            return Err(err);
+        }
         self.wds.push(wd);
         Ok(())
+    }
+
+    /// Drops one add of `wd`, and the kernel watch with its last subscriber.
+    fn release(&self, state: &mut State, wd: WatchDescriptor) {
+        if state.registry.remove(wd, &self.subscriber) {
+            // EINVAL: the kernel dropped it already (its IN_IGNORED is queued).
+            if self.shared.inotify.rm_watch(wd).is_ok() {
+                state.registry.retired(wd);
+            }
+        }
     }
 
     /// Waits until something changed since the changes were last taken, and takes them.
@@ -341,17 +354,13 @@ impl Watch {
 
 impl Drop for Watch {
     fn drop(&mut self) {
-        let mut state = self.shared.lock();
-        for wd in self.wds.drain(..) {
-            if state.registry.remove(wd, &self.subscriber) {
-                // EINVAL: the kernel dropped it already (its IN_IGNORED is queued).
-                if self.shared.inotify.rm_watch(wd).is_ok() {
-                    state.registry.retired(wd);
-                }
-            }
+        let shared = self.shared.clone();
+        let mut state = shared.lock();
+        for wd in std::mem::take(&mut self.wds) {
+            self.release(&mut state, wd);
         }
         if state.registry.is_empty() {
-            self.shared.idle.notify_one();
+            shared.idle.notify_one();
         }
     }
 }
