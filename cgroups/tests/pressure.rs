@@ -1,5 +1,5 @@
 //! Memory pressure notifications on cgroup v2 (`watch_memory_pressure`: a PSI trigger on
-//! `memory.pressure` and inotify on `memory.events`) from a real memory hog. They need a
+//! `memory.pressure` and inotify on `memory.events.local`) from a real memory hog. They need a
 //! pure cgroup v2 machine with the memory controller: `scripts/cgroup2-vm` boots one
 //! (scripts/test's cgroup v2 stage runs this file there); elsewhere they are skipped, and
 //! the v1 refusal is checked instead.
@@ -136,7 +136,7 @@ async fn the_root_group_and_a_removed_group_are_handled() -> anyhow::Result<()> 
     let Some(h) = pure_v2_or_skip(test) else {
         return Ok(());
     };
-    // The root group has no memory.events: PSI alone (its memory.pressure or /proc's).
+    // The root group has no memory.events.local: PSI alone (its memory.pressure or /proc's).
     let root =
         h.watch_memory_pressure(&ironlet_cgroups::CgroupPath::root(), PsiTrigger::default())?;
     assert!(format!("{root:?}").contains("events: false"), "{root:?}");

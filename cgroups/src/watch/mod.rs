@@ -1,6 +1,6 @@
 //! Event sources for the event-driven PLEG: [`OomWatcher`] (an OOM kill happened in a cgroup)
 //! and [`EmptyWatcher`] (a cgroup has no processes left); and for node-pressure eviction on
-//! cgroup v2, [`MemoryPressureWatcher`] (PSI trigger and `memory.events`, see `pressure`).
+//! cgroup v2, [`MemoryPressureWatcher`] (PSI trigger and `memory.events.local`, see `pressure`).
 //!
 //! ```text
 //!            v2                                   v1

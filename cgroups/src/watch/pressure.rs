@@ -5,8 +5,12 @@
 //! * a PSI trigger on the group's `memory.pressure` (`some <stall µs> <window µs>`, polled
 //!   for `POLLPRI`): tasks of the group stalled on memory (reclaim, refaults, throttling
 //!   above `memory.high`) for longer than the stall time within the window;
-//! * inotify `IN_MODIFY` on its `memory.events`: a `low`, `high`, `max`, `oom` or
-//!   `oom_kill` counter moved (the root group has no such file: PSI only there).
+//! * inotify `IN_MODIFY` on its `memory.events.local`: a `low`, `high`, `max`, `oom` or
+//!   `oom_kill` counter of the group's own limits moved (not its children's: a pod at its
+//!   own limit does not wake the watcher of the pods' tree; the root group has no such
+//!   file: PSI only there).
+//!
+//! PSI is hierarchical: stalls of the group's descendants count.
 //!
 //! The kernel signals a PSI trigger at most once per window. The root group's
 //! `memory.pressure` is the system-wide `/proc/pressure/memory` where the root has none.
@@ -62,7 +66,7 @@ impl PsiTrigger {
 pub enum PressureSource {
     /// The PSI trigger on `memory.pressure` fired.
     Stall,
-    /// A `memory.events` counter changed.
+    /// A `memory.events.local` counter changed.
     Events,
 }
 
@@ -143,8 +147,8 @@ impl Hierarchy {
             pressure_file = PathBuf::from("/proc/pressure/memory");
         }
         let psi = open_trigger(&pressure_file, trigger)?;
-        let events = if dir.join("memory.events").exists() {
-            Some(FileWatch::new(&dir, "memory.events")?)
+        let events = if dir.join("memory.events.local").exists() {
+            Some(FileWatch::new(&dir, "memory.events.local")?)
         } else {
             None
         };
