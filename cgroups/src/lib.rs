@@ -43,7 +43,7 @@
 //! | `qos`, `resources` | [`QosClass`], [`ResourceRequirements`] → [`CgroupSettings`] (pure) |
 //! | `create`, `apply`, `remove`, `usage` | the verbs on a [`Hierarchy`] |
 //! | `machine` | [`MachineUsage`]: the node's CPU and memory from `/proc` |
-//! | `watch` | [`OomWatcher`], [`EmptyWatcher`] (tokio) |
+//! | `watch` | [`OomWatcher`], [`EmptyWatcher`], [`MemoryPressureWatcher`] (tokio) |
 //! | [`inotify`] | one inotify instance per runtime, shared by every watch of the process |
 //! | `capacity`, `delegation` | [`NodeCapacity`], [`Delegation`] |
 //! | `dynmods` | [`favor_dynamic_modifications`]: cheap task migration (`favordynmods`) |
@@ -100,4 +100,7 @@ pub use resources::{
     PodResources, ResourceRequirements, MAX_SHARES, MIN_QUOTA_US, MIN_SHARES, QUOTA_PERIOD_US,
 };
 pub use usage::{CgroupUsage, V1Files, V2Files};
-pub use watch::{EmptyEvent, EmptyWatcher, OomEvent, OomWatcher};
+pub use watch::{
+    EmptyEvent, EmptyWatcher, MemoryPressureWatcher, OomEvent, OomWatcher, PressureEvent,
+    PressureSource, PsiTrigger,
+};

@@ -1,5 +1,6 @@
 //! Event sources for the event-driven PLEG: [`OomWatcher`] (an OOM kill happened in a cgroup)
-//! and [`EmptyWatcher`] (a cgroup has no processes left).
+//! and [`EmptyWatcher`] (a cgroup has no processes left); and for node-pressure eviction on
+//! cgroup v2, [`MemoryPressureWatcher`] (PSI trigger and `memory.events.local`, see `pressure`).
 //!
 //! ```text
 //!            v2                                   v1
@@ -23,9 +24,11 @@
 
 mod empty;
 mod oom;
+mod pressure;
 
 pub use empty::{EmptyEvent, EmptyWatcher};
 pub use oom::{OomEvent, OomWatcher};
+pub use pressure::{MemoryPressureWatcher, PressureEvent, PressureSource, PsiTrigger};
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};

@@ -116,7 +116,8 @@ impl NodePressure {
         });
     }
 
-    /// Waits for a memory threshold notification (cgroup v1; never elsewhere).
+    /// Waits for a memory threshold notification (cgroup v1) or memory pressure
+    /// notification (cgroup v2); never without cgroups.
     pub async fn notified(&mut self) -> Signal {
         self.notifiers.fired().await
     }

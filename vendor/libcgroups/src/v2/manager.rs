@@ -140,6 +140,12 @@ impl Manager {
                             .set_mode(0o755);
                     }
 
+                    // ironlet: another container's create made it between `exists` and
+                    // `create_dir` (two containers under a new parent at once).
+                    Err(err)
+                        if err.inner().kind() == std::io::ErrorKind::AlreadyExists
+                            && current_path.is_dir() => {}
+
                     // in container-in-container environments these paths are often read-only
                     // we do not error here—rather we continue in a best effort
                     Err(err) if self.rootless && Self::is_permission_error(&err) => {
