@@ -515,8 +515,40 @@ fn ctr_log_dirs(log_root: &std::path::Path, name: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// What of a `ctr run` on root directory `root` runs or is mounted: processes whose command
+/// line names `root` (the zygote, a rootless pod's namespace holder and pasta, which hold the
+/// pod's network namespace, are forks of `ironlet --root-dir ROOT`, or are told paths under
+/// it) and host mounts under it (a root sandbox pins its namespaces there).
+fn leftovers(root: &std::path::Path) -> Vec<String> {
+    let root = root.to_string_lossy().into_owned();
+    let mut left = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.parse::<u32>().is_err() {
+            continue;
+        }
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if cmdline.contains(&root) {
+            left.push(format!("process {name}: {cmdline}"));
+        }
+    }
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    left.extend(
+        mounts
+            .lines()
+            .filter(|l| l.contains(&root))
+            .map(|l| format!("mount: {l}")),
+    );
+    left
+}
+
 /// Runs `ctr run --rm` `runs` times with `run` and checks that nothing of the containers
-/// is left: no log directory, no container, sandbox, exit or libcontainer state.
+/// is left: no log directory, no container, sandbox, exit or libcontainer state, and, as
+/// soon as each run has exited, no process (so no namespace: a rootless pod's network
+/// namespace lives as long as its holder and pasta) and no mount.
 fn ctr_run_rm_leaves_nothing(
     root: &std::path::Path,
     log_root: &std::path::Path,
@@ -542,9 +574,11 @@ fn ctr_run_rm_leaves_nothing(
         Vec::<String>::new(),
         "--rm left its log directory"
     );
+    assert_eq!(leftovers(root), Vec::<String>::new(), "left by --rm");
     for _ in 0..runs {
         let out = run(&args);
         assert!(out.status.success(), "{}", text(&out.stderr));
+        assert_eq!(leftovers(root), Vec::<String>::new(), "left by --rm");
     }
     assert_eq!(
         ctr_log_dirs(log_root, name),

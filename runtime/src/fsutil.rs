@@ -92,8 +92,38 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     write_atomic_mode(path, bytes, PRIVATE_FILE_MODE)
 }
 
+/// Whether this process's container state is throwaway (see [`set_state_throwaway`]).
+static STATE_THROWAWAY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Marks every container and sandbox state file this process (and the zygote it forks
+/// afterwards) writes as throwaway: [`write_state`] then renames without fsyncs. For a
+/// one-shot `ironlet ctr run --rm`, which removes all of it before it exits: the records
+/// only serve a cleanup after a crash, and a host crash ends the container anyway (its
+/// overlay is `volatile` too). A record torn by a host crash is skipped as unreadable and
+/// its directory cleaned like one without a record. Image data (blobs, index, snapshots)
+/// and caches stay durable whatever this says.
+pub fn set_state_throwaway() {
+    STATE_THROWAWAY.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether [`set_state_throwaway`] was called in this process (or before its fork).
+pub fn state_is_throwaway() -> bool {
+    STATE_THROWAWAY.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Writes a state file of a container or sandbox (record, bundle config, exit record,
+/// lease): [`write_atomic`], without its fsyncs when the state is throwaway. Still a
+/// rename of a whole temp file: a reader never sees a torn file while the host runs.
+pub fn write_state(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_atomic_inner(path, bytes, PRIVATE_FILE_MODE, !state_is_throwaway())
+}
+
 /// [`write_atomic`] with the file's mode given, for files others are meant to read.
 pub fn write_atomic_mode(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+    write_atomic_inner(path, bytes, mode, true)
+}
+
+fn write_atomic_inner(path: &Path, bytes: &[u8], mode: u32, durable: bool) -> std::io::Result<()> {
     use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     let dir = path
         .parent()
@@ -120,10 +150,15 @@ pub fn write_atomic_mode(path: &Path, bytes: &[u8], mode: u32) -> std::io::Resul
     // A temp file left by a crash keeps its old mode through O_CREAT: set it.
     file.set_permissions(std::fs::Permissions::from_mode(mode))?;
     file.write_all(bytes)?;
-    file.sync_all()?;
+    if durable {
+        file.sync_all()?;
+    }
     drop(file);
     std::fs::rename(&tmp, path)?;
-    std::fs::File::open(dir)?.sync_all()
+    if durable {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

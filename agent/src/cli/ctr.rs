@@ -177,13 +177,19 @@ fn run_here(
         bail!("--rootless runs containers as the invoking user; run it as an unprivileged user");
     }
     let root_dir = super::root_dir(&root_flag, rootless);
+    if matches!(&cmd, CtrCommand::Run(a) if a.rm) {
+        // Everything this run writes about its container goes before it exits: no fsyncs
+        // (the zygote forked below inherits this).
+        ironlet_runtime::fsutil::set_state_throwaway();
+    }
     // The zygote must exist before any thread: tokio starts below.
     let zygote = ironlet_runtime::zygote::spawn().context("starting the zygote")?;
+    let zygote_pid = zygote.pid;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    rt.block_on(async move {
+    let result = rt.block_on(async move {
         let images = super::open_images(&root_dir)?;
         if rootless {
             warn_rootless_limits();
@@ -202,7 +208,11 @@ fn run_here(
             .await
             .with_context(|| format!("opening the runtime at {}", root_dir.display()))?;
         match cmd {
-            CtrCommand::Run(args) => run_container(&runtime, args, reporter).await,
+            CtrCommand::Run(args) => {
+                // pasta connects the pod's network while the container is created.
+                runtime.network_ready_at_start();
+                run_container(&runtime, args, reporter).await
+            }
             CtrCommand::Ps { all, quiet } => ps(&runtime, all, quiet).await,
             CtrCommand::Logs { follow, id } => {
                 let status = resolve(&runtime, &id).await?;
@@ -221,7 +231,39 @@ fn run_here(
             CtrCommand::Exec { id, command, .. } => exec(&runtime, &id, command).await,
             CtrCommand::Rm { force, ids } => rm(&runtime, force, ids).await,
         }
-    })
+    });
+    // Dropping the async runtime closes the zygote's connection; it exits once the last
+    // process it reaps has ended (none is left after a `--rm` run, nor after any other
+    // command). Waiting for it means that when this command exits, none of its processes
+    // is left.
+    drop(rt);
+    wait_for_zygote(zygote_pid);
+    result
+}
+
+/// How long a command waits for its zygote to exit.
+const ZYGOTE_EXIT_WAIT: Duration = Duration::from_secs(5);
+
+/// Reaps this process's zygote (pid `pid`), waiting at most [`ZYGOTE_EXIT_WAIT`].
+fn wait_for_zygote(pid: i32) {
+    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+    let pid = nix::unistd::Pid::from_raw(pid);
+    let deadline = std::time::Instant::now() + ZYGOTE_EXIT_WAIT;
+    loop {
+        match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Ok(WaitStatus::StillAlive) => {
+                tracing::debug!(
+                    pid = pid.as_raw(),
+                    "the zygote still reaps; not waiting longer"
+                );
+                return;
+            }
+            _ => return,
+        }
+    }
 }
 
 /// Whether `ctr` containers get a pod network: rootless always (pasta; `--net-host` opts
@@ -482,15 +524,17 @@ async fn run_container(
     Ok(ExitCode::from(code.clamp(0, 255) as u8))
 }
 
-/// Removes a `ctr run` container with its sandbox and log directory.
+/// Removes a `ctr run` container with its sandbox and log directory. The sandbox's removal
+/// removes its one container, while it stops a rootless pod network.
 async fn remove_all(
     runtime: &LocalRuntime,
     id: &ContainerId,
     sandbox: &SandboxId,
     log_dir: &Path,
 ) -> anyhow::Result<()> {
-    runtime.remove_container(id).await?;
-    remove_sandbox(runtime, sandbox, log_dir).await
+    remove_sandbox(runtime, sandbox, log_dir)
+        .await
+        .with_context(|| format!("removing container {}", id.short()))
 }
 
 /// Removes a `ctr run` sandbox and its log directory, which `ctr run` made for it: after

@@ -57,6 +57,13 @@ pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ImageError> 
     result
 }
 
+/// Writes a per-container file of the store (a lease, a rootfs description) atomically;
+/// durably unless the process's container state is throwaway
+/// ([`crate::fsutil::set_state_throwaway`]).
+pub(crate) fn write_state(path: &Path, bytes: &[u8]) -> Result<(), ImageError> {
+    crate::fsutil::write_state(path, bytes).map_err(|e| ImageError::io("writing", path, e))
+}
+
 /// fsyncs a directory so that renames into it survive a crash.
 pub(crate) fn sync_dir(dir: &Path) -> Result<(), ImageError> {
     File::open(dir)

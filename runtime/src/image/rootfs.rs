@@ -116,7 +116,7 @@ impl ImageStore {
                 std::io::Error::other(e),
             )
         })?;
-        fsx::write_atomic(&self.lease_path(&lease.target_dir), &bytes)
+        fsx::write_state(&self.lease_path(&lease.target_dir), &bytes)
     }
 
     fn read_lease(path: &Path) -> Option<Lease> {

@@ -61,7 +61,7 @@ pub(crate) fn describe(target_dir: &Path, d: &Description) -> Result<(), ImageEr
     let path = target_dir.join(DESCRIPTION);
     let bytes = serde_json::to_vec(d)
         .map_err(|e| ImageError::io("encoding", &path, std::io::Error::other(e)))?;
-    fsx::write_atomic(&path, &bytes)
+    fsx::write_state(&path, &bytes)
 }
 
 /// The description for the rootfs under `target_dir`, if there is one.

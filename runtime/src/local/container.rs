@@ -373,6 +373,14 @@ impl Inner {
                 });
             }
         }
+        let sandbox_id = self
+            .lock()
+            .containers
+            .get(id)
+            .map(|e| e.record.sandbox_id.clone());
+        if let Some(sandbox_id) = sandbox_id {
+            self.await_pod_network(&sandbox_id).await?;
+        }
         self.zygote
             .start(id.as_str(), self.config.libcontainer_root())
             .await

@@ -162,6 +162,9 @@ pub(crate) struct Inner {
     recovery: std::sync::OnceLock<Recovery>,
     /// Held while a container record is saved (see [`Inner::persist`]).
     persisting: Mutex<()>,
+    /// Rootless pod networks: sandboxes are made once their namespaces exist, and a
+    /// container's start waits for pasta (see [`LocalRuntime::network_ready_at_start`]).
+    network_at_start: std::sync::atomic::AtomicBool,
 }
 
 /// The in-process runtime. Cheap to clone.
@@ -231,6 +234,7 @@ impl LocalRuntime {
             network,
             recovery: std::sync::OnceLock::new(),
             persisting: Mutex::new(()),
+            network_at_start: std::sync::atomic::AtomicBool::new(false),
         });
         tokio::spawn(event_loop(Arc::downgrade(&inner), event_rx));
         if inner.config.rootless && inner.config.cni.is_some() {
@@ -247,6 +251,17 @@ impl LocalRuntime {
 
     pub fn config(&self) -> &LocalRuntimeConfig {
         &self.inner.config
+    }
+
+    /// From now on a rootless sandbox with a network is made as soon as its namespaces
+    /// exist, while pasta still connects them (no IP in its status yet), and the start of
+    /// each of its containers waits until pasta has (failing if pasta failed). For a
+    /// one-shot `ctr run`, which creates its container meanwhile; the agent keeps the CRI's
+    /// order (the sandbox's network is up when `run_pod_sandbox` returns).
+    pub fn network_ready_at_start(&self) {
+        self.inner
+            .network_at_start
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// What start-up re-adopted (`None` with a private zygote).

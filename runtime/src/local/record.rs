@@ -206,7 +206,7 @@ impl SandboxRecord {
 /// Saves a record as `<dir>/record.json`.
 pub fn save<T: Serialize>(dir: &Path, record: &T) -> std::io::Result<()> {
     let bytes = serde_json::to_vec_pretty(record).map_err(std::io::Error::other)?;
-    crate::fsutil::write_atomic(&dir.join("record.json"), &bytes)
+    crate::fsutil::write_state(&dir.join("record.json"), &bytes)
 }
 
 /// Loads every `<parent>/<id>/record.json`; unreadable records are skipped with a warning.

@@ -157,11 +157,69 @@ impl Inner {
                     sandbox_id: rec.id.clone(),
                     source: Box::new(crate::network::NetworkError::Rootless(e.to_string())),
                 })?;
-        rec.holder = Some(record::NamespaceHolder { pid, start_time });
-        rec.ip = rootless::read_pod_ip(dir);
+        let holder = record::NamespaceHolder { pid, start_time };
+        rec.holder = Some(holder);
+        if self
+            .network_at_start
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            tracing::debug!(sandbox_id = %rec.id, pid,
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "rootless pod namespaces made; pasta connects them meanwhile");
+            return Ok(());
+        }
+        rec.ip = wait_rootless_network(dir, holder)
+            .await
+            .map_err(|message| RuntimeError::Network {
+                sandbox_id: rec.id.clone(),
+                source: Box::new(crate::network::NetworkError::Rootless(message)),
+            })?;
         tracing::debug!(sandbox_id = %rec.id, pid, ip = ?rec.ip,
             elapsed_ms = started.elapsed().as_millis() as u64, "rootless pod network up (pasta)");
         Ok(())
+    }
+
+    /// Before a container of `sandbox_id` starts, when sandboxes do not wait for their
+    /// rootless network ([`super::LocalRuntime::network_ready_at_start`]): waits until pasta
+    /// has configured it, and records the pod's address. A no-op otherwise, and once done.
+    pub(super) async fn await_pod_network(
+        &self,
+        sandbox_id: &SandboxId,
+    ) -> Result<(), RuntimeError> {
+        if !self
+            .network_at_start
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return Ok(());
+        }
+        let Some(holder) = self
+            .lock()
+            .sandboxes
+            .get(sandbox_id)
+            .filter(|rec| rec.ip.is_none())
+            .and_then(|rec| rec.holder)
+        else {
+            return Ok(());
+        };
+        let dir = self.config.sandboxes_dir().join(sandbox_id.as_str());
+        let started = std::time::Instant::now();
+        let ip = wait_rootless_network(&dir, holder)
+            .await
+            .map_err(|message| RuntimeError::Network {
+                sandbox_id: sandbox_id.clone(),
+                source: Box::new(crate::network::NetworkError::Rootless(message)),
+            })?;
+        tracing::debug!(%sandbox_id, ip = ?ip, waited_ms = started.elapsed().as_millis() as u64,
+            "rootless pod network up (pasta)");
+        let rec = {
+            let mut state = self.lock();
+            let Some(rec) = state.sandboxes.get_mut(sandbox_id) else {
+                return Ok(());
+            };
+            rec.ip = ip;
+            rec.clone()
+        };
+        record::save(&dir, &rec).map_err(|e| RuntimeError::io("save sandbox record", &dir, e))
     }
 
     /// Stops a rootless pod's namespace holder, if it has one.
@@ -226,9 +284,24 @@ impl Inner {
     }
 
     pub(crate) async fn remove_pod_sandbox(&self, id: &SandboxId) -> Result<(), RuntimeError> {
-        for cid in self.close_sandbox(id).unwrap_or_default() {
-            self.remove_container(&cid).await?;
-        }
+        let containers = self.close_sandbox(id).unwrap_or_default();
+        // A rootless pod's holder (and pasta) is stopped while its containers are removed,
+        // not after: nothing of the pod runs any more (removal kills what still does), and
+        // pasta's end (its tap device goes with it) takes as long as a container's removal.
+        let holder = self.lock().sandboxes.get(id).and_then(|rec| rec.holder);
+        let stop = async {
+            if let Some(holder) = holder {
+                stop_holder(id.as_str(), holder).await;
+            }
+        };
+        let remove = async {
+            for cid in containers {
+                self.remove_container(&cid).await?;
+            }
+            Ok::<(), RuntimeError>(())
+        };
+        let ((), removed) = tokio::join!(stop, remove);
+        removed?;
         let rec = self.lock().sandboxes.remove(id);
         if let Some(rec) = rec {
             // DEL must not keep a sandbox forever: a plugin that cannot clean up now (its
@@ -236,6 +309,7 @@ impl Inner {
             if let Err(err) = self.detach_network(&rec).await {
                 tracing::warn!(sandbox_id = %id, %err, "CNI DEL failed; removing the sandbox anyway");
             }
+            // Stopped above unless the holder was recorded meanwhile; idempotent.
             self.stop_holder(&rec).await;
             self.destroy_sandbox_files(&rec)?;
         }
@@ -289,6 +363,48 @@ fn pod_ref(rec: &SandboxRecord) -> PodRef<'_> {
         name: &rec.config.name,
         uid: &rec.config.pod_uid,
         ports: &rec.config.port_mappings,
+    }
+}
+
+/// How long a rootless pod's network may take to come up once its namespaces exist (the
+/// holder gives pasta 10 s, then reports why it failed).
+const ROOTLESS_NETWORK_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Waits until the holder of the sandbox in `dir` reports its network up
+/// ([`crate::zygote::NETWORK_READY`]); returns the pod's address, or why pasta failed.
+async fn wait_rootless_network(
+    dir: &std::path::Path,
+    holder: record::NamespaceHolder,
+) -> Result<Option<String>, String> {
+    use crate::network::rootless::read_pod_ip;
+    use crate::zygote::{NETWORK_FAILED, NETWORK_READY};
+    let deadline = tokio::time::Instant::now() + ROOTLESS_NETWORK_TIMEOUT;
+    loop {
+        if dir.join(NETWORK_READY).exists() {
+            return Ok(read_pod_ip(dir));
+        }
+        if let Ok(message) = std::fs::read_to_string(dir.join(NETWORK_FAILED)) {
+            return Err(message);
+        }
+        if !holder.alive() {
+            // It writes its verdict before it ends.
+            return match std::fs::read_to_string(dir.join(NETWORK_FAILED)) {
+                Ok(message) => Err(message),
+                Err(_) if dir.join(NETWORK_READY).exists() => Ok(read_pod_ip(dir)),
+                Err(_) => Err(format!(
+                    "the pod's namespace holder (pid {}) ended before pasta had configured \
+                     the network",
+                    holder.pid
+                )),
+            };
+        }
+        if tokio::time::Instant::now() > deadline {
+            return Err(format!(
+                "pasta did not configure the pod's network within {}s",
+                ROOTLESS_NETWORK_TIMEOUT.as_secs()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
     }
 }
 

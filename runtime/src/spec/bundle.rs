@@ -1,7 +1,9 @@
 //! Writing a spec into an OCI bundle directory as `config.json`.
 //!
 //! The write is atomic and durable (temp file in the bundle, fsync, rename, fsync of the
-//! directory): after a crash the bundle holds either no config or a complete one.
+//! directory): after a crash the bundle holds either no config or a complete one. Durable
+//! unless the process's container state is throwaway (`ctr run --rm`, see
+//! `fsutil::set_state_throwaway`).
 
 use std::path::Path;
 
@@ -14,7 +16,7 @@ pub fn write_bundle_config(bundle_dir: &Path, spec: &Spec) -> Result<(), SpecErr
     let path = bundle_dir.join("config.json");
     let bytes =
         serde_json::to_vec_pretty(spec).map_err(|source| SpecError::Serialize { source })?;
-    crate::fsutil::write_atomic(&path, &bytes).map_err(|source| {
+    crate::fsutil::write_state(&path, &bytes).map_err(|source| {
         tracing::warn!(?path, ?source, "writing bundle config failed");
         SpecError::WriteBundle {
             path: path.clone(),

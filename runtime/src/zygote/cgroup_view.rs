@@ -54,7 +54,7 @@ fn stage_for_host(mut spec: Spec, bundle: &Path, applies: bool) -> Result<Spec, 
     let plan = bundle.join(PLAN_FILE);
     let bytes = serde_json::to_vec(&request)
         .map_err(|e| RuntimeError::InvalidConfig(format!("cgroup view request: {e}")))?;
-    crate::fsutil::write_atomic(&plan, &bytes).map_err(|e| RuntimeError::io("write", &plan, e))?;
+    crate::fsutil::write_state(&plan, &bytes).map_err(|e| RuntimeError::io("write", &plan, e))?;
 
     // Recursive attributes (mount_setattr, one call): the binds inside the view do not take
     // the host mounts' nosuid/nodev/noexec, and read-only must reach every one of them.

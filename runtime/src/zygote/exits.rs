@@ -8,7 +8,7 @@ use super::protocol::Event;
 /// Writes `event` for container `id` with write-temp, fsync, rename.
 pub(crate) fn write(dir: &Path, id: &str, event: &Event) -> std::io::Result<()> {
     let bytes = serde_json::to_vec(event).map_err(std::io::Error::other)?;
-    crate::fsutil::write_atomic(&dir.join(format!("{id}.json")), &bytes)
+    crate::fsutil::write_state(&dir.join(format!("{id}.json")), &bytes)
 }
 
 /// Reads the recorded exit of container `id`, if any.

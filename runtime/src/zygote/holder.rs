@@ -12,15 +12,22 @@
 //!  worker ──fork──► holder H ──fork──► K keeper (host namespaces; waits on a pipe)
 //!    │               │ unshare(USER|NS) + newuidmap, unshare(NET|IPC|UTS), lo up
 //!    │               │ "go" ─────────► K ──fork──► exec pasta --config-net … <H>
-//!    │               │ waits for pasta's pid file (written once the namespace is set up),
-//!    │               │ writes the pod's address to <dir>/pod-ip
 //!    │ ◄── "ok" ─────┤                 K: pasta ended? warn, start it again (same argv)
 //!    ▼ result {pid: H}; H is reparented to the zygote, which watches it
+//!                    │ waits for pasta's pid file (written once the namespace is set up),
+//!                    │ writes the pod's address to <dir>/pod-ip, then <dir>/network-ready
+//!                    │ (or <dir>/network-failed with the reason, and exits 1)
 //!                    └─ sigwait: SIGTERM/SIGINT → SIGTERM K (which stops pasta), reap, exit 0
 //! ```
 //!
-//! Guarantees: the reply comes only once pasta has configured the namespace (or the error
-//! carries pasta's own message, from `<dir>/pasta.log`); stopping the holder with SIGTERM
+//! The reply comes once the namespaces exist, so containers can be created in them while
+//! pasta starts (the largest part of a pod network's start-up); the runtime waits for
+//! `network-ready` before it reports the sandbox made, or, for a one-shot `ctr run`,
+//! before it starts the container (`local/sandbox.rs`, `wait_rootless_network`).
+//!
+//! Guarantees: `network-ready` appears only once pasta has configured the namespace, and
+//! `network-failed` carries pasta's own message (from `<dir>/pasta.log`) when it did not;
+//! stopping the holder with SIGTERM
 //! stops and reaps the keeper and pasta first, so nothing of the pod's network is left. The
 //! keeper gets SIGKILL should the holder die otherwise, and pasta should the keeper. A pasta
 //! that dies on its own (killed, crashed) is restarted by the keeper for the same namespace
@@ -115,6 +122,14 @@ fn holder(spec: &HolderSpec, ready: OwnedFd) -> ! {
         }
     };
     drop(ready);
+    if let Err(message) = await_pasta(spec, keeper) {
+        let failed = spec.dir.join(NETWORK_FAILED);
+        if let Err(err) = crate::fsutil::write_state(&failed, message.as_bytes()) {
+            tracing::warn!(sandbox = %spec.id, %err, %message, "recording pasta's failure");
+        }
+        // SAFETY: as above.
+        unsafe { libc::_exit(1) }
+    }
     loop {
         match mask.wait() {
             Ok(Signal::SIGTERM) | Ok(Signal::SIGINT) => break,
@@ -130,14 +145,26 @@ fn holder(spec: &HolderSpec, ready: OwnedFd) -> ! {
     unsafe { libc::_exit(0) }
 }
 
-/// Forks the keeper, makes the namespaces, lets the keeper start pasta and waits until pasta
-/// has connected them. Returns the keeper's pid. `ready` is the holder's end of its reply
-/// pipe, which the keeper closes: the worker reads the reply to its end.
+/// In a sandbox directory: written by the holder once pasta has configured the pod's
+/// network (after `pod-ip`).
+pub const NETWORK_READY: &str = "network-ready";
+/// In a sandbox directory: why pasta did not configure the pod's network (the holder has
+/// then stopped it and exits).
+pub const NETWORK_FAILED: &str = "network-failed";
+
+/// Forks the keeper, makes the namespaces and lets the keeper start pasta. Returns the
+/// keeper's pid. `ready` is the holder's end of its reply pipe, which the keeper closes: the
+/// worker reads the reply to its end.
 fn setup(spec: &HolderSpec, ready: std::os::fd::RawFd) -> Result<Pid, String> {
     let holder = nix::unistd::getpid();
     let log_path = spec.dir.join("pasta.log");
     let pid_file = spec.dir.join("pasta.pid");
-    let _ = std::fs::remove_file(&pid_file);
+    for stale in [&pid_file, &spec.dir.join("pod-ip")] {
+        let _ = std::fs::remove_file(stale);
+    }
+    for stale in [NETWORK_READY, NETWORK_FAILED] {
+        let _ = std::fs::remove_file(spec.dir.join(stale));
+    }
     let log = std::fs::File::create(&log_path)
         .map_err(|e| format!("create {}: {e}", log_path.display()))?;
     let mut argv: Vec<std::ffi::CString> = Vec::new();
@@ -176,10 +203,25 @@ fn setup(spec: &HolderSpec, ready: std::os::fd::RawFd) -> Result<Pid, String> {
         return Err(message);
     }
     let _ = std::fs::File::from(go_w).write_all(b"1");
+    Ok(keeper)
+}
+
+/// Waits until pasta (the keeper's child) has connected the namespaces, then writes the
+/// pod's address and [`NETWORK_READY`]; on an error the keeper is stopped.
+fn await_pasta(spec: &HolderSpec, keeper: Pid) -> Result<(), String> {
+    let log_path = spec.dir.join("pasta.log");
+    let pid_file = spec.dir.join("pasta.pid");
     let deadline = Instant::now() + PASTA_READY_TIMEOUT;
     loop {
         if std::fs::metadata(&pid_file).is_ok_and(|m| m.len() > 0) {
             break;
+        }
+        if stop_pending() {
+            stop_child(keeper, KEEPER_STOP_TIMEOUT);
+            return Err(
+                "rootless networking: the pod was stopped before pasta had configured its network"
+                    .into(),
+            );
         }
         // The keeper ends when the first pasta ends before it has written its pid file.
         let ended = !matches!(
@@ -204,12 +246,31 @@ fn setup(spec: &HolderSpec, ready: std::os::fd::RawFd) -> Result<Pid, String> {
         }
         std::thread::sleep(Duration::from_millis(1));
     }
-    if let Some(ip) = pod_ip() {
+    let written = pod_ip().map_or(Ok(()), |ip| {
         let path = spec.dir.join("pod-ip");
-        std::fs::write(&path, ip.to_string().as_bytes())
-            .map_err(|e| format!("write {}: {e}", path.display()))?;
+        crate::fsutil::write_state(&path, ip.to_string().as_bytes())
+            .map_err(|e| format!("write {}: {e}", path.display()))
+    });
+    let ready = spec.dir.join(NETWORK_READY);
+    let written = written.and_then(|()| {
+        crate::fsutil::write_state(&ready, b"")
+            .map_err(|e| format!("write {}: {e}", ready.display()))
+    });
+    if written.is_err() {
+        stop_child(keeper, KEEPER_STOP_TIMEOUT);
     }
-    Ok(keeper)
+    written
+}
+
+/// Whether SIGTERM or SIGINT (blocked in the holder) is pending.
+fn stop_pending() -> bool {
+    // SAFETY: sigpending fills the zeroed set; sigismember reads it.
+    unsafe {
+        let mut pending: libc::sigset_t = std::mem::zeroed();
+        libc::sigpending(&mut pending) == 0
+            && (libc::sigismember(&pending, libc::SIGTERM) == 1
+                || libc::sigismember(&pending, libc::SIGINT) == 1)
+    }
 }
 
 /// The keeper's life, in the host's namespaces with SIGTERM, SIGINT and SIGCHLD blocked:

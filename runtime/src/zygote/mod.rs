@@ -30,7 +30,7 @@ mod worker;
 use std::os::fd::OwnedFd;
 
 pub use client::{ContainerStdio, CreateStdio, ExecHandle, ExecProcess, ZygoteClient};
-pub use holder::holder_id;
+pub use holder::{holder_id, NETWORK_FAILED, NETWORK_READY};
 pub use protocol::{Event, Hello, LiveProcess, WireExit, PROTOCOL_VERSION};
 pub use sys::process_start_time;
 

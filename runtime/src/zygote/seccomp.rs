@@ -74,7 +74,7 @@ pub fn precompile_profile(
     let path = bundle.join(if nnp { PROFILE_FILE } else { EXEC_PROFILE_FILE });
     let bytes = serde_json::to_vec(&profile)
         .map_err(|e| crate::RuntimeError::InvalidConfig(format!("seccomp profile: {e}")))?;
-    crate::fsutil::write_atomic(&path, &bytes)
+    crate::fsutil::write_state(&path, &bytes)
         .map_err(|e| crate::RuntimeError::io("write", &path, e))?;
     if !nnp {
         return Ok(spec);

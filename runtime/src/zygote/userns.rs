@@ -14,8 +14,8 @@
 //!   ```text
 //!   worker ──fork──► helper (blocks on a pipe)
 //!     │ unshare(USER|NS)
-//!     │ "go" ─────────► newuidmap <worker> 0 <uid> 1 1 <subuid> <n>
-//!     │                 newgidmap <worker> ...           exit 0
+//!     │ "go" ─────────► newuidmap <worker> 0 <uid> 1 1 <subuid> <n>  } at once
+//!     │                 newgidmap <worker> ...                       } exit 0
 //!     │ waitpid ◄──────────────────────────────────────────┘
 //!     ▼ uid 0 of the new namespace; libcontainer creates the container inside it
 //!   ```
@@ -267,26 +267,46 @@ fn helper(
         Ok(1) => {}
         _ => return Err("the worker did not unshare its user namespace".into()),
     }
+    // Both helpers at once: each is a setuid exec of its own, and they write different
+    // files (`uid_map`, `gid_map` and `setgroups`) of the target.
+    let mut running = Vec::with_capacity(2);
     for (tool, mappings) in [(&sources.newuidmap, uids), (&sources.newgidmap, gids)] {
         let args = mappings
             .iter()
             .flat_map(|m| [m.container_id, m.host_id, m.size].map(|n| n.to_string()));
-        let out = std::process::Command::new(tool)
+        let child = std::process::Command::new(tool)
             .arg(target.to_string())
             .args(args)
             .stdin(std::process::Stdio::null())
-            .output()
-            .map_err(|e| format!("run {}: {e}", tool.display()))?;
-        if !out.status.success() {
-            return Err(format!(
-                "{} {target} ... ({}): {}",
-                tool.display(),
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("run {}: {e}", tool.display()));
+        running.push((tool, child));
+    }
+    let mut failure = None;
+    for (tool, child) in running {
+        let outcome = child.and_then(|child| {
+            let out = child
+                .wait_with_output()
+                .map_err(|e| format!("wait for {}: {e}", tool.display()))?;
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{} {target} ... ({}): {}",
+                    tool.display(),
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ))
+            }
+        });
+        // Both are waited for; the first failure is reported.
+        if let Err(message) = outcome {
+            failure.get_or_insert(message);
         }
     }
-    Ok(())
+    failure.map_or(Ok(()), Err)
 }
 
 #[cfg(test)]
