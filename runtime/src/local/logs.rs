@@ -710,6 +710,35 @@ mod tests {
         assert_eq!(parse_prefix(b"2026-11-22T10:00:00.0Z std"), None);
     }
 
+    #[test]
+    fn live_output_exists_while_a_session_is_attached_and_ends_for_good() {
+        use tokio::sync::broadcast::error::TryRecvError;
+        let live = LiveOutput::default();
+        let chunk = |text: &str| (LogStream::Stdout, text.as_bytes().to_vec());
+        // Nobody attached: the chunk is not even built.
+        live.send(|| unreachable!("no session is attached"));
+        assert!(matches!(*live.lock(), Live::Idle));
+
+        let mut first = live.subscribe().expect("a session attaches");
+        let mut second = live.subscribe().expect("a second session attaches");
+        live.send(|| chunk("both"));
+        assert_eq!(first.try_recv().expect("first").1, b"both");
+        assert_eq!(second.try_recv().expect("second").1, b"both");
+
+        // The last session left: the next output drops the channel.
+        drop((first, second));
+        live.send(|| chunk("nobody"));
+        assert!(matches!(*live.lock(), Live::Idle));
+
+        // A session attaching later sees output from then on, and the end of it.
+        let mut late = live.subscribe().expect("attaches again");
+        live.send(|| chunk("late"));
+        live.end();
+        assert_eq!(late.try_recv().expect("late").1, b"late");
+        assert_eq!(late.try_recv(), Err(TryRecvError::Closed));
+        assert!(live.subscribe().is_none(), "no attach after the end");
+    }
+
     fn write_pipe(fd: &OwnedFd, bytes: &[u8]) {
         nix::unistd::write(fd, bytes).expect("write to pipe");
     }
