@@ -58,8 +58,8 @@ impl PodManager {
     }
 
     /// Adds or replaces `pod` (a regular pod or a mirror pod).
-    pub fn add_pod(&mut self, pod: Pod) {
-        let pod = Arc::new(pod);
+    pub fn add_pod(&mut self, pod: impl Into<Arc<Pod>>) {
+        let pod = pod.into();
         let uid = pod_uid(&pod).to_owned();
         let full_name = pod_full_name(&pod);
         if is_mirror_pod(&pod) {
@@ -88,7 +88,7 @@ impl PodManager {
 
     /// Same as [`Self::add_pod`]: the indexes are keyed by UID and full name, so an update
     /// replaces.
-    pub fn update_pod(&mut self, pod: Pod) {
+    pub fn update_pod(&mut self, pod: impl Into<Arc<Pod>>) {
         self.add_pod(pod);
     }
 

@@ -8,6 +8,7 @@
 //! `ctr run` and `ctr exec`.
 
 mod ctr;
+mod heap;
 mod images;
 mod kubelet_config;
 pub mod output;

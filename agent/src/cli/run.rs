@@ -482,12 +482,14 @@ fn run_agent(
         bail!("--read-only-port is not served by ironlet (unauthenticated); leave it at 0");
     }
 
+    super::heap::limit_arenas();
     let rt = super::agent_runtime()?;
     rt.block_on(async move {
         // First: SIGPWR's default action would end the agent.
         let power_fail =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::from_raw(libc::SIGPWR))
                 .context("listening for SIGPWR")?;
+        tokio::spawn(super::heap::trim_every(super::heap::TRIM_PERIOD));
         let store = super::open_images(&root_dir)?;
         // Staging left by a pull or import that a crash interrupted (`ingest/*`,
         // `snapshots/tmp-*`) goes now; gc waits for pulls of other processes in flight.

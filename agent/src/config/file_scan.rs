@@ -21,11 +21,11 @@ use k8s_openapi::api::core::v1::Pod;
 
 use super::error::{DecodeError, ManifestError, ManifestOrigin};
 use super::manifest::{read_manifest, ManifestPods, MAX_MANIFEST_BYTES};
-use super::source::SetDeduper;
 use super::update::SourceChange;
 
-/// The outcome of reading one file.
-pub type FileRead = Result<ManifestPods, ManifestError>;
+/// The outcome of reading one file, shared by the read cache, the source's state and the
+/// last set sent (no copy of a pod per holder).
+pub type FileRead = Result<Arc<ManifestPods>, ManifestError>;
 
 /// What one read of the static pod path found.
 #[derive(Debug)]
@@ -163,7 +163,7 @@ fn read_file(path: &Path, node_name: &str) -> FileRead {
             source: DecodeError::Empty,
         });
     }
-    read_manifest(&bytes, &origin, node_name)
+    read_manifest(&bytes, &origin, node_name).map(Arc::new)
 }
 
 /// Why [`read_bounded`] returned no bytes.
@@ -208,9 +208,11 @@ pub struct StepOutput {
 /// The file source's memory between scans.
 #[derive(Debug, Default)]
 pub struct FileSourceState {
-    /// The pods each file last yielded when it could be read and decoded.
-    last_good: BTreeMap<PathBuf, Vec<Pod>>,
-    deduper: SetDeduper,
+    /// What each file last yielded when it could be read and decoded.
+    last_good: BTreeMap<PathBuf, Arc<ManifestPods>>,
+    /// The files whose pods, in this order, were the last set sent (as
+    /// [`SetDeduper`](super::SetDeduper) does, without a copy of the pods).
+    sent: Option<Vec<Arc<ManifestPods>>>,
 }
 
 impl FileSourceState {
@@ -232,8 +234,8 @@ impl FileSourceState {
                 for (path, read) in files {
                     match read {
                         Ok(manifest) => {
-                            problems.extend(manifest.invalid);
-                            good.insert(path, manifest.pods);
+                            problems.extend(manifest.invalid.iter().cloned());
+                            good.insert(path, manifest);
                         }
                         Err(err) => {
                             problems.push(err);
@@ -246,11 +248,17 @@ impl FileSourceState {
                 self.last_good = good;
             }
         }
-        let pods = self.last_good.values().flatten().cloned().collect();
-        StepOutput {
-            change: self.deduper.offer(pods),
-            problems,
+        let current: Vec<Arc<ManifestPods>> = self.last_good.values().cloned().collect();
+        fn pods_of(files: &[Arc<ManifestPods>]) -> impl Iterator<Item = &Pod> {
+            files.iter().flat_map(|m| m.pods.iter())
         }
+        let unchanged = self
+            .sent
+            .as_deref()
+            .is_some_and(|sent| pods_of(sent).eq(pods_of(&current)));
+        let change = (!unchanged).then(|| SourceChange::Set(pods_of(&current).cloned().collect()));
+        self.sent = Some(current);
+        StepOutput { change, problems }
     }
 }
 

@@ -1,6 +1,7 @@
 //! The seam between pod sources and the merger: the [`PodSource`] trait, the [`SourceSender`]
-//! each source gets, and two helpers every source loop uses — [`SetDeduper`] (send a set only
-//! when it changed) and [`ProblemReporter`] (log and publish the source's current problems).
+//! each source gets, and two helpers of the source loops — [`SetDeduper`] (send a set only
+//! when it changed; the file source does the same on the reads it shares with its cache) and
+//! [`ProblemReporter`] (log and publish the source's current problems).
 //!
 //! A source owns its loop. It sends [`SourceChange::Set`] with everything it currently serves
 //! (file and HTTP sources always do), or [`SourceChange::Upsert`]/[`SourceChange::Remove`] for

@@ -526,7 +526,7 @@ impl Kubelet {
                     if self.rejected.contains_key(pod_uid(&pod)) {
                         continue;
                     }
-                    self.lock_manager().update_pod((*pod).clone());
+                    self.lock_manager().update_pod(Arc::clone(&pod));
                     self.workers
                         .update_pod(UpdatePodOptions::new(UpdateType::Update, pod));
                 }
@@ -551,7 +551,8 @@ impl Kubelet {
             }
             PodOp::Reconcile => {
                 for pod in update.pods {
-                    self.lock_manager().update_pod(pod.clone());
+                    let pod = Arc::new(pod);
+                    self.lock_manager().update_pod(Arc::clone(&pod));
                     // kubelet's HandlePodReconcile: a client changed a readiness gate's
                     // condition; the worker recomputes Ready from this very status (an
                     // `Update` hands it the new object, a `Sync` keeps the old one).
@@ -564,7 +565,7 @@ impl Kubelet {
                     }
                     tracing::debug!(pod = %pod_full_name(&pod), "readiness gates changed; syncing");
                     self.workers
-                        .update_pod(UpdatePodOptions::new(UpdateType::Update, Arc::new(pod)));
+                        .update_pod(UpdatePodOptions::new(UpdateType::Update, pod));
                 }
             }
         }
@@ -592,7 +593,7 @@ impl Kubelet {
                 !self.rejected.contains_key(uid) && !self.workers.is_pod_terminated(uid)
             })
             .collect();
-        self.lock_manager().add_pod((*pod).clone());
+        self.lock_manager().add_pod(Arc::clone(&pod));
         let verdict = crate::admission::admit(&self.node, &pod, &admitted);
         let rejection = match verdict.reason() {
             Some(reason) => Some((reason, verdict.message())),

@@ -29,15 +29,12 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::{broadcast, oneshot};
 
-use super::logs::{LogStream, OutputChunk};
+use super::logs::{LiveOutput, LogStream, OutputChunk};
 use super::{not_found, Inner};
 use crate::error::RuntimeError;
 use crate::types::{
     ContainerId, ContainerState, ExecExit, ExecReader, ExecRequest, ExecSession, ExecWriter, Resize,
 };
-
-/// Chunks an attached session may fall behind by before it misses output.
-const LIVE_CAPACITY: usize = 1024;
 
 /// An async reader and writer over a pty master.
 pub struct PtyMaster {
@@ -123,9 +120,9 @@ pub(crate) fn resizer(master: Arc<OwnedFd>) -> Resize {
 
 /// What the runtime holds of a container's stdio, for attach.
 pub(crate) struct ContainerIo {
-    /// Output as the log pump sees it; dropped when the pump ends, which ends every
+    /// Output as the log pump sees it; ended when the pump ends, which ends every
     /// attached session's output.
-    live: Mutex<Option<broadcast::Sender<OutputChunk>>>,
+    live: LiveOutput,
     /// The pty master (tty) or stdin pipe write end (`stdin`), until `stdinOnce` closes it.
     input: Mutex<Option<Arc<OwnedFd>>>,
     tty: bool,
@@ -137,7 +134,7 @@ impl ContainerIo {
     pub(crate) fn new(input: Option<OwnedFd>, stdin_once: bool) -> Self {
         let tty = input.as_ref().is_some_and(crate::zygote::tty::is_terminal);
         Self {
-            live: Mutex::new(Some(broadcast::channel(LIVE_CAPACITY).0)),
+            live: LiveOutput::default(),
             input: Mutex::new(input.map(Arc::new)),
             tty,
             stdin_once,
@@ -148,23 +145,18 @@ impl ContainerIo {
         self.input.lock().ok().and_then(|g| g.clone())
     }
 
-    /// The sender the log pump feeds.
-    pub(crate) fn live_sender(&self) -> Option<broadcast::Sender<OutputChunk>> {
-        self.live.lock().ok().and_then(|g| g.clone())
+    /// What the log pump feeds.
+    pub(crate) fn live_output(&self) -> LiveOutput {
+        self.live.clone()
     }
 
     /// The pump has ended: attached sessions see the end of the output.
     pub(crate) fn output_ended(&self) {
-        if let Ok(mut live) = self.live.lock() {
-            live.take();
-        }
+        self.live.end();
     }
 
     fn subscribe(&self) -> Option<broadcast::Receiver<OutputChunk>> {
-        self.live
-            .lock()
-            .ok()
-            .and_then(|g| g.as_ref().map(broadcast::Sender::subscribe))
+        self.live.subscribe()
     }
 }
 

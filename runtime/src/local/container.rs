@@ -335,7 +335,7 @@ impl Inner {
                 input,
                 entry.record.config.stdin_once,
             ));
-            live = io.live_sender();
+            live = Some(io.live_output());
             entry.io = Some(io);
         }
         let taps = logs::Taps {

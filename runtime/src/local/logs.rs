@@ -46,6 +46,7 @@ mod plan;
 use std::io::Read;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use nix::fcntl::SpliceFFlags;
 use tokio::io::unix::AsyncFd;
@@ -98,7 +99,66 @@ pub struct Taps {
     pub source: Option<TapSource>,
     /// Attached sessions, from the moment they attach (a slow one misses chunks rather
     /// than hold the pump back).
-    pub live: Option<tokio::sync::broadcast::Sender<OutputChunk>>,
+    pub live: Option<LiveOutput>,
+}
+
+/// Chunks an attached session may fall behind by before it misses output.
+const LIVE_CAPACITY: usize = 1024;
+
+/// A container's output for attached sessions. The broadcast channel (its
+/// [`LIVE_CAPACITY`] slots take ~56 KiB) exists only while a session is attached: it is
+/// made by the first [`subscribe`](Self::subscribe) and dropped by the pump once no
+/// receiver is left, so a container nobody attaches to costs none of it.
+#[derive(Clone, Default)]
+pub struct LiveOutput(Arc<std::sync::Mutex<Live>>);
+
+#[derive(Default)]
+enum Live {
+    /// No session attached.
+    #[default]
+    Idle,
+    Open(tokio::sync::broadcast::Sender<OutputChunk>),
+    /// The output ended: no session can attach any more.
+    Ended,
+}
+
+impl LiveOutput {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Live> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A receiver of the output from now on; `None` once it [ended](Self::end).
+    pub fn subscribe(&self) -> Option<tokio::sync::broadcast::Receiver<OutputChunk>> {
+        let mut live = self.lock();
+        match &*live {
+            Live::Open(tx) => Some(tx.subscribe()),
+            Live::Idle => {
+                let (tx, rx) = tokio::sync::broadcast::channel(LIVE_CAPACITY);
+                *live = Live::Open(tx);
+                Some(rx)
+            }
+            Live::Ended => None,
+        }
+    }
+
+    /// Sends `chunk()` to the attached sessions; with none left, drops the channel.
+    fn send(&self, chunk: impl FnOnce() -> OutputChunk) {
+        let mut live = self.lock();
+        if let Live::Open(tx) = &*live {
+            if tx.receiver_count() == 0 {
+                *live = Live::Idle;
+            } else {
+                let _ = tx.send(chunk());
+            }
+        }
+    }
+
+    /// The output ended: attached sessions see its end, later ones cannot attach.
+    pub fn end(&self) {
+        *self.lock() = Live::Ended;
+    }
 }
 
 /// A container's log file: `<pod log dir>/<relative>` at `path`, and whether it is new.
@@ -404,7 +464,7 @@ struct Pump {
     open: Option<OpenRecord>,
     tap_source: Option<TapSource>,
     tap: Option<mpsc::UnboundedSender<OutputChunk>>,
-    live: Option<tokio::sync::broadcast::Sender<OutputChunk>>,
+    live: Option<LiveOutput>,
 }
 
 impl Pump {
@@ -420,8 +480,8 @@ impl Pump {
             if let Some(tap) = &self.tap {
                 let _ = tap.send((s.stream, s.buf[s.tapped..n].to_vec()));
             }
-            if let Some(live) = self.live.as_ref().filter(|l| l.receiver_count() > 0) {
-                let _ = live.send((s.stream, s.buf[s.tapped..n].to_vec()));
+            if let Some(live) = &self.live {
+                live.send(|| (s.stream, s.buf[s.tapped..n].to_vec()));
             }
             s.tapped = n;
         }
@@ -648,6 +708,35 @@ mod tests {
             ))
         );
         assert_eq!(parse_prefix(b"2026-11-22T10:00:00.0Z std"), None);
+    }
+
+    #[test]
+    fn live_output_exists_while_a_session_is_attached_and_ends_for_good() {
+        use tokio::sync::broadcast::error::TryRecvError;
+        let live = LiveOutput::default();
+        let chunk = |text: &str| (LogStream::Stdout, text.as_bytes().to_vec());
+        // Nobody attached: the chunk is not even built.
+        live.send(|| unreachable!("no session is attached"));
+        assert!(matches!(*live.lock(), Live::Idle));
+
+        let mut first = live.subscribe().expect("a session attaches");
+        let mut second = live.subscribe().expect("a second session attaches");
+        live.send(|| chunk("both"));
+        assert_eq!(first.try_recv().expect("first").1, b"both");
+        assert_eq!(second.try_recv().expect("second").1, b"both");
+
+        // The last session left: the next output drops the channel.
+        drop((first, second));
+        live.send(|| chunk("nobody"));
+        assert!(matches!(*live.lock(), Live::Idle));
+
+        // A session attaching later sees output from then on, and the end of it.
+        let mut late = live.subscribe().expect("attaches again");
+        live.send(|| chunk("late"));
+        live.end();
+        assert_eq!(late.try_recv().expect("late").1, b"late");
+        assert_eq!(late.try_recv(), Err(TryRecvError::Closed));
+        assert!(live.subscribe().is_none(), "no attach after the end");
     }
 
     fn write_pipe(fd: &OwnedFd, bytes: &[u8]) {
