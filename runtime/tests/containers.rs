@@ -75,6 +75,10 @@ fn main() {
             exec_follows_the_container,
         ),
         (
+            "an_exec_is_in_the_containers_cgroups_and_namespaces",
+            exec_joins_the_container,
+        ),
+        (
             "a_streaming_exec_takes_stdin_to_eof_and_dropping_it_kills_the_process_tree",
             exec_streaming,
         ),
@@ -617,6 +621,43 @@ fn exec_follows_the_container(env: &Env) -> Result<()> {
                 "no_new_privs {nnp}, {seccomp:?}: {out:?}, want {want:?}"
             );
         }
+        Ok(())
+    })
+}
+
+/// An exec'd process (the zygote joins the container itself, `zygote::join`) is in every
+/// namespace and cgroup of the container's init, as the init itself sees them.
+fn exec_joins_the_container(env: &Env) -> Result<()> {
+    env.rt.block_on(async {
+        let (sandbox, id) = start_one(env, &busybox_sh("exec-join", "sleep 60")).await?;
+        let script = "for ns in pid mnt net uts ipc cgroup; do \
+                        echo \"$ns $(readlink /proc/self/ns/$ns) $(readlink /proc/1/ns/$ns)\"; \
+                      done; echo self; cat /proc/self/cgroup; echo init; cat /proc/1/cgroup";
+        let checked = exec_10s(env, &id, &["sh", "-c", script]).await;
+        cleanup(env, &sandbox).await?;
+        let out = checked?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        ensure!(out.exit_code == 0, "exec: {out:?}");
+        let lines: Vec<&str> = text.lines().collect();
+        for ns in ["pid", "mnt", "net", "uts", "ipc", "cgroup"] {
+            let line = lines
+                .iter()
+                .find(|l| l.split(' ').next() == Some(ns))
+                .with_context(|| format!("no {ns} line: {text}"))?;
+            let fields: Vec<&str> = line.split(' ').collect();
+            ensure!(
+                fields.len() == 3 && fields[1].starts_with(ns) && fields[1] == fields[2],
+                "the exec is not in the init's {ns} namespace: {line}"
+            );
+        }
+        let (own, init) = text
+            .split_once("self\n")
+            .and_then(|(_, rest)| rest.split_once("init\n"))
+            .with_context(|| format!("no cgroups: {text}"))?;
+        ensure!(
+            !own.trim().is_empty() && own == init,
+            "the exec's cgroups {own:?} are not the init's {init:?}"
+        );
         Ok(())
     })
 }

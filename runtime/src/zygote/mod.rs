@@ -18,6 +18,7 @@ mod client;
 mod exec_process;
 pub mod exits;
 mod holder;
+mod join;
 pub(crate) mod protocol;
 mod reaper;
 pub mod seccomp;

@@ -328,7 +328,8 @@ fn delete(id: &str, state_root: &Path, force: bool) -> Result<(), String> {
 }
 
 /// Runs `args` in container `id` as runc would: with the container's process settings
-/// (see `zygote::exec_process`).
+/// (see `zygote::exec_process`), by joining it (`zygote::join`) or, where that path does
+/// not apply, as a libcontainer tenant.
 #[allow(clippy::too_many_arguments)]
 fn exec(
     id: &str,
@@ -345,6 +346,9 @@ fn exec(
         .map_err(|e| format!("exec: load {}: {e}", config.display()))?;
     let (process, temporary) =
         super::exec_process::exec_process(&spec, args, &env, cwd, seccomp.is_some())?;
+    if super::join::eligible(&spec, &process).is_ok() {
+        return super::join::exec(id, state_root, &spec, process, stdio, seccomp, temporary);
+    }
     let (_file, path) = super::exec_process::process_file(&process)?;
     let pid = builder(id, state_root, stdio, seccomp, temporary)?
         .as_tenant()
