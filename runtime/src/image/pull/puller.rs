@@ -5,7 +5,8 @@
 //!            └► no: spawn ─► endpoints (mirrors…, registry) ─► first that serves the manifest
 //!                        ─► index? pick the platform's manifest ─► config (verified)
 //!                        ─► gc lock shared ─► layers not yet unpacked, N at a time, each
-//!                           streamed into its snapshot (layer.rs) ─► config + manifest blobs
+//!                           streamed into its snapshot (layer.rs) ─► one syncfs for them all
+//!                        ─► config + manifest blobs
 //!                        ─► one index update: record + tags
 //! ```
 //!
@@ -324,8 +325,12 @@ impl Job {
         let store = Arc::clone(&self.store);
         let reference = self.reference.clone();
         let manifest_key = manifest_digest.clone();
+        let fetched: Vec<_> = todo.iter().map(|l| l.chain_id.clone()).collect();
         let image = tokio::task::spawn_blocking(move || {
             let _gc = gc_guard;
+            // One sync for every layer of the pull (see `snapshot.rs`).
+            let snapshots: Vec<_> = fetched.iter().filter_map(|c| store.snapshot(c)).collect();
+            store.make_durable(&snapshots)?;
             store.blobs.write(
                 &mut config_bytes.as_slice(),
                 Some(crate::image::blobs::Expected {
