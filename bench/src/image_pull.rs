@@ -2,8 +2,8 @@
 //! built from the host's Debian package files (one ~100 MB layer, several small ones; see
 //! `debian_image`), from a loopback registry (Debian's `docker-registry`, TLS from a test CA),
 //! by ironlet (`ImageService::pull_image` into a fresh store, in this process; as configured
-//! by default, with a `syncfs` before each layer's snapshot is marked done, and without it as
-//! containerd's default unpack), containerd
+//! by default, with one `syncfs` after the pull's layers before they are marked durable, and
+//! without it as containerd's default unpack), containerd
 //! (`ctr image pull`, which unpacks through the transfer service, a fresh throw-away
 //! containerd for every pull) and `skopeo copy docker://… dir:…` (download only: the network
 //! floor), interleaved in one run. Then the warm `Always` pull (image present, manifest
@@ -160,8 +160,9 @@ struct Sample {
 }
 
 impl Ctx {
-    /// `sync`: the store's `syncfs` before each snapshot is marked done (the default;
-    /// containerd's unpack does not sync unless `--sync-fs` / `image_pull_with_sync_fs`).
+    /// `sync`: the store's one `syncfs` per pull before its snapshots are marked durable
+    /// (the default; containerd's unpack does not sync unless `--sync-fs` /
+    /// `image_pull_with_sync_fs`).
     fn ironlet_service(&self, root: &Path, sync: bool) -> Result<LocalImageService> {
         let store = Arc::new(ImageStore::open_with(
             root,
