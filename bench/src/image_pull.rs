@@ -2,8 +2,9 @@
 //! built from the host's Debian package files (one ~100 MB layer, several small ones; see
 //! `debian_image`), from a loopback registry (Debian's `docker-registry`, TLS from a test CA),
 //! by ironlet (`ImageService::pull_image` into a fresh store, in this process; as configured
-//! by default, with one `syncfs` after the pull's layers before they are marked durable, and
-//! without it as containerd's default unpack), containerd
+//! by default, with one `syncfs` after the pull, in the background, before its layers are marked
+//! durable, and without it as containerd's default unpack; a `sync` after each tool's pull,
+//! untimed), containerd
 //! (`ctr image pull`, which unpacks through the transfer service, a fresh throw-away
 //! containerd for every pull) and `skopeo copy docker://… dir:…` (download only: the network
 //! floor), interleaved in one run. Then the warm `Always` pull (image present, manifest
@@ -123,6 +124,9 @@ fn main() -> Result<()> {
                     2 => ctx.containerd_cold(&dir)?,
                     _ => ctx.skopeo_cold(&dir)?,
                 };
+                // Untimed: what a tool left dirty (ironlet's background sync included) is
+                // not flushed during the next tool's pull.
+                nix::unistd::sync();
                 if round > 0 {
                     samples[tool].push(sample);
                 }

@@ -5,7 +5,8 @@
 //!                                /changes.json   whiteouts + opaque dirs (copy mode)
 //!                                /done           written last (names this boot's id)
 //!      ── rename ──► snapshots/<chain>/          visible only when complete
-//!  every layer of the pull / import / rootfs done ─► ONE syncfs ─► snapshots/<chain>/durable
+//!  every layer of the import / rootfs done ─► ONE syncfs ─► snapshots/<chain>/durable
+//!  (a pull: once the image is recorded, in the background, so not on the pull's path)
 //! ```
 //!
 //! Guarantees:
