@@ -18,8 +18,11 @@
 //! collection removes its content and snapshots) and checked gone; after it is Running and
 //! Ready the pod is deleted and awaited. Nodes interleaved, the order flipping each round;
 //! the layer both nodes already have (busybox's) is not fetched by either.
+//! `--pull=debian`: the same with the ~200 MB image of `image-pull` (10 gzip layers of the
+//! host's Debian package files, `debian_image::build_runnable_layout`: its bottom layer makes
+//! `sleep` runnable), built at start; no layer of it is on either node.
 //!
-//! Usage (root): `api-pod-start [N] [--burst | --pull] [--no-peer | --peer-idle]
+//! Usage (root): `api-pod-start [N] [--burst | --pull[=layered|debian]] [--no-peer | --peer-idle]
 //! [--settle-ms=MS]` (N defaults to 50; `--peer-idle`: the peer node runs but gets no pods;
 //! `--settle-ms`: idle time after each sequential pod, 0 by default), with
 //! `ironlet` built beside this binary (`cargo build --release -p ironlet -p ironlet-bench`)
@@ -39,6 +42,7 @@ use ironlet_bench::cluster::{
     delete_all_labelled, delete_labelled, describe_node, ironlet_bin_beside_this, load_average,
     sleep_pod, teardown, wait_node_ready, PodStamps, PodWatch,
 };
+use ironlet_bench::debian_image::{build_runnable_layout, LAYERS};
 use ironlet_bench::peer_node::PeerNode;
 use ironlet_bench::registry_hosts::write_hosts_dir;
 use ironlet_bench::stats::{ms, percentile};
@@ -48,6 +52,17 @@ const NAMESPACE: &str = "default";
 const POD_TIMEOUT: Duration = Duration::from_secs(60);
 /// The `--pull` image's repository and tag in the registry.
 const PULL_REPO_TAG: &str = "bench/pull:1";
+/// The `--pull=debian` image's.
+const DEBIAN_REPO_TAG: &str = "bench/debian:1";
+
+/// Which image `--pull` pulls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PullImage {
+    /// `layered`: busybox plus three small layers.
+    Layered,
+    /// The ~200 MB image of Debian package files.
+    Debian,
+}
 
 struct Args {
     n: usize,
@@ -58,7 +73,7 @@ struct Args {
     /// Idle time after each sequential pod, before the next POST.
     settle: Duration,
     /// Pods of an image not present on the node, pulled from a loopback registry.
-    pull: bool,
+    pull: Option<PullImage>,
 }
 
 fn parse_args() -> Result<Args> {
@@ -68,12 +83,13 @@ fn parse_args() -> Result<Args> {
         peer: true,
         peer_idle: false,
         settle: Duration::ZERO,
-        pull: false,
+        pull: None,
     };
     for arg in std::env::args().skip(1) {
         match arg.as_str() {
             "--burst" => args.burst = true,
-            "--pull" => args.pull = true,
+            "--pull" | "--pull=layered" => args.pull = Some(PullImage::Layered),
+            "--pull=debian" => args.pull = Some(PullImage::Debian),
             "--no-peer" => args.peer = false,
             "--peer-idle" => args.peer_idle = true,
             s if s.starts_with("--settle-ms=") => {
@@ -92,7 +108,7 @@ fn parse_args() -> Result<Args> {
     }
     ensure!(args.n > 0, "N must be at least 1");
     ensure!(
-        !(args.pull && args.burst),
+        !(args.pull.is_some() && args.burst),
         "--pull and --burst are separate runs"
     );
     Ok(args)
@@ -108,16 +124,13 @@ fn main() -> Result<()> {
     let work = tempfile::Builder::new()
         .prefix("ironlet-bench-api-pull-")
         .tempdir()?;
-    let registry = if args.pull {
-        let registry = TestRegistry::start(RegistryOptions::default())?;
-        registry.push(&images_out()?.join("layered"), PULL_REPO_TAG, &[])?;
-        Some(registry)
-    } else {
-        None
+    let registry = match args.pull {
+        Some(image) => Some(start_registry(image, work.path())?),
+        None => None,
     };
     let mut agent_args: Vec<std::ffi::OsString> = Vec::new();
     let mut peer_env: Vec<(&str, String)> = Vec::new();
-    if let Some(registry) = &registry {
+    if let Some((registry, _)) = &registry {
         let config = work.path().join("registries.yaml");
         std::fs::write(
             &config,
@@ -149,8 +162,8 @@ fn main() -> Result<()> {
     } else {
         None
     };
-    let pull = registry.as_ref().map(|r| PullSetup {
-        reference: format!("{}/{PULL_REPO_TAG}", r.host()),
+    let pull = registry.as_ref().map(|(r, repo_tag)| PullSetup {
+        reference: format!("{}/{repo_tag}", r.host()),
         ironlet_root: agent.root.clone(),
         peer: peer.as_ref().map(|p| {
             (
@@ -176,6 +189,34 @@ fn main() -> Result<()> {
     drop(registry);
     drop(work);
     result
+}
+
+/// A loopback registry holding `image`; returns it and the image's `repo:tag` there.
+fn start_registry(
+    image: PullImage,
+    work: &std::path::Path,
+) -> Result<(TestRegistry, &'static str)> {
+    let registry = TestRegistry::start(RegistryOptions::default())?;
+    let repo_tag = match image {
+        PullImage::Layered => {
+            registry.push(&images_out()?.join("layered"), PULL_REPO_TAG, &[])?;
+            PULL_REPO_TAG
+        }
+        PullImage::Debian => {
+            let layout = work.join("debian-layout");
+            let sizes = build_runnable_layout(&layout, LAYERS, DEBIAN_REPO_TAG)?;
+            println!(
+                "image: {} gzip layers, {:.1} MB unpacked, {:.1} MB compressed",
+                sizes.layers,
+                sizes.unpacked as f64 / 1e6,
+                sizes.compressed as f64 / 1e6
+            );
+            registry.push(&layout, DEBIAN_REPO_TAG, &[])?;
+            std::fs::remove_dir_all(&layout).context("removing the layout")?;
+            DEBIAN_REPO_TAG
+        }
+    };
+    Ok((registry, repo_tag))
 }
 
 #[derive(Clone, Copy)]

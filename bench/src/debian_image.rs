@@ -9,8 +9,15 @@
 //!  config (diff_ids) + manifest (layers) ─► index.json naming `ref_name`
 //! ```
 //!
-//! The layout is pushed to the registry once (skopeo); only its sizes matter, not which
-//! files it holds, so it is whatever the host's packages are.
+//! The layout is pushed to the registry once (skopeo); for `image-pull` only its sizes
+//! matter, not which files it holds, so it is whatever the host's packages are.
+//!
+//! [`build_runnable_layout`] adds, as the bottom layer, what a container needs to run
+//! [`RUN_COMMAND`] (`api-pod-start --pull=debian` starts pods of it): merged-/usr Debian's
+//! top-level symlinks (`bin -> usr/bin`, `sbin`, `lib`, `lib64`), the command, and the
+//! dynamic loader and libraries `ldd` names for it, at their paths under `usr/` (so
+//! `/lib64/ld-linux-x86-64.so.2` resolves through `lib64 -> usr/lib64`). The capped
+//! directory walks may leave out the command or libc, so they are not relied on.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -66,6 +73,17 @@ pub const LAYERS: &[LayerSpec] = &[
     },
 ];
 
+/// The command the runnable image's config runs (and its pods: `sleep 3600`).
+pub const RUN_COMMAND: &str = "/usr/bin/sleep";
+
+/// merged-/usr's top-level symlinks, as Debian's `usrmerge` lays them out.
+const MERGED_USR_LINKS: [(&str, &str); 4] = [
+    ("bin", "usr/bin"),
+    ("sbin", "usr/sbin"),
+    ("lib", "usr/lib"),
+    ("lib64", "usr/lib64"),
+];
+
 /// What [`build_layout`] wrote.
 #[derive(Debug, Clone, Default)]
 pub struct ImageSizes {
@@ -81,16 +99,35 @@ pub struct ImageSizes {
 /// Writes into `out` an OCI layout of one image named `ref_name` with `layers` (directories
 /// that do not exist on this host are skipped).
 pub fn build_layout(out: &Path, layers: &[LayerSpec], ref_name: &str) -> Result<ImageSizes> {
+    build(out, layers, ref_name, false)
+}
+
+/// [`build_layout`] with a bottom layer that makes [`RUN_COMMAND`] runnable (see the module
+/// doc).
+pub fn build_runnable_layout(
+    out: &Path,
+    layers: &[LayerSpec],
+    ref_name: &str,
+) -> Result<ImageSizes> {
+    build(out, layers, ref_name, true)
+}
+
+fn build(out: &Path, layers: &[LayerSpec], ref_name: &str, runnable: bool) -> Result<ImageSizes> {
     let blobs = out.join("blobs/sha256");
     std::fs::create_dir_all(&blobs).with_context(|| format!("creating {}", blobs.display()))?;
     let mut sizes = ImageSizes::default();
     let mut diff_ids = Vec::new();
     let mut descriptors = Vec::new();
-    for spec in layers {
-        if !Path::new(spec.dir).is_dir() {
-            continue;
-        }
-        let layer = write_layer(&blobs, spec)?;
+    let base = runnable.then_some(None);
+    let specs = layers
+        .iter()
+        .filter(|s| Path::new(s.dir).is_dir())
+        .map(Some);
+    for spec in base.into_iter().chain(specs) {
+        let layer = match spec {
+            Some(spec) => write_layer(&blobs, spec)?,
+            None => write_base_layer(&blobs)?,
+        };
         sizes.layers += 1;
         sizes.unpacked += layer.tar_size;
         sizes.compressed += layer.blob_size;
@@ -109,7 +146,7 @@ pub fn build_layout(out: &Path, layers: &[LayerSpec], ref_name: &str) -> Result<
     };
     let config = serde_json::json!({
         "architecture": arch, "os": "linux",
-        "config": {"Cmd": ["/usr/bin/sleep", "3600"], "Env": ["PATH=/usr/bin:/bin"]},
+        "config": {"Cmd": [RUN_COMMAND, "3600"], "Env": ["PATH=/usr/bin:/bin"]},
         "rootfs": {"type": "layers", "diff_ids": diff_ids},
     });
     let (config_digest, config_size) = put_json(&blobs, &config)?;
@@ -147,13 +184,7 @@ struct Layer {
 /// Tars `spec.dir` through gzip into a staging blob, hashing both streams, and renames
 /// the blob to its digest.
 fn write_layer(blobs: &Path, spec: &LayerSpec) -> Result<Layer> {
-    let staging = blobs.join("staging");
-    let file = File::create(&staging).with_context(|| format!("creating {}", staging.display()))?;
-    let blob = Hashing::new(BufWriter::new(file));
-    let gzip = flate2::write::GzEncoder::new(blob, flate2::Compression::default());
-    let mut builder = tar::Builder::new(Hashing::new(gzip));
-    builder.follow_symlinks(false);
-    builder.mode(tar::HeaderMode::Deterministic);
+    let mut builder = start_layer(blobs)?;
     let root = Path::new(spec.dir);
     // The parents first (`usr/`, `usr/lib/`), so the tree unpacks on any base.
     let mut parent = PathBuf::new();
@@ -165,6 +196,106 @@ fn write_layer(blobs: &Path, spec: &LayerSpec) -> Result<Layer> {
     }
     let mut budget = spec.cap;
     walk(&mut builder, root, &mut budget)?;
+    finish_layer(blobs, builder)
+}
+
+type LayerBuilder = tar::Builder<Hashing<flate2::write::GzEncoder<Hashing<BufWriter<File>>>>>;
+
+/// A tar writer into `blobs/staging` through gzip, both streams hashed.
+fn start_layer(blobs: &Path) -> Result<LayerBuilder> {
+    let staging = blobs.join("staging");
+    let file = File::create(&staging).with_context(|| format!("creating {}", staging.display()))?;
+    let blob = Hashing::new(BufWriter::new(file));
+    let gzip = flate2::write::GzEncoder::new(blob, flate2::Compression::default());
+    let mut builder = tar::Builder::new(Hashing::new(gzip));
+    builder.follow_symlinks(false);
+    builder.mode(tar::HeaderMode::Deterministic);
+    Ok(builder)
+}
+
+/// The merged-/usr symlinks, [`RUN_COMMAND`] and the files `ldd` names for it (their
+/// content, symlinks followed), each at its path under `usr/`.
+fn write_base_layer(blobs: &Path) -> Result<Layer> {
+    let mut builder = start_layer(blobs)?;
+    let out = std::process::Command::new("ldd")
+        .arg(RUN_COMMAND)
+        .output()
+        .context("running ldd")?;
+    anyhow::ensure!(
+        out.status.success(),
+        "ldd {RUN_COMMAND}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // `libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x…)`, `/lib64/ld-linux-x86-64.so.2
+    // (0x…)`; linux-vdso has no path.
+    let ldd = String::from_utf8_lossy(&out.stdout);
+    let mut files: Vec<PathBuf> = ldd
+        .split_whitespace()
+        .filter(|w| w.starts_with('/'))
+        .map(|w| under_usr(Path::new(w)))
+        .collect();
+    files.push(under_usr(Path::new(RUN_COMMAND)));
+    files.sort();
+    files.dedup();
+    let mut dirs: Vec<PathBuf> = ["usr/bin", "usr/sbin", "usr/lib", "usr/lib64"]
+        .iter()
+        .map(PathBuf::from)
+        .chain(
+            files
+                .iter()
+                .filter_map(|f| f.parent().map(Path::to_path_buf)),
+        )
+        .flat_map(|d| d.ancestors().map(Path::to_path_buf).collect::<Vec<_>>())
+        .filter(|d| !d.as_os_str().is_empty())
+        .collect();
+    dirs.sort();
+    dirs.dedup();
+    for dir in &dirs {
+        let mut header = tar::Header::new_gnu();
+        header.set_entry_type(tar::EntryType::Directory);
+        header.set_mode(0o755);
+        header.set_size(0);
+        builder
+            .append_data(&mut header, dir, std::io::empty())
+            .with_context(|| format!("adding {}", dir.display()))?;
+    }
+    for (link, target) in MERGED_USR_LINKS {
+        let mut header = tar::Header::new_gnu();
+        header.set_entry_type(tar::EntryType::Symlink);
+        header.set_mode(0o777);
+        header.set_size(0);
+        builder
+            .append_link(&mut header, link, target)
+            .with_context(|| format!("adding {link}"))?;
+    }
+    for file in &files {
+        let host = Path::new("/").join(file);
+        let content =
+            std::fs::read(&host).with_context(|| format!("reading {}", host.display()))?;
+        let mut header = tar::Header::new_gnu();
+        header.set_entry_type(tar::EntryType::Regular);
+        header.set_mode(0o755);
+        header.set_size(content.len() as u64);
+        builder
+            .append_data(&mut header, file, content.as_slice())
+            .with_context(|| format!("adding {}", file.display()))?;
+    }
+    finish_layer(blobs, builder)
+}
+
+/// `/lib64/x` → `usr/lib64/x`, `/usr/bin/x` → `usr/bin/x`: where merged /usr keeps it.
+fn under_usr(path: &Path) -> PathBuf {
+    let relative = path.strip_prefix("/").unwrap_or(path);
+    if relative.starts_with("usr") {
+        relative.to_path_buf()
+    } else {
+        Path::new("usr").join(relative)
+    }
+}
+
+/// Ends the tar and the gzip stream and names the blob by its digest.
+fn finish_layer(blobs: &Path, builder: LayerBuilder) -> Result<Layer> {
+    let staging = blobs.join("staging");
     let tar = builder.into_inner().context("finishing the tar")?;
     let (gzip, diff, tar_size) = tar.finish();
     let blob = gzip.finish().context("finishing gzip")?;

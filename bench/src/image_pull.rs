@@ -2,8 +2,9 @@
 //! built from the host's Debian package files (one ~100 MB layer, several small ones; see
 //! `debian_image`), from a loopback registry (Debian's `docker-registry`, TLS from a test CA),
 //! by ironlet (`ImageService::pull_image` into a fresh store, in this process; as configured
-//! by default, with a `syncfs` before each layer's snapshot is marked done, and without it as
-//! containerd's default unpack), containerd
+//! by default, with one `syncfs` after the pull, in the background, before its layers are marked
+//! durable, and without it as containerd's default unpack; a `sync` after each tool's pull,
+//! untimed), containerd
 //! (`ctr image pull`, which unpacks through the transfer service, a fresh throw-away
 //! containerd for every pull) and `skopeo copy docker://… dir:…` (download only: the network
 //! floor), interleaved in one run. Then the warm `Always` pull (image present, manifest
@@ -18,6 +19,13 @@
 //! (its `/proc/<pid>/stat` utime, stime, cutime, cstime, so `unpigz` counts) for containerd,
 //! skopeo's children rusage. The registry's CPU counts for none. All three use TLS to the same
 //! registry and write under the same work directory.
+//!
+//! Run-queue wait: how long the threads that did the work were runnable but not running
+//! (`/proc/<pid>/task/*/schedstat`, second field): this process's threads for ironlet, the
+//! daemon's for containerd (`ctr` and `unpigz`, gone when read, are not counted; threads that
+//! exited during the pull neither). On a shared machine it is the part of the wall time spent
+//! waiting for a CPU; `nice` does not bound it across sessions when the kernel groups tasks
+//! per session (`/proc/sys/kernel/sched_autogroup_enabled`), printed at start.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -50,6 +58,15 @@ fn main() -> Result<()> {
         .tempdir_in(&base)
         .with_context(|| format!("a work directory under {}", base.display()))?;
     let bin = containerd_bin_dir()?;
+    let autogroup =
+        std::fs::read_to_string("/proc/sys/kernel/sched_autogroup_enabled").unwrap_or_default();
+    println!(
+        "load average {}; sched_autogroup_enabled {}",
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .trim(),
+        autogroup.trim()
+    );
     println!(
         "work dir {}; containerd from {}",
         work.path().display(),
@@ -88,23 +105,39 @@ fn main() -> Result<()> {
     };
     let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); TOOLS.len()];
     // One warm-up round (page cache, first connections), then `rounds` measured; the order
-    // rotates so no tool always runs first or last.
-    for round in 0..=rounds {
-        for k in 0..TOOLS.len() {
-            let tool = (round + k) % TOOLS.len();
-            let dir = ctx.work.join(format!("{}-{round}", TOOLS[tool]));
-            let sample = match tool {
-                0 => ctx.ironlet_cold(&dir, true)?,
-                1 => ctx.ironlet_cold(&dir, false)?,
-                2 => ctx.containerd_cold(&dir)?,
-                _ => ctx.skopeo_cold(&dir)?,
-            };
-            remove_tree(&dir)?;
-            if round > 0 {
-                samples[tool].push(sample);
+    // rotates so no tool always runs first or last. The stores stay until every round is
+    // done: on an ext4 without a journal (this machine's root) the inode allocator skips,
+    // one by one, the inodes freed in the last minute (5 with their table block dirty:
+    // `recently_deleted()` in `find_inode_bit()`), so a pull right after a 10 000-file tree
+    // was removed spent most of its CPU in that scan (perf: `find_get_block_common`,
+    // `recently_deleted`), whichever tool it was.
+    let mut used = Vec::new();
+    let cold = (|| {
+        for round in 0..=rounds {
+            for k in 0..TOOLS.len() {
+                let tool = (round + k) % TOOLS.len();
+                let dir = ctx.work.join(format!("{}-{round}", TOOLS[tool]));
+                used.push(dir.clone());
+                let sample = match tool {
+                    0 => ctx.ironlet_cold(&dir, true)?,
+                    1 => ctx.ironlet_cold(&dir, false)?,
+                    2 => ctx.containerd_cold(&dir)?,
+                    _ => ctx.skopeo_cold(&dir)?,
+                };
+                // Untimed: what a tool left dirty (ironlet's background sync included) is
+                // not flushed during the next tool's pull.
+                nix::unistd::sync();
+                if round > 0 {
+                    samples[tool].push(sample);
+                }
             }
         }
+        anyhow::Ok(())
+    })();
+    for dir in &used {
+        remove_tree(dir)?;
     }
+    cold?;
     if rounds > 0 {
         report_cold(&mut samples, rounds);
     }
@@ -126,11 +159,14 @@ struct Ctx {
 struct Sample {
     wall: Duration,
     cpu: Duration,
+    /// Run-queue wait (see the module doc); zero for skopeo.
+    waited: Duration,
 }
 
 impl Ctx {
-    /// `sync`: the store's `syncfs` before each snapshot is marked done (the default;
-    /// containerd's unpack does not sync unless `--sync-fs` / `image_pull_with_sync_fs`).
+    /// `sync`: the store's one `syncfs` per pull before its snapshots are marked durable
+    /// (the default; containerd's unpack does not sync unless `--sync-fs` /
+    /// `image_pull_with_sync_fs`).
     fn ironlet_service(&self, root: &Path, sync: bool) -> Result<LocalImageService> {
         let store = Arc::new(ImageStore::open_with(
             root,
@@ -146,6 +182,7 @@ impl Ctx {
     fn ironlet_cold(&self, root: &Path, sync: bool) -> Result<Sample> {
         let svc = self.ironlet_service(root, sync)?;
         let cpu = self_cpu();
+        let waited = run_delay(std::process::id());
         let started = Instant::now();
         let report = self
             .rt
@@ -160,6 +197,7 @@ impl Ctx {
         Ok(Sample {
             wall,
             cpu: self_cpu().saturating_sub(cpu),
+            waited: run_delay(std::process::id()).saturating_sub(waited),
         })
     }
 
@@ -168,9 +206,11 @@ impl Ctx {
         let result = (|| {
             let daemon_cpu = daemon.cpu()?;
             let ctr_cpu = children_cpu();
+            let waited = run_delay(daemon.child.id());
             let started = Instant::now();
             daemon.ctr_pull(&self.hosts_dir, &self.reference)?;
             let wall = started.elapsed();
+            let waited = run_delay(daemon.child.id()).saturating_sub(waited);
             let cpu =
                 children_cpu().saturating_sub(ctr_cpu) + daemon.cpu()?.saturating_sub(daemon_cpu);
             let snapshots = daemon.snapshots()?;
@@ -179,7 +219,7 @@ impl Ctx {
                 "containerd has {snapshots} committed snapshots, not {}",
                 self.layers
             );
-            Ok(Sample { wall, cpu })
+            Ok(Sample { wall, cpu, waited })
         })();
         daemon.stop();
         result
@@ -196,6 +236,7 @@ impl Ctx {
         Ok(Sample {
             wall: started.elapsed(),
             cpu: children_cpu().saturating_sub(cpu),
+            waited: Duration::ZERO,
         })
     }
 
@@ -245,15 +286,17 @@ impl Ctx {
 fn report_cold(samples: &mut [Vec<Sample>], rounds: usize) {
     println!("cold pull + unpack ({rounds} rounds after one warm-up, interleaved); skopeo: download only");
     println!(
-        "{:<12} {:>11} {:>11} {:>11} {:>11}",
-        "", "wall p50 s", "wall min s", "wall max s", "CPU p50 s"
+        "{:<14} {:>11} {:>11} {:>11} {:>11} {:>11}",
+        "", "wall p50 s", "wall min s", "wall max s", "CPU p50 s", "runq p50 s"
     );
     let mut medians = Vec::new();
     for (name, s) in TOOLS.iter().zip(samples.iter_mut()) {
         let mut walls: Vec<Duration> = s.iter().map(|x| x.wall).collect();
         let mut cpus: Vec<Duration> = s.iter().map(|x| x.cpu).collect();
+        let mut waits: Vec<Duration> = s.iter().map(|x| x.waited).collect();
         walls.sort();
         cpus.sort();
+        waits.sort();
         let (p50, min, max) = (
             percentile(&walls, 50.0),
             percentile(&walls, 0.0),
@@ -261,12 +304,25 @@ fn report_cold(samples: &mut [Vec<Sample>], rounds: usize) {
         );
         let cpu = percentile(&cpus, 50.0);
         println!(
-            "{name:<12} {:>11.2} {:>11.2} {:>11.2} {:>11.2}",
+            "{name:<14} {:>11.2} {:>11.2} {:>11.2} {:>11.2} {:>11.2}",
             p50.as_secs_f64(),
             min.as_secs_f64(),
             max.as_secs_f64(),
-            cpu.as_secs_f64()
+            cpu.as_secs_f64(),
+            percentile(&waits, 50.0).as_secs_f64()
         );
+        let each: Vec<String> = s
+            .iter()
+            .map(|x| {
+                format!(
+                    "{:.2}/{:.2}/{:.2}",
+                    x.wall.as_secs_f64(),
+                    x.cpu.as_secs_f64(),
+                    x.waited.as_secs_f64()
+                )
+            })
+            .collect();
+        println!("  {name} each round, wall/CPU/runq s: {}", each.join(" "));
         medians.push((p50.as_secs_f64(), cpu.as_secs_f64()));
     }
     for (i, name) in TOOLS.iter().enumerate().skip(1) {
@@ -466,6 +522,19 @@ fn rusage_cpu(who: UsageWho) -> Duration {
             t(u.user_time()) + t(u.system_time())
         })
         .unwrap_or_default()
+}
+
+/// Run-queue wait so far of the live threads of `pid` (see the module doc).
+fn run_delay(pid: u32) -> Duration {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Duration::ZERO;
+    };
+    let ns: u64 = tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .sum();
+    Duration::from_nanos(ns)
 }
 
 fn self_cpu() -> Duration {

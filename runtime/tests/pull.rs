@@ -192,6 +192,21 @@ async fn a_single_arch_image_is_pulled_over_tls_with_basic_auth_and_matches_the_
     assert!(snaps
         .iter()
         .any(|s| s.path().join("fs/bin/busybox").is_file()));
+    // Its content is synced after the pull (one syncfs), then marked durable: a snapshot of
+    // an earlier boot without that mark is unpacked again (unit tests of `snapshot.rs`).
+    let snapshot = snaps
+        .iter()
+        .find(|s| s.path().join("fs/bin/busybox").is_file())
+        .unwrap()
+        .path();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !snapshot.join("durable").exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{snapshot:?} not marked durable 30 s after the pull"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     assert_clean_staging(tmp.path());
     // Pulled, so an Always policy re-pulls it; an import of the same name is local again.
     assert!(svc.is_pulled(&reference).await.unwrap());

@@ -44,8 +44,10 @@ pub struct ImageStoreConfig {
     /// Unpack as root: keep ownership from the tar and write overlayfs whiteouts. Defaults
     /// to "the effective uid is 0".
     pub privileged: bool,
-    /// `syncfs` before a snapshot's done-marker, so a crash never leaves a marked snapshot
-    /// with missing content (containerd syncs too).
+    /// Sync unpacked snapshots: one `syncfs` per pull, import or rootfs preparation, after
+    /// its layers (`snapshot.rs`), so a snapshot marked done survives a power loss complete
+    /// or is unpacked again. `false`: never synced and trusted after a reboot, as
+    /// containerd's unpack by default.
     pub sync_snapshots: bool,
 }
 
@@ -72,6 +74,8 @@ pub struct ImageStore {
     /// Whether overlayfs mounts in a user namespace here (see `userns_overlay.rs`), probed
     /// once; the error says why not.
     pub(crate) userns_overlay: std::sync::OnceLock<Result<(), String>>,
+    /// `syncfs` calls made for snapshots (tests count them).
+    pub(crate) syncs: std::sync::atomic::AtomicU64,
 }
 
 /// What a lookup resolved to.
@@ -99,6 +103,7 @@ impl ImageStore {
             config,
             user_xattrs: Default::default(),
             userns_overlay: Default::default(),
+            syncs: Default::default(),
         };
         // Other users get nothing of the store, rootless or not: blobs may hold private
         // images and snapshots setuid binaries. containerd keeps its root 0700 (0711 at

@@ -6,7 +6,8 @@
 //!                        ─► index? pick the platform's manifest ─► config (verified)
 //!                        ─► gc lock shared ─► layers not yet unpacked, N at a time, each
 //!                           streamed into its snapshot (layer.rs) ─► config + manifest blobs
-//!                        ─► one index update: record + tags
+//!                        ─► one index update: record + tags ─► (after) one syncfs for the
+//!                           layers, which marks them durable (snapshot.rs)
 //! ```
 //!
 //! Guarantees: the index names the image only after every blob matched its digest and every
@@ -347,6 +348,17 @@ impl Job {
         .await
         .map_err(|e| ImageError::Task(e.to_string()))??
         .ok_or_else(|| ImageError::NotFound(self.reference.to_string()))?;
+        // One sync for every layer of the pull, after it (see `snapshot.rs`): the image is
+        // usable now (the page cache holds it); only a reboot before the sync ends costs
+        // its layers, which are then unpacked again from their (fsynced) blobs.
+        let fetched: Vec<_> = todo.iter().map(|l| l.chain_id.clone()).collect();
+        let store = Arc::clone(&self.store);
+        tokio::task::spawn_blocking(move || {
+            let snapshots: Vec<_> = fetched.iter().filter_map(|c| store.snapshot(c)).collect();
+            if let Err(e) = store.make_durable(&snapshots) {
+                tracing::warn!(err = %e, "syncing pulled snapshots; they are unpacked again after a reboot");
+            }
+        });
         tracing::info!(reference = %self.reference, manifest = %manifest_digest, id = %image.id,
             endpoint = %remote.endpoint.host, layers_fetched = todo.len(), layers_reused = reused.len(),
             bytes_fetched, elapsed_ms = started.elapsed().as_millis() as u64, "image pulled");
