@@ -44,7 +44,7 @@ use super::worker::{Program, Stdio};
 
 /// Why the fast path does not apply to a container (it then takes libcontainer's).
 pub(crate) fn eligible(spec: &Spec, process: &Process) -> Result<(), &'static str> {
-    if !nix::unistd::geteuid().is_root() {
+    if !root_of_the_initial_user_namespace() {
         return Err("rootless");
     }
     let linux = spec.linux().as_ref().ok_or("no linux section")?;
@@ -72,6 +72,19 @@ pub(crate) fn eligible(spec: &Spec, process: &Process) -> Result<(), &'static st
         return Err("an SELinux label, I/O priority, scheduler or CPU affinity");
     }
     Ok(())
+}
+
+/// Whether this process is root on the host. A rootless worker enters a user namespace
+/// before it handles an exec, and is uid 0 there too: only the identity `uid_map` of the
+/// initial namespace tells them apart.
+fn root_of_the_initial_user_namespace() -> bool {
+    nix::unistd::geteuid().is_root()
+        && std::fs::read_to_string("/proc/self/uid_map").is_ok_and(|map| is_identity_map(&map))
+}
+
+/// Whether a `uid_map` maps every id to itself (the initial user namespace's).
+fn is_identity_map(map: &str) -> bool {
+    map.split_whitespace().eq(["0", "0", "4294967295"])
 }
 
 /// Starts `process` in running container `id` (state under `state_root`) and returns its
@@ -429,6 +442,17 @@ mod tests {
         assert!(cgroup_dirs("0::/system.slice\n", &mounts).is_empty());
         assert!(cgroup_dirs("0::/kubepodsX/pod1\n", &mounts).is_empty());
         assert!(cgroup_dirs("0::/kubepods/../etc\n", &mounts).is_empty());
+    }
+
+    #[test]
+    fn only_the_identity_map_is_the_initial_user_namespace() {
+        assert!(is_identity_map("         0          0 4294967295\n"));
+        // A rootless worker's maps: its own id, or a subordinate range.
+        assert!(!is_identity_map("         0       1001          1\n"));
+        assert!(!is_identity_map(
+            "         0       1001          1\n         1     100000      65536\n"
+        ));
+        assert!(!is_identity_map(""));
     }
 
     #[test]
