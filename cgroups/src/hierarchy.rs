@@ -44,6 +44,18 @@ pub enum Hierarchy {
     },
 }
 
+/// The directories of every cgroup process `pid` is in (each v1 hierarchy, `name=` ones
+/// included, and the unified one), on this process's mounts: what a process joining it
+/// writes its pid to, as `runc exec` does.
+pub fn process_cgroup_dirs(pid: i32) -> Result<Vec<PathBuf>> {
+    let membership = fs::read(Path::new(&format!("/proc/{pid}/cgroup")))?;
+    let table = fs::read(Path::new(MOUNTINFO))?;
+    Ok(mountinfo::membership_dirs(
+        &membership,
+        &mountinfo::cgroup_mounts(&table),
+    ))
+}
+
 impl Hierarchy {
     /// Detects the hierarchy of this machine from `/proc/self/mountinfo`.
     pub fn detect() -> Result<Self> {

@@ -90,7 +90,7 @@ pub use create::{CgroupKind, V2_CONTROLLERS};
 pub use delegation::Delegation;
 pub use dynmods::{favor_dynamic_modifications, Dynmods};
 pub use error::{Error, Result};
-pub use hierarchy::Hierarchy;
+pub use hierarchy::{process_cgroup_dirs, Hierarchy};
 pub use machine::MachineUsage;
 pub use node::NodeCgroups;
 pub use path::CgroupPath;

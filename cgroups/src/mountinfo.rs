@@ -12,6 +12,9 @@ use std::path::PathBuf;
 pub(crate) struct CgroupMount {
     /// `true` for `cgroup2`, `false` for a v1 `cgroup` hierarchy.
     pub(crate) unified: bool,
+    /// The directory of the hierarchy this mount shows (`/` unless bind-mounted from below;
+    /// octal escapes decoded).
+    pub(crate) root: String,
     /// Where it is mounted (octal escapes decoded).
     pub(crate) mount_point: PathBuf,
     /// The per-mount options (`rw`, `nosuid`, `relatime`, …), which a remount must restate.
@@ -28,7 +31,8 @@ pub(crate) fn cgroup_mounts(mountinfo: &str) -> Vec<CgroupMount> {
 fn parse_line(line: &str) -> Option<CgroupMount> {
     // id parent major:minor root mount-point options [optional…] - fstype source super-options
     let (head, tail) = line.split_once(" - ")?;
-    let mut head = head.split(' ').skip(4);
+    let mut head = head.split(' ').skip(3);
+    let root = head.next()?;
     let mount_point = head.next()?;
     let mount_options = head
         .next()
@@ -52,10 +56,47 @@ fn parse_line(line: &str) -> Option<CgroupMount> {
         .collect();
     Some(CgroupMount {
         unified,
+        root: unescape(root),
         mount_point: PathBuf::from(unescape(mount_point)),
         mount_options,
         super_options,
     })
+}
+
+/// The directories of the cgroups a `/proc/<pid>/cgroup` table names, each on the first
+/// mount that shows its hierarchy. Hierarchies not mounted here, paths outside a mount's
+/// root and paths with `..` are skipped (nothing could join them there).
+pub(crate) fn membership_dirs(membership: &str, mounts: &[CgroupMount]) -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    for line in membership.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(id), Some(names), Some(path)) = (parts.next(), parts.next(), parts.next()) else {
+            continue;
+        };
+        let unified = id == "0" && names.is_empty();
+        let wanted: Vec<&str> = names.split(',').filter(|n| !n.is_empty()).collect();
+        let Some(mount) = mounts.iter().find(|m| {
+            m.unified == unified
+                && (unified
+                    || wanted
+                        .iter()
+                        .all(|w| m.super_options.iter().any(|o| o == w)))
+        }) else {
+            continue;
+        };
+        let Some(relative) = path.strip_prefix(mount.root.trim_end_matches('/')) else {
+            continue;
+        };
+        if !relative.is_empty() && !relative.starts_with('/') {
+            continue;
+        }
+        let relative = relative.trim_start_matches('/');
+        if relative.split('/').any(|c| c == "..") {
+            continue;
+        }
+        dirs.push(mount.mount_point.join(relative));
+    }
+    dirs
 }
 
 /// Decodes the `\ooo` octal escapes the kernel uses for space, tab, newline and backslash.
@@ -155,5 +196,51 @@ mod tests {
             "#subsys_name\thierarchy\tnum_cgroups\tenabled\ncpuset\t3\t1\t1\nmemory\t4\t18\t1\n";
         let known = known_controllers(text);
         assert_eq!(known.into_iter().collect::<Vec<_>>(), ["cpuset", "memory"]);
+    }
+
+    const JOIN_MOUNTINFO: &str = "\
+25 1 0:23 / / rw,relatime - ext4 /dev/vda rw
+30 25 0:26 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755
+31 30 0:27 / /sys/fs/cgroup/unified rw,nosuid - cgroup2 cgroup2 rw,nsdelegate
+33 30 0:29 / /sys/fs/cgroup/cpu,cpuacct rw,nosuid - cgroup cgroup rw,cpu,cpuacct
+34 30 0:30 / /sys/fs/cgroup/systemd rw,nosuid - cgroup cgroup rw,xattr,release_agent=/x,name=systemd
+35 30 0:31 / /sys/fs/cgroup/pids rw,nosuid - cgroup cgroup rw,pids
+90 25 0:31 /kubepods /var/lib/other/pids rw,nosuid - cgroup cgroup rw,pids
+91 25 0:32 / /mnt/with\\040space rw - cgroup cgroup rw,memory
+";
+
+    #[test]
+    fn every_hierarchy_of_a_process_is_found_on_its_first_mount() {
+        let mounts = cgroup_mounts(JOIN_MOUNTINFO);
+        let membership = "\
+12:pids:/kubepods/pod1/c1
+7:cpu,cpuacct:/kubepods/pod1/c1
+1:name=systemd:/system.slice
+3:memory:/kubepods/pod1/c1
+5:hugetlb:/kubepods
+0::/kubepods/pod1/c1
+";
+        assert_eq!(
+            membership_dirs(membership, &mounts),
+            vec![
+                PathBuf::from("/sys/fs/cgroup/pids/kubepods/pod1/c1"),
+                PathBuf::from("/sys/fs/cgroup/cpu,cpuacct/kubepods/pod1/c1"),
+                PathBuf::from("/sys/fs/cgroup/systemd/system.slice"),
+                PathBuf::from("/mnt/with space/kubepods/pod1/c1"),
+                PathBuf::from("/sys/fs/cgroup/unified/kubepods/pod1/c1"),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_membership_outside_the_mounts_root_or_climbing_out_is_skipped() {
+        let mounts = cgroup_mounts("31 30 0:27 /kubepods /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n");
+        assert_eq!(
+            membership_dirs("0::/kubepods/pod1\n", &mounts),
+            vec![PathBuf::from("/sys/fs/cgroup/pod1")]
+        );
+        assert!(membership_dirs("0::/system.slice\n", &mounts).is_empty());
+        assert!(membership_dirs("0::/kubepodsX/pod1\n", &mounts).is_empty());
+        assert!(membership_dirs("0::/kubepods/../etc\n", &mounts).is_empty());
     }
 }

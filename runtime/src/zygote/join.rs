@@ -29,7 +29,7 @@
 use std::collections::HashMap;
 use std::io::Read;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use libcontainer::container::ContainerStatus;
 use libcontainer::syscall::syscall::create_syscall;
@@ -182,104 +182,14 @@ fn namespace_flags(spec: &Spec) -> CloneFlags {
 
 /// Moves this process into every cgroup `pid` is in.
 fn join_cgroups(pid: i32) -> Result<(), String> {
-    let membership = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+    let dirs = ironlet_cgroups::process_cgroup_dirs(pid)
         .map_err(|e| format!("exec: cgroups of {pid}: {e}"))?;
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
-        .map_err(|e| format!("exec: mountinfo: {e}"))?;
-    let mounts = cgroup_mounts(&mountinfo);
     let own = std::process::id().to_string();
-    for dir in cgroup_dirs(&membership, &mounts) {
+    for dir in dirs {
         let procs = dir.join("cgroup.procs");
         std::fs::write(&procs, &own).map_err(|e| format!("exec: join {}: {e}", procs.display()))?;
     }
     Ok(())
-}
-
-/// A mounted cgroup hierarchy: cgroup2 (no controllers) or v1 with its controllers (and
-/// `name=…`).
-#[derive(Debug, PartialEq, Eq)]
-struct CgroupMount {
-    v2: bool,
-    controllers: Vec<String>,
-    /// The hierarchy's directory this mount shows (`/` unless bind-mounted from below).
-    root: String,
-    mount_point: PathBuf,
-}
-
-/// The cgroup mounts of a `mountinfo`, first one per hierarchy.
-fn cgroup_mounts(mountinfo: &str) -> Vec<CgroupMount> {
-    let mut mounts: Vec<CgroupMount> = Vec::new();
-    for line in mountinfo.lines() {
-        let Some((left, right)) = line.split_once(" - ") else {
-            continue;
-        };
-        let mut right = right.split_whitespace();
-        let fstype = right.next();
-        if !matches!(fstype, Some("cgroup" | "cgroup2")) {
-            continue;
-        }
-        let super_options = right.nth(1).unwrap_or("");
-        let fields: Vec<&str> = left.split_whitespace().collect();
-        let (Some(root), Some(mount_point)) = (fields.get(3), fields.get(4)) else {
-            continue;
-        };
-        let v2 = fstype == Some("cgroup2");
-        let mut controllers: Vec<String> = if v2 {
-            Vec::new()
-        } else {
-            super_options
-                .split(',')
-                .filter(|o| !matches!(*o, "rw" | "ro") && !o.starts_with("release_agent"))
-                .map(str::to_owned)
-                .collect()
-        };
-        controllers.sort();
-        if mounts
-            .iter()
-            .any(|m| m.v2 == v2 && m.controllers == controllers)
-        {
-            continue;
-        }
-        mounts.push(CgroupMount {
-            v2,
-            controllers,
-            root: root.replace("\\040", " "),
-            mount_point: PathBuf::from(mount_point.replace("\\040", " ")),
-        });
-    }
-    mounts
-}
-
-/// The directories of the cgroups a `/proc/<pid>/cgroup` names, on `mounts`; hierarchies
-/// not mounted here are skipped (nothing could join them).
-fn cgroup_dirs(membership: &str, mounts: &[CgroupMount]) -> Vec<PathBuf> {
-    let mut dirs = Vec::new();
-    for line in membership.lines() {
-        let mut parts = line.splitn(3, ':');
-        let (Some(id), Some(names), Some(path)) = (parts.next(), parts.next(), parts.next()) else {
-            continue;
-        };
-        let v2 = id == "0" && names.is_empty();
-        let mut wanted: Vec<&str> = names.split(',').filter(|n| !n.is_empty()).collect();
-        wanted.sort_unstable();
-        let Some(mount) = mounts.iter().find(|m| {
-            m.v2 == v2 && (v2 || wanted.iter().all(|w| m.controllers.iter().any(|c| c == w)))
-        }) else {
-            continue;
-        };
-        let Some(relative) = path.strip_prefix(mount.root.trim_end_matches('/')) else {
-            continue;
-        };
-        if !relative.is_empty() && !relative.starts_with('/') {
-            continue;
-        }
-        let relative = relative.trim_start_matches('/');
-        if relative.split('/').any(|c| c == "..") {
-            continue;
-        }
-        dirs.push(mount.mount_point.join(relative));
-    }
-    dirs
 }
 
 /// In the forked process, inside the container's namespaces: applies `spec`'s process and
@@ -391,58 +301,6 @@ fn start(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const MOUNTINFO: &str = "\
-25 1 0:23 / / rw,relatime - ext4 /dev/vda rw
-30 25 0:26 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755
-31 30 0:27 / /sys/fs/cgroup/unified rw,nosuid - cgroup2 cgroup2 rw,nsdelegate
-33 30 0:29 / /sys/fs/cgroup/cpu,cpuacct rw,nosuid - cgroup cgroup rw,cpu,cpuacct
-34 30 0:30 / /sys/fs/cgroup/systemd rw,nosuid - cgroup cgroup rw,xattr,release_agent=/x,name=systemd
-35 30 0:31 / /sys/fs/cgroup/pids rw,nosuid - cgroup cgroup rw,pids
-90 25 0:31 /kubepods /var/lib/other/pids rw,nosuid - cgroup cgroup rw,pids
-91 25 0:32 / /mnt/with\\040space rw - cgroup cgroup rw,memory
-";
-
-    #[test]
-    fn every_hierarchy_of_the_init_is_found_on_its_mount() {
-        let mounts = cgroup_mounts(MOUNTINFO);
-        assert_eq!(mounts.len(), 5, "{mounts:?}");
-        let membership = "\
-12:pids:/kubepods/pod1/c1
-7:cpu,cpuacct:/kubepods/pod1/c1
-1:name=systemd:/system.slice
-3:memory:/kubepods/pod1/c1
-5:hugetlb:/kubepods
-0::/kubepods/pod1/c1
-";
-        assert_eq!(
-            cgroup_dirs(membership, &mounts),
-            vec![
-                PathBuf::from("/sys/fs/cgroup/pids/kubepods/pod1/c1"),
-                PathBuf::from("/sys/fs/cgroup/cpu,cpuacct/kubepods/pod1/c1"),
-                PathBuf::from("/sys/fs/cgroup/systemd/system.slice"),
-                PathBuf::from("/mnt/with space/kubepods/pod1/c1"),
-                PathBuf::from("/sys/fs/cgroup/unified/kubepods/pod1/c1"),
-            ]
-        );
-    }
-
-    #[test]
-    fn a_path_outside_the_mounts_root_or_climbing_out_is_skipped() {
-        let mounts = vec![CgroupMount {
-            v2: true,
-            controllers: Vec::new(),
-            root: "/kubepods".into(),
-            mount_point: PathBuf::from("/sys/fs/cgroup"),
-        }];
-        assert_eq!(
-            cgroup_dirs("0::/kubepods/pod1\n", &mounts),
-            vec![PathBuf::from("/sys/fs/cgroup/pod1")]
-        );
-        assert!(cgroup_dirs("0::/system.slice\n", &mounts).is_empty());
-        assert!(cgroup_dirs("0::/kubepodsX/pod1\n", &mounts).is_empty());
-        assert!(cgroup_dirs("0::/kubepods/../etc\n", &mounts).is_empty());
-    }
 
     #[test]
     fn only_the_identity_map_is_the_initial_user_namespace() {
