@@ -669,6 +669,36 @@ fn cgroup_dirs_of(path: &str) -> Vec<std::path::PathBuf> {
         .collect()
 }
 
+/// The directory a node was started from may be removed while it runs (a test's temp dir,
+/// a release directory replaced by an upgrade): containers are still created. libcontainer
+/// used to fail with "failed to get cwd" there.
+#[test]
+fn ctr_run_works_when_the_directory_it_was_started_from_is_gone() {
+    if !is_root() {
+        return;
+    }
+    let node = Node::new();
+    let gone = tempfile::tempdir().expect("temp dir");
+    let cwd = gone.path().join("cwd");
+    let name = format!("nocwd-{}", std::process::id());
+    // The shell enters the directory, removes it, then becomes ironlet there.
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(r#"mkdir "$0" && cd "$0" && rmdir "$0" && exec "$@""#)
+        .arg(&cwd)
+        .arg(env!("CARGO_BIN_EXE_ironlet"))
+        .arg("--root-dir")
+        .arg(node.root.path())
+        .args([
+            "ctr", "run", "--rm", "--name", &name, "busybox", "--", "echo", "hi",
+        ])
+        .output()
+        .expect("sh runs");
+    assert!(!cwd.exists(), "the shell did not remove its directory");
+    assert_eq!(text(&out.stdout), "hi\n", "{}", text(&out.stderr));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
 #[test]
 fn ctr_run_rm_removes_everything_the_container_had_as_root() {
     if !is_root() {

@@ -114,9 +114,13 @@ pub fn agent_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("starting the async runtime")
 }
 
+/// The data root: `--root-dir` made absolute (the zygote may change its working directory,
+/// see `ironlet_runtime`'s worker), else the default for root or rootless.
 pub fn root_dir(flag: &Option<PathBuf>, rootless: bool) -> PathBuf {
-    flag.clone()
-        .unwrap_or_else(|| LocalRuntimeConfig::default_root_dir(rootless))
+    match flag {
+        Some(dir) => std::path::absolute(dir).unwrap_or_else(|_| dir.clone()),
+        None => LocalRuntimeConfig::default_root_dir(rootless),
+    }
 }
 
 /// kubelet's `--image-credential-provider-config` and `--image-credential-provider-bin-dir`

@@ -48,6 +48,7 @@ pub(crate) fn run(
     seccomp: Option<Program>,
     result_pipe: OwnedFd,
 ) -> ! {
+    ensure_usable_cwd();
     let result = match perform(request, stdio, seccomp) {
         Ok(pid) => WorkerResult::Ok { pid },
         Err(message) => WorkerResult::Err { message },
@@ -79,6 +80,18 @@ fn linger_for_tests() {
         .and_then(|v| v.parse::<u64>().ok())
     {
         std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
+}
+
+/// libcontainer `chdir`s into a container's notify-socket directory and back to the
+/// current directory, so it fails ("failed to get cwd") when the directory the agent was
+/// started from has since been removed. Every path the zygote is given is absolute, so `/`
+/// serves as well as any.
+fn ensure_usable_cwd() {
+    if std::env::current_dir().is_err() {
+        if let Err(err) = nix::unistd::chdir(Path::new("/")) {
+            tracing::warn!(%err, "the current directory is gone and / is not reachable");
+        }
     }
 }
 
@@ -298,6 +311,7 @@ fn start(id: &str, state_root: &Path) -> Result<(), String> {
 /// reap were most of its time. libcontainer's `chdir` around the connect is harmless in the
 /// single-threaded zygote and undone; a panic is caught so the zygote keeps reaping.
 pub(crate) fn start_in_zygote(id: &str, state_root: &Path) -> Result<(), String> {
+    ensure_usable_cwd();
     let cwd = std::env::current_dir().ok();
     let result = std::panic::catch_unwind(|| start(id, state_root))
         .unwrap_or_else(|_| Err(format!("start {id}: libcontainer panicked")));
