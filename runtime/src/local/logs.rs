@@ -679,12 +679,39 @@ pub fn reopen_log_for_fuzzing(
 
 /// Parses one CRI log record into (stream, partial, content); used by `ctr logs` and tests.
 pub fn parse_record(line: &str) -> Option<(&str, bool, &str)> {
-    let mut parts = line.splitn(4, ' ');
-    let _ts = parts.next()?;
+    let record = parse_record_bytes(line.as_bytes())?;
+    // Split at ASCII spaces, so each part of a `str` is one.
+    Some((
+        std::str::from_utf8(record.stream).ok()?,
+        record.partial,
+        std::str::from_utf8(record.content).ok()?,
+    ))
+}
+
+/// One CRI log record's fields, as bytes: a container may log bytes that are not UTF-8.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawRecord<'a> {
+    pub timestamp: &'a [u8],
+    pub stream: &'a [u8],
+    /// `P`: the content continues in the next record.
+    pub partial: bool,
+    pub content: &'a [u8],
+}
+
+/// Parses one CRI log record (without its newline) into its fields.
+#[must_use]
+pub fn parse_record_bytes(line: &[u8]) -> Option<RawRecord<'_>> {
+    let mut parts = line.splitn(4, |&b| b == b' ');
+    let timestamp = parts.next()?;
     let stream = parts.next()?;
     let tag = parts.next()?;
-    let content = parts.next().unwrap_or("");
-    Some((stream, tag == "P", content))
+    let content = parts.next().unwrap_or_default();
+    Some(RawRecord {
+        timestamp,
+        stream,
+        partial: tag == b"P",
+        content,
+    })
 }
 
 #[cfg(test)]
