@@ -6,6 +6,10 @@
 //! `Remove` of one pod. Mirror pods come through here too; the pod manager tells them apart.
 //! Watch errors (the apiserver going away) are retried with kube's default back-off and never
 //! end the source.
+//!
+//! Each pod's `metadata.managedFields` is dropped on receipt (kubelet's informers have no use
+//! for them either): the field-manager records of the pod's writers, the status writes
+//! included, are kilobytes of JSON per pod that every copy of the pod would carry.
 
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
@@ -52,19 +56,29 @@ fn to_change(event: Event<Pod>, listing: &mut Vec<Pod>) -> Option<SourceChange> 
             None
         }
         Event::InitApply(pod) => {
-            listing.push(pod);
+            listing.push(received(pod));
             None
         }
-        Event::InitDone => Some(SourceChange::Set(std::mem::take(listing))),
-        Event::Apply(pod) => Some(SourceChange::Upsert(vec![pod])),
-        Event::Delete(pod) => Some(SourceChange::Remove(vec![pod])),
+        Event::InitDone => {
+            let mut pods = std::mem::take(listing);
+            pods.shrink_to_fit();
+            Some(SourceChange::Set(pods))
+        }
+        Event::Apply(pod) => Some(SourceChange::Upsert(vec![received(pod)])),
+        Event::Delete(pod) => Some(SourceChange::Remove(vec![received(pod)])),
     }
+}
+
+/// `pod` as the agent keeps it: without `metadata.managedFields`.
+fn received(mut pod: Pod) -> Pod {
+    pod.metadata.managed_fields = None;
+    pod
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta};
 
     fn pod(name: &str) -> Pod {
         Pod {
@@ -107,5 +121,36 @@ mod tests {
         assert_eq!(up, Some(("upsert", vec!["a".into()])));
         let gone = to_change(Event::Delete(pod("a")), &mut listing).map(|c| names(&c));
         assert_eq!(gone, Some(("remove", vec!["a".into()])));
+    }
+
+    #[test]
+    fn managed_fields_are_dropped_on_receipt() {
+        let managed = || {
+            let mut p = pod("a");
+            p.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
+                manager: Some("kubectl".into()),
+                ..ManagedFieldsEntry::default()
+            }]);
+            p
+        };
+        let mut listing = Vec::new();
+        let changes = [
+            to_change(Event::Apply(managed()), &mut listing),
+            to_change(Event::Delete(managed()), &mut listing),
+            {
+                to_change(Event::Init, &mut listing);
+                to_change(Event::InitApply(managed()), &mut listing);
+                to_change(Event::InitDone, &mut listing)
+            },
+        ];
+        for change in changes {
+            let pods = match change {
+                Some(SourceChange::Set(p) | SourceChange::Upsert(p) | SourceChange::Remove(p)) => p,
+                None => panic!("every event above yields a change"),
+            };
+            assert_eq!(pods.len(), 1);
+            assert_eq!(pods[0].metadata.managed_fields, None);
+            assert_eq!(pods[0].metadata.name.as_deref(), Some("a"));
+        }
     }
 }

@@ -142,16 +142,13 @@ impl StatusManager {
 
     /// Patches every status that differs from what was last written.
     async fn sync_all(&mut self) {
-        let pods = self.statuses.pods();
         let mut live = HashSet::new();
-        for pod in pods {
+        for (pod, status) in self.statuses.statuses() {
             let Some(target) = self.target_of(&pod) else {
                 continue;
             };
             live.insert(target.clone());
-            if let Some(status) = pod.status {
-                self.sync_one(target, status).await;
-            }
+            self.sync_one(target, status).await;
         }
         self.sent.retain(|t, _| live.contains(t));
     }

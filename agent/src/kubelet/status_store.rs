@@ -206,6 +206,22 @@ impl StatusStore {
         pods
     }
 
+    /// Every pod (shared, as the store has it) with its status, sorted as [`Self::pods`]:
+    /// what a reader that needs only the pods' metadata and statuses takes instead of
+    /// [`Self::pods`], which copies each pod.
+    pub fn statuses(&self) -> Vec<(Arc<Pod>, PodStatus)> {
+        let mut entries: Vec<(Arc<Pod>, PodStatus)> = self
+            .lock()
+            .values()
+            .map(|(pod, status)| (Arc::clone(pod), status.clone()))
+            .collect();
+        entries.sort_by(|(a, _), (b, _)| {
+            (&a.metadata.namespace, &a.metadata.name)
+                .cmp(&(&b.metadata.namespace, &b.metadata.name))
+        });
+        entries
+    }
+
     /// One pod with its status.
     pub fn pod(&self, uid: &str) -> Option<Pod> {
         self.lock().get(uid).map(|(pod, status)| {
