@@ -1,7 +1,7 @@
 //! Rootless limits in a delegated cgroup v2 subtree (issue 16, "Rootless limits"), as an
 //! unprivileged user the test creates (with a subordinate id range) in a cgroup delegated to
-//! it the way systemd's `Delegate=yes` does: `ctr run --memory/--pids` and a static pod's
-//! `limits` are set on the containers' own cgroups and enforced (a fork bomb stops at
+//! it the way systemd's `Delegate=yes` does: `ctr run --memory/--pids`, a static pod's and an
+//! `ironlet play` pod's `limits` are set on the containers' own cgroups and enforced (a fork bomb stops at
 //! `pids.max`, a memory hog is `OOMKilled` and says so). Real containers; needs root (to make
 //! the user and the cgroup) and a pure cgroup v2 host, so it runs in `scripts/cgroup2-vm`
 //! (`scripts/test-cgroup2`) and skips elsewhere. Without delegation (cgroup v1) the warning
@@ -334,4 +334,41 @@ spec:
         std::thread::sleep(Duration::from_millis(300));
     }
     drop(agent);
+}
+
+#[test]
+fn ironlet_play_enforces_a_pods_limits_in_a_delegated_cgroup_v2_subtree() {
+    let Some((user, scope)) = delegated_user("cg2play", 900) else {
+        return;
+    };
+    let file = user.work.path().join("play.yaml");
+    std::fs::write(
+        &file,
+        r#"apiVersion: v1
+kind: Pod
+metadata: {name: job}
+spec:
+  hostNetwork: true
+  restartPolicy: Never
+  containers:
+  - name: c
+    image: busybox
+    command: [sh, -c, "cat /proc/self/cgroup /sys/fs/cgroup/memory.max"]
+    resources: {limits: {memory: 40Mi}}
+"#,
+    )
+    .expect("manifest");
+    std::os::unix::fs::chown(&file, Some(user.uid), Some(user.uid)).expect("chown manifest");
+    let run = user.run(&["play", &file.to_string_lossy()]);
+    let out = text(&run.stdout);
+    assert!(run.status.success(), "{out}\n{}", text(&run.stderr));
+    for line in ["job/c | 0::/", &format!("job/c | {}", 40u64 << 20)] {
+        assert!(out.lines().any(|l| l.trim_end() == line), "{line}: {out}");
+    }
+    let left: Vec<_> = scope
+        .descendants()
+        .into_iter()
+        .filter(|d| d.to_string_lossy().contains("ironlet-play-"))
+        .collect();
+    assert!(left.is_empty(), "the play's cgroups left: {left:?}");
 }
