@@ -93,7 +93,10 @@ fn init_cpuset(dir: &Path) -> Result<()> {
 }
 
 /// Enables in `dir/cgroup.subtree_control` each of [`V2_CONTROLLERS`] that `dir` has and has not
-/// enabled yet. One write per controller, so the error names the one the kernel refused.
+/// enabled yet. One write per controller, so the error names the one the kernel refused. A file
+/// this process may not write (an ancestor of a rootless agent's delegated cgroup, where
+/// systemd enabled what it delegates) is left as it is: the controllers it lacks are then
+/// missing below, which [`Hierarchy::apply`] reports as [`Error::ControllerMissing`].
 fn enable_v2_controllers(dir: &Path) -> Result<()> {
     let available = fs::read(&dir.join("cgroup.controllers"))?;
     let control = dir.join("cgroup.subtree_control");
@@ -101,7 +104,20 @@ fn enable_v2_controllers(dir: &Path) -> Result<()> {
     for controller in V2_CONTROLLERS {
         let has = |list: &str| list.split_whitespace().any(|c| c == *controller);
         if has(&available) && !has(&enabled) {
-            fs::write(&control, &format!("+{controller}"))?;
+            let value = format!("+{controller}");
+            match fs::write_raw(&control, &value) {
+                Ok(()) => {}
+                Err(err) if err.kind() == io::ErrorKind::PermissionDenied => {
+                    tracing::debug!(file = %control.display(), controller, "not ours to enable");
+                }
+                Err(source) => {
+                    return Err(Error::Write {
+                        path: control,
+                        value,
+                        source,
+                    })
+                }
+            }
         }
     }
     Ok(())

@@ -9,10 +9,15 @@
 //!   may write its directory, `cgroup.subtree_control` and `cgroup.procs` (systemd grants this
 //!   with `Delegate=yes`, e.g. in `user@.service`).
 //!
+//!   A process already in the delegated cgroup's [`AGENT_LEAF`] (moved there by an earlier
+//!   ironlet of the same scope) gets the delegated cgroup, not the leaf.
+//!
 //! The runtime prints one warning and runs without limits when the answer is `None`.
 //!
-//! Current behaviour: on v2 the agent must move itself out of the delegated cgroup into a leaf
-//! before enabling controllers there ("no internal processes"); that step is the caller's.
+//! [`Delegation::prepare`] is the rootless agent's entry: on v2 a cgroup that holds processes
+//! may not enable controllers for its children ("no internal processes"), so every process of
+//! the delegated cgroup (the agent, its zygote, the shell of the scope) moves into the leaf
+//! [`AGENT_LEAF`] first; pods and containers then get cgroups beside it.
 
 use std::path::{Path, PathBuf};
 
@@ -22,6 +27,13 @@ use crate::hierarchy::Hierarchy;
 use crate::path::CgroupPath;
 
 const PROC_SELF_CGROUP: &str = "/proc/self/cgroup";
+
+/// The leaf of a delegated cgroup the rootless agent's processes move into.
+pub const AGENT_LEAF: &str = "ironlet-agent";
+
+/// How many passes [`Delegation::prepare`] makes over `cgroup.procs` (a process forked during
+/// a pass shows up in the next).
+const MOVE_PASSES: usize = 20;
 
 /// Whether cgroups can be managed, and where.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,6 +68,71 @@ impl Delegation {
     pub fn is_full(&self) -> bool {
         matches!(self, Self::Full { .. })
     }
+
+    /// The delegated cgroup of this process, ready for child cgroups: detected once per process
+    /// ([`Self::detect`]); rootless on v2, every process of the delegated cgroup is moved into
+    /// its [`AGENT_LEAF`] first (see the module docs). A move that fails is a `None` naming why.
+    pub fn prepare(hierarchy: &Hierarchy) -> Self {
+        static PREPARED: std::sync::OnceLock<Delegation> = std::sync::OnceLock::new();
+        PREPARED
+            .get_or_init(|| {
+                let delegation = Self::detect(hierarchy);
+                let (Self::Full { root }, Hierarchy::V2 { root: mount }) = (&delegation, hierarchy)
+                else {
+                    return delegation;
+                };
+                if root.is_root() {
+                    return delegation;
+                }
+                match move_into_leaf(&root.under(mount)) {
+                    Ok(moved) => {
+                        tracing::info!(cgroup = %root, moved, leaf = AGENT_LEAF,
+                            "delegated cgroup v2 subtree: pods get cgroups and limits");
+                        delegation
+                    }
+                    Err(err) => Self::None {
+                        reason: format!(
+                            "cgroup {root} is delegated but its processes could not move into \
+                             {AGENT_LEAF}: {err}"
+                        ),
+                    },
+                }
+            })
+            .clone()
+    }
+}
+
+/// Moves every process of the cgroup at `dir` into its child [`AGENT_LEAF`] (made if missing);
+/// returns how many moved. A process that exits meanwhile is skipped.
+fn move_into_leaf(dir: &Path) -> crate::error::Result<usize> {
+    let leaf = dir.join(AGENT_LEAF);
+    if let Err(source) = std::fs::create_dir(&leaf) {
+        if source.kind() != std::io::ErrorKind::AlreadyExists {
+            return Err(crate::error::Error::CreateDir { path: leaf, source });
+        }
+    }
+    let procs = leaf.join("cgroup.procs");
+    let mut moved = 0;
+    for _ in 0..MOVE_PASSES {
+        let pids = crate::fs::procs(dir)?;
+        if pids.is_empty() {
+            return Ok(moved);
+        }
+        for pid in pids {
+            match crate::fs::write_raw(&procs, &pid.to_string()) {
+                Ok(()) => moved += 1,
+                Err(err) if err.raw_os_error() == Some(libc::ESRCH) => {}
+                Err(source) => {
+                    return Err(crate::error::Error::Write {
+                        path: procs,
+                        value: pid.to_string(),
+                        source,
+                    })
+                }
+            }
+        }
+    }
+    Ok(moved)
 }
 
 /// Whether this process may write `path` (it must exist).
@@ -99,23 +176,44 @@ fn decide(
                     reason: format!("no cgroup v2 entry in {PROC_SELF_CGROUP}"),
                 };
             };
+            if let Some(parent) = leaf_parent(own) {
+                if delegated(&parent.under(root), writable).is_ok() {
+                    return Delegation::Full { root: parent };
+                }
+            }
             let dir = own.under(root);
-            let needed: [PathBuf; 3] = [
-                dir.clone(),
-                dir.join("cgroup.subtree_control"),
-                dir.join("cgroup.procs"),
-            ];
-            match needed.iter().find(|p| !writable(p)) {
-                Some(missing) => Delegation::None {
+            match delegated(&dir, writable) {
+                Err(missing) => Delegation::None {
                     reason: format!(
                         "cgroup {own} is not delegated to this user ({} is not writable); \
                          start ironlet in a systemd unit or scope with Delegate=yes",
                         missing.display()
                     ),
                 },
-                None => Delegation::Full { root: own.clone() },
+                Ok(()) => Delegation::Full { root: own.clone() },
             }
         }
+    }
+}
+
+/// The delegated cgroup of a process in its [`AGENT_LEAF`].
+fn leaf_parent(own: &CgroupPath) -> Option<CgroupPath> {
+    let parent = own.as_str().strip_suffix(AGENT_LEAF)?.strip_suffix('/')?;
+    CgroupPath::new(if parent.is_empty() { "/" } else { parent })
+        .ok()
+        .filter(|p| !p.is_root())
+}
+
+/// Whether the cgroup at `dir` is ours to manage: `Err` names the first file we may not write.
+fn delegated(dir: &Path, writable: &dyn Fn(&Path) -> bool) -> Result<(), PathBuf> {
+    let needed: [PathBuf; 3] = [
+        dir.to_path_buf(),
+        dir.join("cgroup.subtree_control"),
+        dir.join("cgroup.procs"),
+    ];
+    match needed.into_iter().find(|p| !writable(p)) {
+        Some(missing) => Err(missing),
+        None => Ok(()),
     }
 }
 
@@ -180,6 +278,33 @@ mod tests {
         assert_eq!(
             decide(&v2(), false, Some(&own), &only_own),
             Delegation::Full { root: own }
+        );
+    }
+
+    /// A second ironlet of the same scope starts in the leaf the first moved everything into:
+    /// it manages the delegated cgroup, not a leaf below the leaf.
+    #[test]
+    fn a_process_in_the_agent_leaf_gets_the_delegated_cgroup() {
+        let own = user_cgroup();
+        let in_leaf = own.join(AGENT_LEAF).unwrap();
+        let only_own = |p: &Path| p.starts_with("/sys/fs/cgroup/user.slice");
+        assert_eq!(
+            decide(&v2(), false, Some(&in_leaf), &only_own),
+            Delegation::Full { root: own.clone() }
+        );
+        // The leaf's parent not delegated: the leaf itself is what there is.
+        let only_leaf = |p: &Path| p.starts_with(in_leaf.under(Path::new("/sys/fs/cgroup")));
+        assert_eq!(
+            decide(&v2(), false, Some(&in_leaf), &only_leaf),
+            Delegation::Full { root: in_leaf }
+        );
+        assert_eq!(
+            leaf_parent(&CgroupPath::new("/ironlet-agent").unwrap()),
+            None
+        );
+        assert_eq!(
+            leaf_parent(&CgroupPath::new("/a/xironlet-agent").unwrap()),
+            None
         );
     }
 

@@ -197,7 +197,9 @@ fn run_here(
         let config = LocalRuntimeConfig {
             root_dir: root_dir.clone(),
             rootless,
-            default_cgroup_parent: (!rootless).then(|| match &cmd {
+            // Rootless: below the delegated cgroup v2 subtree, if there is one (the runtime
+            // puts it there, or gives no cgroup).
+            default_cgroup_parent: Some(match &cmd {
                 CtrCommand::Run(args) => args.cgroup_parent.clone(),
                 _ => "/ironlet".to_owned(),
             }),

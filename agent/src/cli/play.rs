@@ -157,7 +157,7 @@ impl Play {
         self.state.join("play.pid")
     }
 
-    /// The cgroup tree of the play's pods (as root).
+    /// The cgroup tree of the play's pods (as root; rootless, below the delegated cgroup).
     fn cgroup_root(&self) -> String {
         format!("/ironlet-play-{}", self.id)
     }
@@ -719,9 +719,21 @@ fn remove_leftovers(play: &Play) -> anyhow::Result<()> {
             tracing::warn!(mount, %err, "unmounting a leftover failed");
         }
     }
-    if !super::running_rootless() {
-        let path = ironlet_cgroups::CgroupPath::new(&play.cgroup_root());
-        if let (Ok(hierarchy), Ok(path)) = (ironlet_cgroups::Hierarchy::detect(), path) {
+    if let Ok(hierarchy) = ironlet_cgroups::Hierarchy::detect() {
+        // Rootless, the tree lies in the delegated cgroup v2 subtree, if there is one.
+        let base = if super::running_rootless() {
+            match ironlet_cgroups::Delegation::prepare(&hierarchy) {
+                ironlet_cgroups::Delegation::Full { root } => Some(root),
+                ironlet_cgroups::Delegation::None { .. } => None,
+            }
+        } else {
+            Some(ironlet_cgroups::CgroupPath::root())
+        };
+        let path = base.map(|base| {
+            let base = base.as_str().trim_end_matches('/').to_owned();
+            ironlet_cgroups::CgroupPath::new(&format!("{base}{}", play.cgroup_root()))
+        });
+        if let Some(Ok(path)) = path {
             if let Err(err) = hierarchy.remove(&path) {
                 tracing::warn!(cgroup = %path, %err, "removing the play's cgroup tree failed");
             }

@@ -692,7 +692,7 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// The node's cgroup tree (as root) and capacity.
+/// The node's cgroup tree (as root, or rootless in a delegated cgroup v2 subtree) and capacity.
 fn node_cgroups(config: &KubeletConfig) -> Result<(Option<NodeCgroups>, NodeCapacity), StartError> {
     let rootless = !nix::unistd::geteuid().is_root();
     let hierarchy = match Hierarchy::detect() {
@@ -706,19 +706,27 @@ fn node_cgroups(config: &KubeletConfig) -> Result<(Option<NodeCgroups>, NodeCapa
         tracing::warn!(%err, "reading node capacity from cgroups failed; using /proc");
         fallback_capacity()
     });
-    if rootless {
-        tracing::warn!("rootless: no pod cgroups; resource limits are not enforced");
-        return Ok((None, capacity));
-    }
-    if config.cgroup_favor_dynmods {
-        favor_dynamic_cgroup_mods();
-    }
-    let node = NodeCgroups::ensure(hierarchy, &config.cgroup_root).map_err(|source| {
-        StartError::Cgroups {
-            root: config.cgroup_root.clone(),
-            source,
+    let root = if rootless {
+        // Only inside a delegated cgroup v2 subtree (systemd's Delegate=yes), and below it.
+        match ironlet_cgroups::Delegation::prepare(&hierarchy) {
+            ironlet_cgroups::Delegation::Full { root } => format!(
+                "{}/{}",
+                root.as_str().trim_end_matches('/'),
+                config.cgroup_root.trim_start_matches('/')
+            ),
+            ironlet_cgroups::Delegation::None { reason } => {
+                tracing::warn!(%reason, "rootless: no pod cgroups; resource limits are not enforced");
+                return Ok((None, capacity));
+            }
         }
-    })?;
+    } else {
+        if config.cgroup_favor_dynmods {
+            favor_dynamic_cgroup_mods();
+        }
+        config.cgroup_root.clone()
+    };
+    let node = NodeCgroups::ensure(hierarchy, &root)
+        .map_err(|source| StartError::Cgroups { root, source })?;
     Ok((Some(node), capacity))
 }
 

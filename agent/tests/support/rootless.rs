@@ -52,7 +52,16 @@ pub struct TestUser {
     pub uid: u32,
     pub range: Option<(u32, u32)>,
     pub work: tempfile::TempDir,
+    /// A cgroup v2 directory delegated to the user (`rootless_cgroup2.rs`): each command
+    /// starts in it, as in a shell of a `systemd-run --user --scope -p Delegate=yes`.
+    pub scope: Option<PathBuf>,
 }
+
+/// Moves the shell into the delegated cgroup `$1` (or, once an ironlet made `$1` an interior
+/// cgroup, into the leaf it moved the scope's processes to), then runs the rest.
+const IN_SCOPE: &str = r#"echo 0 2>/dev/null > "$1/cgroup.procs" || echo 0 > "$1/ironlet-agent/cgroup.procs" || exit 125
+shift
+exec "$@""#;
 
 impl TestUser {
     /// `range`: the subordinate uid and gid range `(start, count)`, or none.
@@ -79,6 +88,7 @@ impl TestUser {
             uid: uid.unwrap_or(u32::MAX),
             range,
             work,
+            scope: None,
         };
         assert_ne!(user.uid, u32::MAX, "uid of {}", user.name);
         if let Some((start, count)) = range {
@@ -120,7 +130,16 @@ impl TestUser {
     /// `ironlet --root-dir <work>/root ARGS` as the user.
     pub fn cmd(&self, args: &[&str]) -> Command {
         let work = self.work.path();
-        let mut cmd = Command::new("setpriv");
+        let mut cmd = match &self.scope {
+            Some(scope) => {
+                let mut sh = Command::new("sh");
+                sh.args(["-c", IN_SCOPE, "in-scope"])
+                    .arg(scope)
+                    .arg("setpriv");
+                sh
+            }
+            None => Command::new("setpriv"),
+        };
         cmd.args(["--reuid", &self.uid.to_string()])
             .args(["--regid", &self.uid.to_string(), "--init-groups", "--"])
             .arg(work.join("ironlet"))

@@ -292,12 +292,16 @@ impl Inner {
         let parent = parent
             .as_deref()
             .or(self.config.default_cgroup_parent.as_deref());
-        container_cgroups_path(self.config.rootless && !self.rootless_cgroups(), parent, id)
-    }
-
-    /// Rootless containers get cgroups only where cgroup v2 delegates a subtree to us.
-    fn rootless_cgroups(&self) -> bool {
-        false
+        if !self.config.rootless {
+            return Some(container_cgroups_path(parent, id));
+        }
+        // Rootless containers get cgroups only where cgroup v2 delegates a subtree to us,
+        // and only below it.
+        let root = self.rootless_cgroup_root.as_ref()?;
+        Some(container_cgroups_path(
+            Some(&under_delegated_root(root, parent)),
+            id,
+        ))
     }
 
     /// Copies the container's output into its log file until end of stream, then lets the
@@ -638,19 +642,28 @@ fn sandbox_namespaces(sandbox: &super::record::SandboxRecord) -> SandboxNamespac
     }
 }
 
-/// Where a container's cgroup goes: under `parent`, else under [`FALLBACK_CGROUP_PARENT`];
-/// none without cgroups (rootless on v1). A root container always gets a path: without one
-/// libcontainer invents `:youki:<id>` in every hierarchy, which nothing removes.
-fn container_cgroups_path(
-    no_cgroups: bool,
-    parent: Option<&str>,
-    id: &ContainerId,
-) -> Option<String> {
-    if no_cgroups {
-        return None;
-    }
+/// Where a container's cgroup goes: under `parent`, else under [`FALLBACK_CGROUP_PARENT`].
+/// A container with cgroups always gets a path (rootless without delegation gets none, see
+/// `cgroups_path_for`): without one libcontainer invents `:youki:<id>` in every hierarchy, which nothing removes.
+fn container_cgroups_path(parent: Option<&str>, id: &ContainerId) -> String {
     let parent = parent.unwrap_or(FALLBACK_CGROUP_PARENT);
-    Some(format!("{}/{}", parent.trim_end_matches('/'), id))
+    format!("{}/{}", parent.trim_end_matches('/'), id)
+}
+
+/// A rootless container's cgroup parent: `parent` as it is when it already lies below the
+/// delegated cgroup `root` (the agent's pod cgroups), else `parent` (or the fallback) below it.
+fn under_delegated_root(root: &ironlet_cgroups::CgroupPath, parent: Option<&str>) -> String {
+    let parent = parent
+        .unwrap_or(FALLBACK_CGROUP_PARENT)
+        .trim_end_matches('/');
+    if ironlet_cgroups::CgroupPath::new(parent).is_ok_and(|p| p.starts_with(root)) {
+        return parent.to_owned();
+    }
+    format!(
+        "{}/{}",
+        root.as_str().trim_end_matches('/'),
+        parent.trim_start_matches('/')
+    )
 }
 
 /// The cgroup parent of containers whose sandbox and runtime config name none.
@@ -661,17 +674,38 @@ mod cgroup_path_tests {
     use super::*;
 
     #[test]
-    fn a_root_container_always_gets_a_cgroup_path_and_a_rootless_one_none() {
+    fn a_container_gets_a_cgroup_path_below_its_parent_or_the_fallback() {
         let id = ContainerId::parse("0123456789abcdef0123456789abcdef").expect("id");
         assert_eq!(
-            container_cgroups_path(false, Some("/kubepods/pod1/"), &id).as_deref(),
-            Some("/kubepods/pod1/0123456789abcdef0123456789abcdef")
+            container_cgroups_path(Some("/kubepods/pod1/"), &id),
+            "/kubepods/pod1/0123456789abcdef0123456789abcdef"
         );
         assert_eq!(
-            container_cgroups_path(false, None, &id).as_deref(),
-            Some("/ironlet/0123456789abcdef0123456789abcdef"),
+            container_cgroups_path(None, &id),
+            "/ironlet/0123456789abcdef0123456789abcdef",
             "without a parent libcontainer would invent :youki:<id>"
         );
-        assert_eq!(container_cgroups_path(true, Some("/kubepods"), &id), None);
+    }
+
+    #[test]
+    fn a_rootless_parent_lies_below_the_delegated_cgroup() {
+        let root =
+            ironlet_cgroups::CgroupPath::new("/user.slice/user-1000.slice/x.scope").expect("path");
+        assert_eq!(
+            under_delegated_root(
+                &root,
+                Some("/user.slice/user-1000.slice/x.scope/kubepods/p")
+            ),
+            "/user.slice/user-1000.slice/x.scope/kubepods/p",
+            "the agent's pod cgroups are already there"
+        );
+        assert_eq!(
+            under_delegated_root(&root, Some("/ironlet-ctr/")),
+            "/user.slice/user-1000.slice/x.scope/ironlet-ctr"
+        );
+        assert_eq!(
+            under_delegated_root(&root, None),
+            "/user.slice/user-1000.slice/x.scope/ironlet"
+        );
     }
 }

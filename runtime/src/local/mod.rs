@@ -156,6 +156,10 @@ pub(crate) struct Inner {
     state: Mutex<State>,
     events: broadcast::Sender<RuntimeEvent>,
     cgroups: Option<ironlet_cgroups::Hierarchy>,
+    /// Rootless: the cgroup v2 subtree delegated to this user (see
+    /// [`ironlet_cgroups::Delegation::prepare`]), under which containers get their cgroups;
+    /// `None` as root and without delegation.
+    rootless_cgroup_root: Option<ironlet_cgroups::CgroupPath>,
     /// CNI networking for sandboxes with their own network namespace.
     network: Option<crate::network::Network>,
     /// What start-up re-adopted, when connected to a supervisor.
@@ -210,6 +214,16 @@ impl LocalRuntime {
                 None
             }
         };
+        let rootless_cgroup_root = match (&cgroups, config.rootless) {
+            (Some(hierarchy), true) => match ironlet_cgroups::Delegation::prepare(hierarchy) {
+                ironlet_cgroups::Delegation::Full { root } => Some(root),
+                ironlet_cgroups::Delegation::None { reason } => {
+                    tracing::debug!(%reason, "rootless containers get no cgroups");
+                    None
+                }
+            },
+            _ => None,
+        };
         let state = State {
             sandboxes: record::load_all::<SandboxRecord>(&config.sandboxes_dir())
                 .into_iter()
@@ -231,6 +245,7 @@ impl LocalRuntime {
             state: Mutex::new(state),
             events,
             cgroups,
+            rootless_cgroup_root,
             network,
             recovery: std::sync::OnceLock::new(),
             persisting: Mutex::new(()),

@@ -93,6 +93,21 @@ pub(crate) fn oom_score_adj(r: &LinuxResources) -> Result<Option<i32>, SpecError
             adj.to_string(),
             "must be between -1000 and 1000",
         )),
-        other => Ok(other),
+        other => Ok(other.map(restrict_oom_score_adj)),
     }
+}
+
+/// An unprivileged runtime may not lower a process's `oom_score_adj` below its own (the
+/// kernel wants `CAP_SYS_RESOURCE`), so a rootless container gets the requested value or this
+/// process's, whichever is higher, as containerd's `RestrictOOMScoreAdj` does; otherwise
+/// every Guaranteed or Burstable pod (kubelet's -997 and 2..999) would fail to start.
+fn restrict_oom_score_adj(adj: i32) -> i32 {
+    if nix::unistd::geteuid().is_root() {
+        return adj;
+    }
+    let own = std::fs::read_to_string("/proc/self/oom_score_adj")
+        .ok()
+        .and_then(|v| v.trim().parse::<i32>().ok())
+        .unwrap_or(0);
+    adj.max(own)
 }

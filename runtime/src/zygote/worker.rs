@@ -116,13 +116,16 @@ fn perform(
     let rootless = !nix::unistd::geteuid().is_root();
     let mut plan = super::userns::Plan::OwnIds;
     if let Some((id, adds)) = cgroup_user.filter(|_| rootless) {
+        let mut bundle = None;
         plan = match &request {
-            Request::Create { bundle, .. } => {
-                super::userns::plan_for_create(bundle).map_err(|e| e.to_string())?
+            Request::Create { bundle: b, .. } => {
+                bundle = Some(b.clone());
+                super::userns::plan_for_create(b).map_err(|e| e.to_string())?
             }
             Request::Exec { state_root, .. } | Request::Delete { state_root, .. } => {
                 match load(state_root, &id) {
                     Ok(c) => {
+                        bundle = Some(c.bundle().to_path_buf());
                         super::userns::plan_for_existing(c.bundle(), c.pid().map(|p| p.as_raw()))
                     }
                     Err(_) => super::userns::Plan::OwnIds,
@@ -130,7 +133,14 @@ fn perform(
             }
             _ => super::userns::Plan::OwnIds,
         };
-        hide_cgroups_from_libcontainer(&id, adds, &plan)?;
+        if bundle.as_deref().is_some_and(has_cgroups_path) {
+            // A delegated cgroup v2 subtree: libcontainer manages the container's cgroup
+            // there, from the user namespace whose root is the subtree's owner.
+            super::userns::enter(&plan).map_err(|e| e.to_string())?;
+            set_root_propagation(MsFlags::MS_PRIVATE, "rootless")?;
+        } else {
+            hide_cgroups_from_libcontainer(&id, adds, &plan)?;
+        }
     }
     match request {
         Request::Create {
@@ -371,6 +381,16 @@ fn exec(
         .build()
         .map_err(|e| format!("exec: {e}"))?;
     Ok(pid.as_raw())
+}
+
+/// Whether the container of `bundle` has a cgroup: the runtime gives a rootless container a
+/// `linux.cgroupsPath` only inside a delegated cgroup v2 subtree (`local/container.rs`). An
+/// unreadable spec counts as none (the container then runs as without delegation).
+fn has_cgroups_path(bundle: &Path) -> bool {
+    oci_spec::runtime::Spec::load(bundle.join("config.json"))
+        .ok()
+        .and_then(|spec| spec.linux().as_ref()?.cgroups_path().clone())
+        .is_some()
 }
 
 /// Rootless without cgroup delegation: libcontainer's cgroup v1 manager has no rootless
