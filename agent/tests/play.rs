@@ -78,6 +78,11 @@ spec:
   - name: main
     image: busybox
     command: [sh, -c, 'echo working; sleep 0.3; echo failing; exit 3']
+    # Guaranteed: kubelet's oom_score_adj for it (-997) is below a rootless agent's own,
+    # which an unprivileged runtime may not set (it failed the create with EACCES).
+    resources:
+      requests: {cpu: 100m, memory: 64Mi}
+      limits: {cpu: 100m, memory: 64Mi}
 "#;
 
 /// An init container, then a container that fails once and succeeds when restarted.
