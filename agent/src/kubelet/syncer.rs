@@ -466,7 +466,7 @@ impl NodeSyncer {
             return Ok(SyncOutcome::Running { resync_after: None });
         }
 
-        let sandbox_status = self
+        let mut sandbox_status = self
             .runtime
             .pod_sandbox_status(&sandbox_id)
             .await
@@ -491,7 +491,7 @@ impl NodeSyncer {
             .map(|at| at.duration_since(SystemTime::now()).unwrap_or_default());
         for start in &filtered.to_start {
             let retry = match self
-                .start_container(pod, &sandbox_id, &sandbox_status, start, &volumes)
+                .start_container(pod, &sandbox_id, &mut sandbox_status, start, &volumes)
                 .await
             {
                 Err(failure) => {
