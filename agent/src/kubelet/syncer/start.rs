@@ -157,16 +157,7 @@ impl NodeSyncer {
         sandbox: &SandboxId,
         sandbox_status: &mut PodSandboxStatus,
     ) -> Result<(), SyncError> {
-        let failed = |err: ironlet_runtime::RuntimeError| {
-            let message = format!("Failed to create pod sandbox: {err}");
-            self.event(
-                pod,
-                EventType::Warning,
-                reason::FAILED_CREATE_POD_SANDBOX,
-                message.clone(),
-            );
-            SyncError::new("CreatePodSandboxError", message)
-        };
+        let failed = |err: ironlet_runtime::RuntimeError| self.sandbox_failed(pod, &err);
         self.runtime
             .await_pod_network(sandbox)
             .await
