@@ -634,8 +634,14 @@ spec:
   containers:
   - name: c
     image: busybox
-    command: [sh, -c, 'set -- $(ip -4 -o addr show eth0); echo addr $4; set -- $(ip route | grep ^default); sleep 2 | timeout 20 nc $3 OUT_PORT | sed "s/^/outbound: /"; while true; do echo pod MARK answers | nc -l -p 8080; done']
+    command: [sh, -c, 'echo hosts $(tail -n 1 /etc/hosts); set -- $(ip -4 -o addr show eth0); echo addr $4; set -- $(ip route | grep ^default); sleep 2 | timeout 20 nc $3 OUT_PORT | sed "s/^/outbound: /"; while true; do echo pod MARK answers | nc -l -p 8080; done']
     ports: [{containerPort: 8080, hostPort: HOST_PORT}]
+  - name: e
+    image: busybox
+    env:
+    - name: POD_IP
+      valueFrom: {fieldRef: {fieldPath: status.podIP}}
+    command: [sh, -c, 'trap "exit 0" TERM; echo podip $POD_IP MARK; sleep 3600 & wait']
 "#;
 
 #[test]
@@ -670,6 +676,19 @@ fn play_rootless_pod_has_an_ip_reaches_out_and_publishes_its_host_port() {
             .any(|l| l.starts_with(&format!("net/c | addr {address}/"))),
         "eth0 has the host's address {address}: {:?}",
         play.lines()
+    );
+    // pasta connects the pod while its first container is created: that container's
+    // /etc/hosts still gets the pod's IP before it starts, and the next one's environment.
+    assert!(
+        play.lines()
+            .iter()
+            .any(|l| l.starts_with(&format!("net/c | hosts {address} net-"))),
+        "/etc/hosts names the pod's IP {address}: {:?}",
+        play.lines()
+    );
+    play.wait_line(
+        &format!("net/e | podip {address} {mark}"),
+        Duration::from_secs(10),
     );
     assert_eq!(
         support::answer_at("127.0.0.1", host_port, Duration::from_secs(20)).as_deref(),

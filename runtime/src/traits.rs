@@ -57,6 +57,15 @@ pub trait Runtime: Send + Sync {
     /// sandbox is not an error.
     async fn remove_pod_sandbox(&self, id: &SandboxId) -> Result<(), RuntimeError>;
     async fn pod_sandbox_status(&self, id: &SandboxId) -> Result<PodSandboxStatus, RuntimeError>;
+    /// Waits until the sandbox's network is up, for a runtime whose `run_pod_sandbox`
+    /// returns while it still connects (a rootless pod's pasta, see
+    /// `LocalRuntime::network_ready_at_start`); the sandbox's status has its IP afterwards.
+    /// A failed network turns the sandbox NotReady (it is to be recreated). Returns at once
+    /// when there is nothing to wait for: the default.
+    async fn await_pod_network(&self, id: &SandboxId) -> Result<(), RuntimeError> {
+        let _ = id;
+        Ok(())
+    }
     async fn list_pod_sandboxes(&self) -> Result<Vec<PodSandboxStatus>, RuntimeError>;
 
     /// Creates (but does not start) a container in a sandbox. On error nothing is left.

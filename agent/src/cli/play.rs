@@ -355,6 +355,9 @@ fn serve(
     node_name: String,
     reporter: Option<&mut detach::Reporter>,
 ) -> anyhow::Result<ExitCode> {
+    // Everything the play writes about its pods goes when it ends (`--down` removes what a
+    // crash left): no fsyncs (the zygote forked below inherits this).
+    ironlet_runtime::fsutil::set_state_throwaway();
     // The zygote must exist before any thread.
     let zygote = ironlet_runtime::zygote::spawn().context("starting the zygote")?;
     let rt = super::agent_runtime()?;
@@ -530,9 +533,12 @@ async fn open_runtime(
         cni,
         log_rotation: Default::default(),
     };
-    LocalRuntime::new(config, zygote, store)
+    let runtime = LocalRuntime::new(config, zygote, store)
         .await
-        .with_context(|| format!("opening the runtime at {}", play.state.display()))
+        .with_context(|| format!("opening the runtime at {}", play.state.display()))?;
+    // pasta connects a rootless pod's network while its first container is created.
+    runtime.network_ready_at_start();
+    Ok(runtime)
 }
 
 /// The agent's settings for a play.

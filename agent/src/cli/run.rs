@@ -513,6 +513,8 @@ fn run_agent(
         let runtime = LocalRuntime::new(runtime_config, zygote, store.clone())
             .await
             .with_context(|| format!("opening the runtime at {}", root_dir.display()))?;
+        // A rootless pod's pasta connects its network while the first container is created.
+        runtime.network_ready_at_start();
         if let Some(recovery) = runtime.recovery() {
             tracing::info!(?recovery, "agent started under the supervisor");
         }

@@ -197,6 +197,28 @@ impl EtcFiles {
     }
 }
 
+/// Rewrites the pod's managed `/etc/hosts` in `pod_dir` with `content`, in place (same
+/// inode, never through a symlink): for a container created before the pod's IP was known
+/// (a rootless pod's network comes up while its first container is created), whose bind
+/// mount holds the file's inode. False when there is no such file (the pod's containers
+/// mount their own) or it already holds `content`.
+pub fn rewrite_hosts_in_place(pod_dir: &Path, content: &str) -> io::Result<bool> {
+    let path = pod_dir.join(HOSTS_FILE);
+    match read_nofollow(&path) {
+        Ok(old) if old == content.as_bytes() => return Ok(false),
+        Ok(_) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e),
+    }
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&path)?;
+    file.write_all(content.as_bytes())?;
+    Ok(true)
+}
+
 /// Replaces `path` with `content` unless it already holds it: a temporary file created
 /// exclusively (never through a symlink), then renamed over `path`. True when written.
 fn write_file(path: &Path, content: &[u8]) -> io::Result<bool> {
@@ -219,7 +241,10 @@ fn write_file(path: &Path, content: &[u8]) -> io::Result<bool> {
         // The umask may have narrowed the mode.
         file.set_permissions(std::fs::Permissions::from_mode(FILE_MODE))?;
         file.write_all(content)?;
-        file.sync_all()?;
+        // A play's pods go with it (see `fsutil::set_state_throwaway`).
+        if !ironlet_runtime::fsutil::state_is_throwaway() {
+            file.sync_all()?;
+        }
         std::fs::rename(&tmp, path)
     })();
     if result.is_err() {

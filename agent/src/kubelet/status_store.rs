@@ -238,7 +238,7 @@ impl StatusStore {
 }
 
 /// Replaces `<dir>/status.json` crash-safely (temp file, fsync, rename, fsync of the
-/// directory), readable by its owner only: a status holds termination messages, which may
+/// directory; without the fsyncs when the state is throwaway), readable by its owner only: a status holds termination messages, which may
 /// hold secrets.
 fn write_private(dir: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
@@ -252,9 +252,16 @@ fn write_private(dir: &Path, bytes: &[u8]) -> std::io::Result<()> {
         .custom_flags(libc::O_NOFOLLOW)
         .open(&tmp)?;
     file.write_all(bytes)?;
-    file.sync_all()?;
+    // A play removes its pods' records before it exits (see `fsutil::set_state_throwaway`).
+    let durable = !ironlet_runtime::fsutil::state_is_throwaway();
+    if durable {
+        file.sync_all()?;
+    }
     std::fs::rename(&tmp, dir.join(STATUS_FILE))?;
-    std::fs::File::open(dir)?.sync_all()
+    if durable {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
 }
 
 /// The pod with `seen` as its `config.seen`, if known: the pod was first seen then, by

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant, SystemTime};
 use async_trait::async_trait;
 use ironlet_cgroups::{CgroupPath, NodeCgroups, QosClass};
 use ironlet_runtime::types::{ContainerId, ContainerState, PodSandboxConfig, PodStatus};
-use ironlet_runtime::{ImageService, Runtime};
+use ironlet_runtime::{ImageService, Runtime, RuntimeError};
 use k8s_openapi::api::core::v1::Pod;
 
 use super::active_deadline::{self, Deadline};
@@ -427,19 +427,11 @@ impl NodeSyncer {
                     self.kill_pod(pod, status, grace_of(pod)).await?;
                 }
                 let config = self.sandbox_config(pod, attempt, cgroup.as_ref());
-                let id = match self.runtime.run_pod_sandbox(&config).await {
-                    Ok(id) => id,
-                    Err(err) => {
-                        let message = format!("Failed to create pod sandbox: {err}");
-                        self.event(
-                            pod,
-                            EventType::Warning,
-                            reason::FAILED_CREATE_POD_SANDBOX,
-                            message.clone(),
-                        );
-                        return Err(SyncError::new("CreatePodSandboxError", message));
-                    }
-                };
+                let id = self
+                    .runtime
+                    .run_pod_sandbox(&config)
+                    .await
+                    .map_err(|err| self.sandbox_failed(pod, &err))?;
                 (id, Vec::new(), start)
             }
             PodActions::Sync {
@@ -466,7 +458,7 @@ impl NodeSyncer {
             return Ok(SyncOutcome::Running { resync_after: None });
         }
 
-        let sandbox_status = self
+        let mut sandbox_status = self
             .runtime
             .pod_sandbox_status(&sandbox_id)
             .await
@@ -491,7 +483,7 @@ impl NodeSyncer {
             .map(|at| at.duration_since(SystemTime::now()).unwrap_or_default());
         for start in &filtered.to_start {
             let retry = match self
-                .start_container(pod, &sandbox_id, &sandbox_status, start, &volumes)
+                .start_container(pod, &sandbox_id, &mut sandbox_status, start, &volumes)
                 .await
             {
                 Err(failure) => {
@@ -511,6 +503,21 @@ impl NodeSyncer {
         }
         self.lock_waiting().insert(uid.to_owned(), waiting);
         Ok(SyncOutcome::Running { resync_after })
+    }
+}
+
+impl NodeSyncer {
+    /// A sandbox that could not be made (or whose network failed): kubelet's
+    /// `FailedCreatePodSandBox` event, and the sync's error.
+    pub(super) fn sandbox_failed(&self, pod: &Pod, err: &RuntimeError) -> SyncError {
+        let message = format!("Failed to create pod sandbox: {err}");
+        self.event(
+            pod,
+            EventType::Warning,
+            reason::FAILED_CREATE_POD_SANDBOX,
+            message.clone(),
+        );
+        SyncError::new("CreatePodSandboxError", message)
     }
 }
 

@@ -270,9 +270,11 @@ impl LocalRuntime {
 
     /// From now on a rootless sandbox with a network is made as soon as its namespaces
     /// exist, while pasta still connects them (no IP in its status yet), and the start of
-    /// each of its containers waits until pasta has (failing if pasta failed). For a
-    /// one-shot `ctr run`, which creates its container meanwhile; the agent keeps the CRI's
-    /// order (the sandbox's network is up when `run_pod_sandbox` returns).
+    /// each of its containers waits until pasta has (failing if pasta failed, which turns
+    /// the sandbox NotReady). For a one-shot `ctr run` and the agent (`run`, `play`), which
+    /// create the pod's first container meanwhile: the agent waits for the network
+    /// ([`Runtime::await_pod_network`]) before it starts a container or computes anything
+    /// from the pod's IP.
     pub fn network_ready_at_start(&self) {
         self.inner
             .network_at_start
@@ -618,6 +620,10 @@ impl Runtime for LocalRuntime {
             .get(id)
             .map(SandboxRecord::status)
             .ok_or_else(|| not_found("sandbox", id.as_str()))
+    }
+
+    async fn await_pod_network(&self, id: &SandboxId) -> Result<(), RuntimeError> {
+        self.inner.await_pod_network(id).await
     }
 
     async fn list_pod_sandboxes(&self) -> Result<Vec<PodSandboxStatus>, RuntimeError> {

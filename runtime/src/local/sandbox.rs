@@ -203,12 +203,19 @@ impl Inner {
         };
         let dir = self.config.sandboxes_dir().join(sandbox_id.as_str());
         let started = std::time::Instant::now();
-        let ip = wait_rootless_network(&dir, holder)
-            .await
-            .map_err(|message| RuntimeError::Network {
-                sandbox_id: sandbox_id.clone(),
-                source: Box::new(crate::network::NetworkError::Rootless(message)),
-            })?;
+        let ip = match wait_rootless_network(&dir, holder).await {
+            Ok(ip) => ip,
+            Err(message) => {
+                // A pod without its network is not ready: the agent recreates the sandbox.
+                if let Some(rec) = self.lock().sandboxes.get_mut(sandbox_id) {
+                    rec.state = SandboxState::NotReady;
+                }
+                return Err(RuntimeError::Network {
+                    sandbox_id: sandbox_id.clone(),
+                    source: Box::new(crate::network::NetworkError::Rootless(message)),
+                });
+            }
+        };
         tracing::debug!(%sandbox_id, ip = ?ip, waited_ms = started.elapsed().as_millis() as u64,
             "rootless pod network up (pasta)");
         let rec = {

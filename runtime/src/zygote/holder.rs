@@ -22,8 +22,9 @@
 //!
 //! The reply comes once the namespaces exist, so containers can be created in them while
 //! pasta starts (the largest part of a pod network's start-up); the runtime waits for
-//! `network-ready` before it reports the sandbox made, or, for a one-shot `ctr run`,
-//! before it starts the container (`local/sandbox.rs`, `wait_rootless_network`).
+//! `network-ready` before it reports the sandbox made, or, for `ctr run` and the agent
+//! (`run`, `play`: `LocalRuntime::network_ready_at_start`), before it starts a container
+//! of the pod (`local/sandbox.rs`, `wait_rootless_network`).
 //!
 //! Guarantees: `network-ready` appears only once pasta has configured the namespace, and
 //! `network-failed` carries pasta's own message (from `<dir>/pasta.log`) when it did not;

@@ -9,7 +9,8 @@ use super::NodeSyncer;
 use crate::config::pod_uid;
 use crate::kubelet::dns::{pod_dns, resolv_conf_content, DnsSettings, DnsWarning};
 use crate::kubelet::etc_files::{
-    managed_hosts_content, node_hosts_content, pod_hostname_and_domain, EtcFiles, NODE_HOSTS_PATH,
+    managed_hosts_content, node_hosts_content, pod_hostname_and_domain, rewrite_hosts_in_place,
+    EtcFiles, NODE_HOSTS_PATH,
 };
 use crate::kubelet::events::EventType;
 use crate::pod_workers::SyncError;
@@ -54,6 +55,20 @@ impl NodeSyncer {
             }
         }
         Ok(())
+    }
+
+    /// Rewrites the pod's managed `/etc/hosts` in place with the sandbox's (now known)
+    /// IP, for a container created before it was (see [`crate::kubelet::etc_files::rewrite_hosts_in_place`]).
+    pub(super) fn rewrite_hosts(
+        &self,
+        pod: &Pod,
+        sandbox_status: &PodSandboxStatus,
+    ) -> Result<(), SyncError> {
+        let (files, _) = self.etc_files(pod, sandbox_status)?;
+        let pod_dir = self.config.pods_dir().join(pod_uid(pod));
+        rewrite_hosts_in_place(&pod_dir, &files.hosts)
+            .map(drop)
+            .map_err(|e| self.config_error(pod, format!("rewriting the pod's hosts file: {e}")))
     }
 
     fn etc_files(

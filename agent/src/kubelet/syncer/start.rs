@@ -23,7 +23,7 @@ impl NodeSyncer {
         &self,
         pod: &Pod,
         sandbox: &SandboxId,
-        sandbox_status: &PodSandboxStatus,
+        sandbox_status: &mut PodSandboxStatus,
         start: &ContainerStart,
         volumes: &PodVolumes,
     ) -> Result<(), SyncError> {
@@ -49,6 +49,12 @@ impl NodeSyncer {
             .as_ref()
             .and_then(|s| s.host_network)
             .unwrap_or(false);
+        // A rootless pod's network may still come up (pasta) while its first container is
+        // created; a container whose environment names the pod's IP waits for it first.
+        let network_pending = !host_network && sandbox_status.ip.is_none();
+        if network_pending && env_names_pod_ip(container) {
+            self.await_pod_network(pod, sandbox, sandbox_status).await?;
+        }
         let pod_ip = if host_network {
             self.node.host_ip.as_deref()
         } else {
@@ -113,6 +119,18 @@ impl NodeSyncer {
             reason::CREATED,
             format!("Created container: {}", container.name),
         );
+        if network_pending && sandbox_status.ip.is_none() {
+            // The CRI's order only needs the network before the container starts: its
+            // /etc/hosts gets the pod's IP now, in the inode the container mounts.
+            let ready = match self.await_pod_network(pod, sandbox, sandbox_status).await {
+                Ok(()) if sandbox_status.ip.is_some() => self.rewrite_hosts(pod, sandbox_status),
+                other => other,
+            };
+            if let Err(err) = ready {
+                let _ = self.runtime.remove_container(&id).await;
+                return Err(err);
+            }
+        }
         if let Err(err) = self.runtime.start_container(&id).await {
             let message = format!("Error: {err}");
             self.event(pod, EventType::Warning, reason::FAILED, message.clone());
@@ -127,6 +145,29 @@ impl NodeSyncer {
         );
         self.run_post_start(pod, container, &id, sandbox_status)
             .await
+    }
+
+    /// Waits until the sandbox's network is up ([`ironlet_runtime::Runtime::await_pod_network`])
+    /// and reads its status again (with the pod's IP). A network that failed is the
+    /// sandbox's failure (kubelet's `FailedCreatePodSandBox`): the runtime turned it
+    /// NotReady, and the next sync makes a new one.
+    async fn await_pod_network(
+        &self,
+        pod: &Pod,
+        sandbox: &SandboxId,
+        sandbox_status: &mut PodSandboxStatus,
+    ) -> Result<(), SyncError> {
+        let failed = |err: ironlet_runtime::RuntimeError| self.sandbox_failed(pod, &err);
+        self.runtime
+            .await_pod_network(sandbox)
+            .await
+            .map_err(failed)?;
+        *sandbox_status = self
+            .runtime
+            .pod_sandbox_status(sandbox)
+            .await
+            .map_err(failed)?;
+        Ok(())
     }
 
     /// The running instance of an ephemeral container's `targetContainerName` in `sandbox`,
@@ -220,4 +261,17 @@ pub(crate) fn find_container<'a>(pod: &'a Pod, name: &str, init: bool) -> Option
         &spec.containers
     };
     list.iter().find(|c| c.name == name)
+}
+
+/// Whether the container's environment takes the pod's IP (`status.podIP(s)`), which must
+/// then be known before the container is created.
+fn env_names_pod_ip(container: &Container) -> bool {
+    container.env.iter().flatten().any(|var| {
+        var.value_from
+            .as_ref()
+            .and_then(|from| from.field_ref.as_ref())
+            .is_some_and(|field| {
+                matches!(field.field_path.as_str(), "status.podIP" | "status.podIPs")
+            })
+    })
 }
