@@ -36,6 +36,7 @@ mod lower;
 mod mount;
 mod oci;
 pub mod owners;
+mod pipeline;
 mod pull;
 mod reference;
 mod rootfs;

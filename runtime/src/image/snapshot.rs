@@ -35,7 +35,7 @@
 //! hard links name (copied up, see `lower.rs`); it is keyed by chain id because its
 //! whiteouts and copied-up files only make sense on top of that exact parent chain.
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{self, BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -46,6 +46,7 @@ use super::fsx;
 use super::index::{ImageRecord, LayerRecord};
 use super::lower::LowerLayer;
 use super::oci::Compression;
+use super::pipeline;
 use super::store::ImageStore;
 use super::sys;
 use super::unpack::{self, UnpackLimits, UnpackOptions};
@@ -226,7 +227,7 @@ impl ImageStore {
         &self,
         layer: &LayerRecord,
         lowers: &[Snapshot],
-        blob: impl Read,
+        blob: impl Read + Send,
         verify: impl FnOnce() -> Result<(), ImageError>,
     ) -> Result<Snapshot, ImageError> {
         let final_dir = self.snapshot_dir(&layer.chain_id);
@@ -276,7 +277,7 @@ impl ImageStore {
         &self,
         layer: &LayerRecord,
         lowers: &[Snapshot],
-        blob: impl Read,
+        blob: impl Read + Send,
         tmp: &Path,
     ) -> Result<Marker, ImageError> {
         let fs = tmp.join(FS);
@@ -290,7 +291,7 @@ impl ImageStore {
                 source: e,
             })?
             .to_vec();
-        let decoded: Box<dyn Read> = match Compression::sniff(&head) {
+        let decoded: Box<dyn Read + Send> = match Compression::sniff(&head) {
             Some(Compression::Gzip) => Box::new(flate2::read::MultiGzDecoder::new(buffered)),
             Some(Compression::Zstd) => {
                 Box::new(zstd::Decoder::with_buffer(buffered).map_err(|e| {
@@ -302,7 +303,7 @@ impl ImageStore {
             }
             Some(Compression::None) | None => Box::new(buffered),
         };
-        let mut hashing = HashingReader::new(decoded);
+        let hashing = HashingReader::new(decoded);
         let whiteouts = if self.config.privileged {
             WhiteoutFormat::Overlay
         } else if self.user_xattrs_supported() {
@@ -330,9 +331,31 @@ impl ImageStore {
             .zip(&lower_changes)
             .map(|(fs, changes)| LowerLayer { fs, changes })
             .collect();
-        let report = unpack::unpack_layer_onto(&mut hashing, &fs, &lower_layers, &opts, &name)?;
-        // The diff_id covers the whole uncompressed stream, as containerd computes it
-        // (it reads to the end, however far); we stop at a bound (see MAX_TRAILING_BYTES).
+        // Decompression and both hashes on one thread, the tar unpack's writes on this one
+        // (`pipeline.rs`); the unpacker sees the decompressed stream as before.
+        let (unpacked, hashing) = pipeline::read_ahead(hashing, |decompressed| {
+            let report = unpack::unpack_layer_onto(decompressed, &fs, &lower_layers, &opts, &name)?;
+            // The diff_id covers the whole uncompressed stream, as containerd computes it
+            // (it reads to the end, however far); we stop at a bound (see
+            // MAX_TRAILING_BYTES), which also stops the decompressing thread.
+            let trailing = io::copy(
+                &mut decompressed.take(MAX_TRAILING_BYTES.saturating_add(1)),
+                &mut io::sink(),
+            )
+            .map_err(|e| ImageError::ReadLayer {
+                layer: name.clone(),
+                source: e,
+            })?;
+            Ok::<_, ImageError>((report, trailing))
+        })?;
+        let (report, trailing) = unpacked?;
+        if trailing > MAX_TRAILING_BYTES {
+            return Err(ImageError::TrailingData {
+                layer: name.clone(),
+                limit: MAX_TRAILING_BYTES,
+            });
+        }
+        // Read to its end by the decompressing thread (nothing left here).
         let (diff_id, _) = hashing
             .drain_within(MAX_TRAILING_BYTES)
             .map_err(|e| ImageError::ReadLayer {

@@ -108,6 +108,7 @@ pub fn unpack_layer_onto(
         layer,
         report: UnpackReport::default(),
         dirs: Vec::new(),
+        buf: Vec::new(),
     };
     let mut archive = tar::Archive::new(reader);
     let entries = archive.entries().map_err(|e| u.read_err(e))?;
@@ -181,6 +182,43 @@ struct Unpacker<'a> {
     report: UnpackReport,
     /// Directories whose mode and times are applied at the end.
     dirs: Vec<(PathBuf, Meta)>,
+    /// The file copies' buffer: a file up to its size in one write.
+    buf: Vec<u8>,
+}
+
+/// The largest write of a file's content.
+const COPY_BUF: usize = 1 << 20;
+
+/// Copies `from` to its end into `to` through `buf` (grown up to [`COPY_BUF`]), in writes
+/// as large as the buffer, where `io::copy` would write 8 KiB at a time.
+fn copy_through(
+    buf: &mut Vec<u8>,
+    from: &mut impl Read,
+    to: &mut impl io::Write,
+) -> io::Result<u64> {
+    if buf.len() < COPY_BUF {
+        buf.resize(COPY_BUF, 0);
+    }
+    let mut total = 0u64;
+    loop {
+        let mut filled = 0;
+        while filled < buf.len() {
+            match from.read(&mut buf[filled..]) {
+                Ok(0) => break,
+                Ok(n) => filled += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if filled == 0 {
+            return Ok(total);
+        }
+        to.write_all(&buf[..filled])?;
+        total += filled as u64;
+        if filled < buf.len() {
+            return Ok(total);
+        }
+    }
 }
 
 impl<'a> Unpacker<'a> {
@@ -403,8 +441,13 @@ impl<'a> Unpacker<'a> {
         name: &OsStr,
         meta: Meta,
     ) -> Result<(), ImageError> {
-        if !self.replace(entry, rel, dir, name, true)? {
-            sys::mkdir_at(dir, name, 0o700).map_err(|e| self.write_err(entry, rel, e))?;
+        match sys::mkdir_at(dir, name, 0o700) {
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                if !self.replace(entry, rel, dir, name, true)? {
+                    sys::mkdir_at(dir, name, 0o700).map_err(|e| self.write_err(entry, rel, e))?;
+                }
+            }
+            r => r.map_err(|e| self.write_err(entry, rel, e))?,
         }
         if self.opts.preserve_owner {
             sys::lchown_at(dir, name, meta.uid, meta.gid)
@@ -438,17 +481,25 @@ impl<'a> Unpacker<'a> {
             });
         }
         self.report.bytes = total;
-        self.replace(entry_name, rel, dir, name, false)?;
-        let mut file =
-            sys::create_file_at(dir, name).map_err(|e| self.write_err(entry_name, rel, e))?;
-        // Never trust the stream to stop at the header's size.
-        let copied = io::copy(&mut (&mut *entry).take(size), &mut file).map_err(|e| {
-            if sys::is_disk_full(&e) {
-                self.write_err(entry_name, rel, e)
-            } else {
-                self.read_err(e)
+        // O_EXCL first: an entry's name is new in its layer but for a repeated entry, which
+        // is replaced (one lookup less per file than looking first).
+        let mut file = match sys::create_file_at(dir, name) {
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                self.replace(entry_name, rel, dir, name, false)?;
+                sys::create_file_at(dir, name)
             }
-        })?;
+            r => r,
+        }
+        .map_err(|e| self.write_err(entry_name, rel, e))?;
+        // Never trust the stream to stop at the header's size.
+        let copied = copy_through(&mut self.buf, &mut (&mut *entry).take(size), &mut file)
+            .map_err(|e| {
+                if sys::is_disk_full(&e) {
+                    self.write_err(entry_name, rel, e)
+                } else {
+                    self.read_err(e)
+                }
+            })?;
         if copied != size {
             return Err(self.read_err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,

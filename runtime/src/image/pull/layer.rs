@@ -2,9 +2,10 @@
 //! bytes as they arrive, no temp file read back.
 //!
 //! ```text
-//!  blob stream ──► channel ──► Tee ──► sniff ──► gunzip/zstd ──► diff_id hash ──► safe unpack
-//!  (async pump)   (bounded)     │                                                (snapshot tmp-*)
-//!                               └──► ingest/blob-* + digest hash + size cap
+//!  blob stream ──► channel ──► Tee ──► sniff ──► gunzip/zstd ──► diff_id hash ═╗
+//!  (async pump)   (bounded)     │     (decoder thread, `pipeline.rs`)              ║ bounded
+//!                               └──► ingest/blob-* + digest hash + size cap        ║ chunks
+//!                                         safe unpack (snapshot tmp-*, this thread) ◄╝
 //!  end of stream: blob digest and size == descriptor? diff_id == config? ──► blob renamed into
 //!  blobs/, then snapshot renamed into snapshots/<chain>; else both temp copies removed.
 //! ```
@@ -16,10 +17,9 @@
 //! The registry's bytes are capped at the descriptor's size while they stream, so a hostile
 //! registry cannot fill the disk with an endless blob.
 
-use std::cell::RefCell;
 use std::future::Future;
 use std::io::{self, Read, Write};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -164,10 +164,10 @@ impl ImageStore {
     fn ingest_layer(
         &self,
         layer: &LayerRecord,
-        reader: impl Read,
+        reader: impl Read + Send,
         location: &str,
     ) -> Result<(), ImageError> {
-        let tee = RefCell::new(Tee {
+        let tee = Mutex::new(Tee {
             inner: reader,
             blob: Some(self.blobs.begin()?),
             read: 0,
@@ -189,7 +189,7 @@ impl ImageStore {
         // yet: a hard link to a lower layer's file is refused in a pulled layer (imports
         // unpack bottom up and copy such a file up).
         let result = self.unpack_snapshot_from(layer, &[], TeeRef(&tee), || {
-            let mut t = tee.borrow_mut();
+            let mut t = lock(&tee);
             drain(&mut t)?;
             let blob = t
                 .blob
@@ -202,14 +202,14 @@ impl ImageStore {
         };
         // The blob's disk filled up: the decompressor or the unpacker saw that as a read
         // error of the layer stream; it is the store's disk that failed.
-        if let Some(path) = tee.borrow_mut().disk_full.take() {
+        if let Some(path) = lock(&tee).disk_full.take() {
             tracing::warn!(%location, path = %path.display(), first_error = %err, "no space left for the layer blob");
             return Err(ImageError::DiskFull { path });
         }
         // A corrupt blob usually breaks the decompressor or the tar reader first: when all
         // the bytes came and do not match the digest, that is the error to report (a
         // dropped connection, with bytes missing, keeps its own error).
-        let mut t = tee.into_inner();
+        let mut t = tee.into_inner().unwrap_or_else(|p| p.into_inner());
         // The rest of the stream goes into the blob's hash before it is taken (taken
         // first, the hash would cover only what the unpacker had read when it failed).
         // oci-client ends a mismatching stream with an error of its own: ignore it here.
@@ -268,13 +268,20 @@ impl<R: Read> Read for Tee<R> {
     }
 }
 
-/// Reads a [`Tee`] that the verify step borrows again afterwards.
-struct TeeRef<'a, R>(&'a RefCell<Tee<R>>);
+/// Reads a [`Tee`] that the verify step borrows again afterwards (the decompressing
+/// thread reads it first, `pipeline.rs`).
+struct TeeRef<'a, R>(&'a Mutex<Tee<R>>);
 
 impl<R: Read> Read for TeeRef<'_, R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.0.borrow_mut().read(buf)
+        lock(self.0).read(buf)
     }
+}
+
+/// The tee, also after a panic of the thread that held it (its state is still what the
+/// bytes read made it).
+fn lock<R>(tee: &Mutex<Tee<R>>) -> MutexGuard<'_, Tee<R>> {
+    tee.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The download's chunks as a blocking reader.
