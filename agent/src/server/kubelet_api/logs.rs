@@ -26,8 +26,9 @@ use crate::config::inotify::DirWatch;
 const STATE_CHECK_PERIOD: std::time::Duration = std::time::Duration::from_millis(250);
 /// How often a follower without an inotify watch (e.g. the per-user instance limit) reads.
 const POLL_PERIOD: std::time::Duration = std::time::Duration::from_millis(100);
-/// The file reader's buffer: one blocking-pool read per 64 KiB.
-const READ_BUFFER: usize = 64 * 1024;
+/// The file reader's buffer: one blocking-pool read per 16 KiB. A follower keeps it while
+/// it waits, so it is not larger.
+const READ_BUFFER: usize = 16 * 1024;
 
 /// Kubelet's `PodLogOptions` as the query carries them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -196,11 +197,13 @@ struct Batch {
 
 /// What a batch is filled to before it is written.
 const BATCH_BYTES: usize = 64 * 1024;
+/// The most a batch keeps allocated while its reader waits.
+const IDLE_BATCH_CAPACITY: usize = 4 * 1024;
 
 impl Batch {
     fn new() -> Self {
         Self {
-            pending: Vec::with_capacity(BATCH_BYTES),
+            pending: Vec::new(),
             rendered: 0,
         }
     }
@@ -231,6 +234,16 @@ impl Batch {
         }
         let ok = sink.write(&self.pending).await;
         self.pending.clear();
+        ok
+    }
+
+    /// [`Batch::send`], then gives the buffer back: the reader is at the end of a file, where
+    /// a follower may wait for a long time (a hundred followers would hold 64 KiB each).
+    async fn send_and_release<S: Sink>(&mut self, sink: &mut S) -> bool {
+        let ok = self.send(sink).await;
+        if self.pending.capacity() > IDLE_BATCH_CAPACITY {
+            self.pending = Vec::new();
+        }
         ok
     }
 }
@@ -418,7 +431,7 @@ pub async fn stream<S: Sink, F: Fn() -> bool + Send>(
             continue;
         }
         // The reader is about to switch files, wait or stop: what is rendered goes out.
-        if !batch.send(sink).await {
+        if !batch.send_and_release(sink).await {
             return Ok(());
         }
         // At the end of this file (possibly with a line still being written, in `line`).
