@@ -35,8 +35,9 @@ fn mem_total_kib() -> u64 {
 }
 
 /// A pod within its requests. (Burstable, not Guaranteed: a Guaranteed container gets
-/// kubelet's oom_score_adj -997, which needs CAP_SYS_RESOURCE, and the CI sandbox does not
-/// grant it, so Guaranteed containers fail to start there.)
+/// kubelet's oom_score_adj -997, which needs CAP_SYS_RESOURCE; the CI sandbox does not grant
+/// it, so there the runtime raises it to the agent's own and the kernel's OOM order would
+/// not be kubelet's.)
 const WITHIN_REQUESTS: &str = r#"
 apiVersion: v1
 kind: Pod

@@ -137,11 +137,11 @@ fn unused_images_go_above_the_threshold_but_used_young_and_pinned_ones_stay() {
         "collected {:?} after the import, before the minimum age",
         imported.elapsed()
     );
-    let left = store_blobs(&agent);
-    assert!(
-        layered_only.is_disjoint(&left),
-        "blobs of the removed image left: {:?}",
-        layered_only.intersection(&left).collect::<Vec<_>>()
+    // Its names go first, then its blobs.
+    agent.wait_until(
+        "the blobs only the removed image referenced are gone",
+        Duration::from_secs(10),
+        |a| layered_only.is_disjoint(&store_blobs(a)),
     );
     // The image a running container uses stays, and so does the pod.
     assert!(repos(&agent).contains("busybox"));
@@ -150,16 +150,28 @@ fn unused_images_go_above_the_threshold_but_used_young_and_pinned_ones_stay() {
         .lines()
         .map(str::to_owned)
         .collect();
-    let state: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(agent.root.path().join("image-gc-state.json")).expect("state saved"),
-    )
-    .expect("state is JSON");
+    // The collection saves its records after its removals: the image can be gone from the
+    // store a moment before its record is from the file.
+    let read_state = || -> serde_json::Value {
+        serde_json::from_slice(
+            &std::fs::read(agent.root.path().join("image-gc-state.json")).expect("state saved"),
+        )
+        .expect("state is JSON")
+    };
+    let recorded = |state: &serde_json::Value| -> BTreeSet<String> {
+        state["records"]
+            .as_object()
+            .map(|r| r.keys().cloned().collect())
+            .unwrap_or_default()
+    };
+    let saved_at = Instant::now();
+    let mut state = read_state();
+    while recorded(&state) != ids && saved_at.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(100));
+        state = read_state();
+    }
+    assert_eq!(recorded(&state), ids, "{state}");
     let records = state["records"].as_object().cloned().unwrap_or_default();
-    assert_eq!(
-        records.keys().cloned().collect::<BTreeSet<_>>(),
-        ids,
-        "{state}"
-    );
     assert!(
         records.values().all(|r| !r["last_used"].is_null()),
         "busybox is in use: {state}"
@@ -222,7 +234,12 @@ fn images_unused_for_longer_than_the_maximum_age_go_whatever_the_usage() {
         "collected after {:?}, before the maximum age",
         imported.elapsed()
     );
-    assert!(own_blobs("layered").is_disjoint(&store_blobs(&agent)));
+    let layered_only = own_blobs("layered");
+    agent.wait_until(
+        "the collected image's blobs are gone",
+        Duration::from_secs(10),
+        |a| layered_only.is_disjoint(&store_blobs(a)),
+    );
     // Used all along: stays.
     std::thread::sleep(Duration::from_secs(5));
     assert!(repos(&agent).contains("busybox"));

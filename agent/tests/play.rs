@@ -78,8 +78,9 @@ spec:
   - name: main
     image: busybox
     command: [sh, -c, 'echo working; sleep 0.3; echo failing; exit 3']
-    # Guaranteed: kubelet's oom_score_adj for it (-997) is below a rootless agent's own,
-    # which an unprivileged runtime may not set (it failed the create with EACCES).
+    # Guaranteed: kubelet's oom_score_adj for it (-997) is below the agent's own, which a
+    # runtime without CAP_SYS_RESOURCE (rootless, or root in this CI sandbox) may not set:
+    # the create failed with EACCES.
     resources:
       requests: {cpu: 100m, memory: 64Mi}
       limits: {cpu: 100m, memory: 64Mi}

@@ -97,12 +97,13 @@ pub(crate) fn oom_score_adj(r: &LinuxResources) -> Result<Option<i32>, SpecError
     }
 }
 
-/// An unprivileged runtime may not lower a process's `oom_score_adj` below its own (the
-/// kernel wants `CAP_SYS_RESOURCE`), so a rootless container gets the requested value or this
-/// process's, whichever is higher, as containerd's `RestrictOOMScoreAdj` does; otherwise
-/// every Guaranteed or Burstable pod (kubelet's -997 and 2..999) would fail to start.
+/// A runtime without `CAP_SYS_RESOURCE` may not lower a process's `oom_score_adj` below its
+/// own: rootless, or root in a sandbox that drops the capability (a node in a container).
+/// Such a container gets the requested value or this process's, whichever is higher, as
+/// containerd's `RestrictOOMScoreAdj` does; otherwise every Guaranteed or Burstable pod
+/// (kubelet's -997 and 2..999) would fail to start with EACCES.
 fn restrict_oom_score_adj(adj: i32) -> i32 {
-    if nix::unistd::geteuid().is_root() {
+    if nix::unistd::geteuid().is_root() && super::host::HostFacts::current().cap_sys_resource {
         return adj;
     }
     let own = std::fs::read_to_string("/proc/self/oom_score_adj")

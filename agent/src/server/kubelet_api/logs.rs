@@ -460,10 +460,18 @@ pub async fn stream<S: Sink, F: Fn() -> bool + Send>(
             return Ok(());
         }
         if !running() {
-            // One last read for what the container wrote before it stopped.
+            // One last read for what the container wrote before it stopped: in this file,
+            // or in the next one if the writer rotated this one since the look above (its
+            // last burst then lies wholly in a file this reader has not opened yet).
             let more = reader.read_until(b'\n', &mut line).await?;
             if more > 0 {
                 continue;
+            }
+            if line.is_empty() {
+                if let Some(next) = next_after_rotation(path, ino).await {
+                    rotated = Some(next);
+                    continue;
+                }
             }
             return Ok(());
         }
@@ -682,6 +690,37 @@ mod tests {
         assert_eq!(read("tailLines=3").await, lines(4..7));
         assert_eq!(read("tailLines=5").await, lines(2..7));
         assert_eq!(read("tailLines=50").await, lines(0..7));
+    }
+
+    /// The container's last lines land in a new file, rotated in right after the follower
+    /// last looked for a rotation and before it saw the container stop: they are read.
+    #[tokio::test]
+    async fn a_rotation_between_the_last_look_and_the_stop_loses_no_line() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let current = dir.path().join("0.log");
+        std::fs::write(&current, records(0..3)).expect("write");
+        let rotated = AtomicBool::new(false);
+        let opts = LogOptions::parse(Some("follow=true"), now()).expect("valid");
+        let mut sink = CountWrites::default();
+        // Asked once the reader is at the end of the file: the writer rotates and the
+        // container stops at that very moment.
+        let running = || {
+            if !rotated.swap(true, Ordering::SeqCst) {
+                std::fs::rename(&current, dir.path().join("0.log.20261125-090000"))
+                    .expect("rename");
+                std::fs::write(&current, records(3..6)).expect("write");
+            }
+            false
+        };
+        tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            stream(&current, &opts, &mut sink, running),
+        )
+        .await
+        .expect("the follower ends with the container")
+        .expect("stream");
+        assert_eq!(String::from_utf8(sink.bytes).expect("utf-8"), lines(0..6));
     }
 
     #[tokio::test]
