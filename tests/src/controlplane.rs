@@ -224,7 +224,7 @@ pub async fn client_from_kubeconfig(path: &Path) -> Result<Client> {
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
         .with_context(|| format!("loading {}", path.display()))?;
-    Client::try_from(config).context("building the client")
+    ironlet::apiserver::client::client(config).context("building the client")
 }
 
 /// Polls `check` every 100 ms until it returns `Some`, for at most `timeout`; the error

@@ -13,6 +13,7 @@
 //! Where to start: [`Kubelet::start_with_api`](crate::kubelet::Kubelet::start_with_api), which
 //! wires these together from one node client; [`StatusManager`] for what is written back.
 
+pub mod client;
 mod events;
 mod object_watch;
 mod objects;

@@ -749,7 +749,7 @@ async fn kube_client(path: &std::path::Path) -> anyhow::Result<kube::Client> {
     )
     .await
     .with_context(|| format!("loading kubeconfig {}", path.display()))?;
-    kube::Client::try_from(config).context("building the API client")
+    ironlet::apiserver::client::client(config).context("building the API client")
 }
 
 /// The agent's health (PLEG and sync loop), polled every 5 s, for the node controller.
