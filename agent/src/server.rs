@@ -36,7 +36,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::Semaphore;
@@ -66,8 +66,26 @@ pub fn socket_path(root_dir: &Path) -> PathBuf {
 pub trait PodsView: Send + Sync + 'static {
     /// Every pod the agent knows, with its computed `status` filled in.
     fn pods(&self) -> Vec<Pod>;
+    /// The pod `namespace`/`name` with its status, if the agent knows it. The default looks
+    /// through [`Self::pods`]; a view that can should copy only the one pod (a follower of
+    /// `kubectl logs -f` asks several times a second).
+    fn pod(&self, namespace: &str, name: &str) -> Option<Pod> {
+        self.pods()
+            .into_iter()
+            .find(|p| pod_is_named(p, namespace, name))
+    }
+    /// The status of the pod `namespace`/`name`; see [`Self::pod`].
+    fn pod_status(&self, namespace: &str, name: &str) -> Option<PodStatus> {
+        self.pod(namespace, name)?.status
+    }
     /// `Err(reason)` makes `/healthz` answer 500 with the reason.
     fn health(&self) -> Result<(), String>;
+}
+
+/// Whether `pod` is `namespace`/`name` (no namespace: `default`).
+pub fn pod_is_named(pod: &Pod, namespace: &str, name: &str) -> bool {
+    pod.metadata.namespace.as_deref().unwrap_or("default") == namespace
+        && pod.metadata.name.as_deref() == Some(name)
 }
 
 #[derive(Debug, thiserror::Error)]

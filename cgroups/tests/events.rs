@@ -145,6 +145,103 @@ async fn watch_empty_fires_when_the_last_process_is_killed() -> anyhow::Result<(
 }
 
 #[tokio::test]
+async fn short_lived_children_of_a_long_lived_process_do_not_wake_watch_empty() -> anyhow::Result<()>
+{
+    if !root_or_skip("short_lived_children_of_a_long_lived_process_do_not_wake_watch_empty") {
+        return Ok(());
+    }
+    let tree = TestTree::detect()?;
+    let h = tree.hierarchy();
+    let pod = tree.node.pod_path(QosClass::BestEffort, "chatty")?;
+    tree.node.create_pod(&pod, &CgroupSettings::default())?;
+    let container = tree.node.container_path(&pod, "loop")?;
+    tree.node
+        .create_container(&container, &CgroupSettings::default())?;
+    // A shell that runs a new process every 20 ms, as a logging loop's `sleep` does (killed
+    // on the way out whatever happens: it would loop forever).
+    struct KillOnDrop(std::process::Child);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut shell = KillOnDrop(spawn_in(
+        h,
+        &container,
+        "sh",
+        &["-c", "while :; do sleep 0.02; done"],
+    )?);
+    let mut empty = h.watch_empty(&pod)?;
+    let early = tokio::time::timeout(Duration::from_millis(1500), empty.next()).await;
+    assert!(
+        early.is_err(),
+        "reported empty while the shell runs: {early:?}"
+    );
+    // One scan to choose the shell, one to confirm it; a watch of every member rescanned at
+    // each child's exit (19 times in one run here).
+    let scans = empty.scans();
+    assert!(scans <= 4, "{scans} scans in 1.5 s of a populated cgroup");
+
+    // The shell killed: its last child exits within 20 ms, then the cgroup is empty.
+    shell.0.kill()?;
+    let event = within(
+        5,
+        "watch_empty never saw the cgroup empty after the shell and its child",
+        empty.next(),
+    )
+    .await?;
+    assert!(
+        event.is_some(),
+        "watch ended instead of reporting emptiness"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn watch_empty_waits_for_the_members_left_when_the_oldest_exits() -> anyhow::Result<()> {
+    if !root_or_skip("watch_empty_waits_for_the_members_left_when_the_oldest_exits") {
+        return Ok(());
+    }
+    let tree = TestTree::detect()?;
+    let h = tree.hierarchy();
+    let pod = tree.node.pod_path(QosClass::BestEffort, "two")?;
+    tree.node.create_pod(&pod, &CgroupSettings::default())?;
+    let container = tree.node.container_path(&pod, "pair")?;
+    tree.node
+        .create_container(&container, &CgroupSettings::default())?;
+    let mut first = spawn_in(h, &container, "sleep", &["100"])?;
+    std::thread::sleep(Duration::from_millis(20));
+    let mut second = spawn_in(h, &container, "sleep", &["100"])?;
+    let mut empty = h.watch_empty(&pod)?;
+    let early = tokio::time::timeout(Duration::from_millis(400), empty.next()).await;
+    assert!(early.is_err(), "reported empty with two members: {early:?}");
+
+    // The watched (oldest) member exits: one is left, no event.
+    first.kill()?;
+    first.wait()?;
+    let one_left = tokio::time::timeout(Duration::from_millis(600), empty.next()).await;
+    assert!(
+        one_left.is_err(),
+        "reported empty while a member runs: {one_left:?}"
+    );
+
+    second.kill()?;
+    let event = within(
+        5,
+        "watch_empty never saw the cgroup empty after its last member was killed",
+        empty.next(),
+    )
+    .await?;
+    assert!(
+        event.is_some(),
+        "watch ended instead of reporting emptiness"
+    );
+    second.wait()?;
+    Ok(())
+}
+
+#[tokio::test]
 async fn watch_empty_reports_an_already_empty_cgroup_at_once() -> anyhow::Result<()> {
     if !root_or_skip("watch_empty_reports_an_already_empty_cgroup_at_once") {
         return Ok(());

@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Utc};
 use ironlet_cgroups::{CgroupPath, CgroupUsage, MachineUsage, NodeCgroups};
-use k8s_openapi::api::core::v1::{ContainerStatus, Pod, Volume};
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodStatus, Volume};
 
 use ironlet_runtime::fsutil::DiskUsage;
 use ironlet_runtime::types::ContainerId;
@@ -98,11 +98,12 @@ impl KubeletStats {
         if !full {
             (node.network, node.runtime, node.rlimit) = (None, None, None);
         }
+        // Shared pods, not copies (`pods()` would copy every pod at each eviction check).
         let pods = self
             .statuses
-            .pods()
+            .statuses()
             .iter()
-            .filter_map(|pod| self.pod_stats(pod, now, full, root_fs))
+            .filter_map(|(pod, status)| self.pod_stats(pod, status, now, full, root_fs))
             .collect();
         // Forget the cgroups of pods gone for a while (the map would grow with every pod).
         let stale = now - chrono::Duration::minutes(5);
@@ -147,11 +148,11 @@ impl KubeletStats {
     fn pod_stats(
         &self,
         pod: &Pod,
+        status: &PodStatus,
         now: DateTime<Utc>,
         full: bool,
         root_fs: Option<FsStats>,
     ) -> Option<PodStats> {
-        let status = pod.status.as_ref()?;
         let running: Vec<&ContainerStatus> = status
             .container_statuses
             .iter()

@@ -33,6 +33,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use crate::config::{annotation, pod_uid, CONFIG_SEEN};
+use crate::server::pod_is_named;
 
 /// The file, inside a pod's directory, that holds its last status.
 pub const STATUS_FILE: &str = "status.json";
@@ -231,6 +232,28 @@ impl StatusStore {
         })
     }
 
+    /// The pod `namespace`/`name` with its status, copying that pod only (of two pods of
+    /// one name, e.g. one still terminating, either; as [`Self::pods`] has them, unordered).
+    pub fn pod_named(&self, namespace: &str, name: &str) -> Option<Pod> {
+        self.lock()
+            .values()
+            .find(|(pod, _)| pod_is_named(pod, namespace, name))
+            .map(|(pod, status)| {
+                let mut pod = (**pod).clone();
+                pod.status = Some(status.clone());
+                pod
+            })
+    }
+
+    /// The status of the pod `namespace`/`name` (see [`Self::pod_named`]), copying nothing
+    /// else.
+    pub fn status_named(&self, namespace: &str, name: &str) -> Option<PodStatus> {
+        self.lock()
+            .values()
+            .find(|(pod, _)| pod_is_named(pod, namespace, name))
+            .map(|(_, status)| status.clone())
+    }
+
     /// Bumps on every change.
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.version.subscribe()
@@ -342,6 +365,35 @@ mod tests {
         next.remove("with-dir");
         assert!(!dir.path().join("with-dir").join(STATUS_FILE).exists());
         assert_eq!(StatusStore::load(dir.path()).previous("with-dir"), None);
+    }
+
+    #[test]
+    fn one_pod_is_found_by_namespace_and_name() {
+        let store = StatusStore::default();
+        let named = |uid: &str, namespace: Option<&str>, name: &str| {
+            Arc::new(Pod {
+                metadata: ObjectMeta {
+                    uid: Some(uid.into()),
+                    namespace: namespace.map(Into::into),
+                    name: Some(name.into()),
+                    ..ObjectMeta::default()
+                },
+                ..Pod::default()
+            })
+        };
+        store.set(named("u1", Some("a"), "web"), status("Running"));
+        store.set(named("u2", Some("b"), "web"), status("Pending"));
+        store.set(named("u3", None, "db"), status("Failed"));
+        let found = store.pod_named("b", "web").expect("b/web");
+        assert_eq!(found.metadata.uid.as_deref(), Some("u2"));
+        assert_eq!(found.status, Some(status("Pending")));
+        assert_eq!(store.status_named("a", "web"), Some(status("Running")));
+        // No namespace is `default`.
+        assert_eq!(store.status_named("default", "db"), Some(status("Failed")));
+        assert_eq!(store.status_named("a", "db"), None);
+        assert!(store.pod_named("c", "web").is_none());
+        store.remove("u1");
+        assert_eq!(store.status_named("a", "web"), None);
     }
 
     #[test]

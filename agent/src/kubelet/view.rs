@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, PodStatus};
 
 use super::status_store::StatusStore;
 use crate::pleg::{PlegConfig, PlegHealth};
@@ -22,6 +22,14 @@ pub struct KubeletView {
 impl PodsView for KubeletView {
     fn pods(&self) -> Vec<Pod> {
         self.statuses.pods()
+    }
+
+    fn pod(&self, namespace: &str, name: &str) -> Option<Pod> {
+        self.statuses.pod_named(namespace, name)
+    }
+
+    fn pod_status(&self, namespace: &str, name: &str) -> Option<PodStatus> {
+        self.statuses.status_named(namespace, name)
     }
 
     fn health(&self) -> Result<(), String> {

@@ -37,11 +37,7 @@ pub fn route(request: &Request, view: &dyn PodsView, metrics: &Metrics) -> Respo
         ["healthz", "ping"] => Response::text(200, "ok"),
         ["pods"] | ["pods", ""] => pod_list(view.pods()),
         ["pods", namespace, name] if !namespace.is_empty() && !name.is_empty() => {
-            let found = view.pods().into_iter().find(|p| {
-                p.metadata.namespace.as_deref().unwrap_or("default") == *namespace
-                    && p.metadata.name.as_deref() == Some(name)
-            });
-            match found {
+            match view.pod(namespace, name) {
                 Some(pod) => json(200, &pod),
                 None => not_found(namespace, name),
             }

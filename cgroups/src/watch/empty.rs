@@ -12,15 +12,22 @@
 //!
 //! v1 has no such notification for non-root cgroups (`notify_on_release` runs a global
 //! `release_agent` binary: not usable by a library). Instead, while the cgroup is populated we hold
-//! a pidfd for each member (up to [`MAX_PIDFDS`]); a pidfd becomes readable when its process
-//! exits, and we rescan `cgroup.procs` of the subtree then. Exits are therefore reported without
-//! polling delay. While the cgroup is empty (or holds more members than we hold pidfds for), we
-//! poll `cgroup.procs` every 250 ms, which is also how removal is noticed.
+//! a pidfd of **one** member, the oldest (earliest start time): the cgroup cannot empty while it
+//! lives. Its pidfd becomes readable when it exits; we rescan `cgroup.procs` of the subtree then
+//! and watch the oldest member left, so the last exit is reported without polling delay. The
+//! watched member is kept across rescans: a container whose shell runs a short-lived command
+//! every 100 ms (a `while … sleep 0.1` loop) wakes nobody; holding a pidfd of every member, as
+//! this did, woke the watcher at each of those exits to list the cgroup and register pidfds
+//! again (at 100 such pods, a thousand wake-ups a second of allocation churn in the agent).
+//! While the cgroup is empty, or no member could be watched, we poll `cgroup.procs` every
+//! 250 ms, which is also how removal is noticed.
+//!
+//! A member is watched only once a scan made *after* its pidfd was opened still lists its pid
+//! while the pidfd shows it alive: the pid cannot have been reused by then, so the watched
+//! process is a member (not an unrelated process that got a recycled pid).
 
-use std::future::poll_fn;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
-use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use tokio::io::unix::AsyncFd;
@@ -32,10 +39,10 @@ use crate::hierarchy::Hierarchy;
 use crate::path::CgroupPath;
 use crate::pidfd;
 
-/// v1 polling interval while the cgroup is empty or pidfds do not cover every member.
+/// v1 polling interval while the cgroup is empty or no member can be watched.
 const V1_POLL: Duration = Duration::from_millis(250);
-/// Most pidfds held per v1 watcher.
-const MAX_PIDFDS: usize = 64;
+/// Most members whose start time is read to pick the oldest.
+const MAX_CANDIDATES: usize = 64;
 
 /// The watched cgroup was observed without processes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,14 +60,27 @@ pub struct EmptyWatcher {
     /// What the last observation saw: `None` before the first.
     was_empty: Option<bool>,
     ended: bool,
+    /// How many times the members were listed.
+    scans: u64,
 }
 
 enum Source {
-    V1 {
-        /// The member pids at the last pidfd wake-up, to detect zombies that stay listed.
-        last_woken_with: Option<Vec<i32>>,
-    },
+    V1(V1Watch),
     V2(FileWatch),
+}
+
+/// v1: the member whose exit is waited for, see the module docs.
+#[derive(Default)]
+struct V1Watch {
+    /// Its pid and pidfd (a member once a scan made after the pidfd was opened listed it).
+    watched: Option<Watched>,
+    /// The last wait returned at once because a member had exited since its scan.
+    just_rescanned: bool,
+}
+
+struct Watched {
+    pid: i32,
+    fd: AsyncFd<OwnedFd>,
 }
 
 impl Hierarchy {
@@ -73,9 +93,7 @@ impl Hierarchy {
                 path: path.clone(),
             })?;
         let source = match self {
-            Self::V1 { .. } => Source::V1 {
-                last_woken_with: None,
-            },
+            Self::V1 { .. } => Source::V1(V1Watch::default()),
             Self::V2 { .. } => Source::V2(FileWatch::new(&dir, "cgroup.events")?),
         };
         tracing::debug!(cgroup = %path, ?dir, "watching for emptiness");
@@ -85,6 +103,7 @@ impl Hierarchy {
             source,
             was_empty: None,
             ended: false,
+            scans: 0,
         })
     }
 }
@@ -96,12 +115,20 @@ impl EmptyWatcher {
         &self.path
     }
 
+    /// How many times the watcher has looked at the cgroup's members (`cgroup.procs` on v1,
+    /// `cgroup.events` on v2): what a watcher costs while the cgroup stays populated.
+    #[must_use]
+    pub fn scans(&self) -> u64 {
+        self.scans
+    }
+
     /// The next time the cgroup is observed empty, or `None` once the cgroup is gone.
     pub async fn next(&mut self) -> Result<Option<EmptyEvent>> {
         loop {
             if self.ended || !self.dir.is_dir() {
                 return Ok(self.end());
             }
+            self.scans += 1;
             let members = match &self.source {
                 Source::V1 { .. } => fs::procs_recursive(&self.dir)?,
                 Source::V2(_) => match populated_v2(&self.dir)? {
@@ -120,7 +147,7 @@ impl EmptyWatcher {
                 }));
             }
             match &mut self.source {
-                Source::V1 { last_woken_with } => wait_v1(members, last_woken_with).await,
+                Source::V1(watch) => watch.wait(&members).await,
                 Source::V2(watch) => {
                     tokio::select! {
                         woke = watch.wait() => woke?,
@@ -158,49 +185,105 @@ fn populated_v2(dir: &std::path::Path) -> Result<Option<bool>> {
     ))
 }
 
-/// v1: waits for one of `members` to exit (pidfds), or polls. See the module docs.
-async fn wait_v1(members: Vec<i32>, last_woken_with: &mut Option<Vec<i32>>) {
-    // A pidfd of a process that already exited is readable at once; if the previous wake-up saw
-    // exactly these members, someone is a lingering zombie: poll instead of spinning.
-    let stale = last_woken_with.as_ref() == Some(&members);
-    if members.is_empty() || stale {
-        *last_woken_with = None;
-        tokio::time::sleep(V1_POLL).await;
-        return;
-    }
-    let mut fds: Vec<AsyncFd<OwnedFd>> = Vec::new();
-    let mut already_gone = false;
-    for pid in members.iter().take(MAX_PIDFDS) {
-        match pidfd::open(*pid) {
-            Ok(Some(fd)) => fds.extend(register_readable(fd).ok()),
-            Ok(None) => already_gone = true,
-            Err(err) => tracing::debug!(pid, ?err, "no pidfd; polling for this member"),
+impl V1Watch {
+    /// Waits until the watched member exits (or the safety interval passes); returns at once
+    /// to have a newly chosen member confirmed by a rescan; polls when none can be watched.
+    /// `members`: the scan just made.
+    async fn wait(&mut self, members: &[i32]) {
+        if let Some(w) = self.watched.take() {
+            if members.contains(&w.pid) && !exited(&w.fd) {
+                // Listed by a scan made after its pidfd was opened, and alive since: a member.
+                let watched = self.watched.insert(w);
+                // The cgroup cannot empty before it exits (unless it is moved out: the
+                // safety re-check).
+                tokio::select! {
+                    _ = watched.fd.readable() => {}
+                    () = tokio::time::sleep(SAFETY_INTERVAL) => {}
+                }
+                return;
+            }
+            // Exited, or no longer a member: choose another.
+        }
+        match oldest_alive(members) {
+            Pick::Member(watched) => {
+                self.watched = Some(watched);
+                self.just_rescanned = false;
+            }
+            // A member exited since the scan: the cgroup may be empty now; rescan at once,
+            // but not twice in a row (then poll).
+            Pick::Exited if !self.just_rescanned => self.just_rescanned = true,
+            Pick::Exited | Pick::None => {
+                self.just_rescanned = false;
+                tokio::time::sleep(V1_POLL).await;
+            }
         }
     }
-    if already_gone {
-        // A member exited between the scan and now: rescan at once.
-        *last_woken_with = Some(members);
-        return;
-    }
-    if fds.is_empty() {
-        tokio::time::sleep(V1_POLL).await;
-        return;
-    }
-    // Every member has a pidfd: the cgroup cannot empty without one of them exiting.
-    let fallback = if fds.len() < members.len() {
-        V1_POLL
-    } else {
-        SAFETY_INTERVAL
+}
+
+/// What [`oldest_alive`] found.
+enum Pick {
+    Member(Watched),
+    /// No member to watch: some had exited since the scan.
+    Exited,
+    /// No member to watch (no pidfds here).
+    None,
+}
+
+/// Whether the process of `fd` has exited (its pidfd is readable).
+fn exited(fd: &AsyncFd<OwnedFd>) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut pfd = libc::pollfd {
+        fd: fd.get_ref().as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
     };
-    let any_exit = poll_fn(|cx| {
-        if fds.iter().any(|fd| fd.poll_read_ready(cx).is_ready()) {
-            Poll::Ready(())
-        } else {
-            Poll::Pending
+    // SAFETY: one valid pollfd, zero timeout.
+    let ready = unsafe { libc::poll(&mut pfd, 1, 0) };
+    ready != 0
+}
+
+/// A pidfd of the member of `members` that started first and still runs (unconfirmed: the
+/// next scan confirms it).
+fn oldest_alive(members: &[i32]) -> Pick {
+    let mut candidates: Vec<(u64, i32)> = members
+        .iter()
+        .take(MAX_CANDIDATES)
+        .map(|&pid| (start_time(pid).unwrap_or(u64::MAX), pid))
+        .collect();
+    candidates.sort_unstable();
+    let mut any_exited = false;
+    for (_, pid) in candidates {
+        let fd = match pidfd::open(pid) {
+            Ok(Some(fd)) => fd,
+            Ok(None) => {
+                any_exited = true;
+                continue;
+            }
+            Err(err) => {
+                tracing::debug!(pid, ?err, "no pidfd for a cgroup member");
+                continue;
+            }
+        };
+        let Ok(fd) = register_readable(fd) else {
+            continue;
+        };
+        if exited(&fd) {
+            any_exited = true;
+            continue;
         }
-    });
-    tokio::select! {
-        () = any_exit => *last_woken_with = Some(members),
-        () = tokio::time::sleep(fallback) => *last_woken_with = None,
+        return Pick::Member(Watched { pid, fd });
     }
+    if any_exited {
+        Pick::Exited
+    } else {
+        Pick::None
+    }
+}
+
+/// A process's start time (clock ticks after boot, `/proc/<pid>/stat` field 22).
+fn start_time(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: fields 3.. follow the last ')'.
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(19)?.parse().ok()
 }

@@ -8,7 +8,7 @@
 //!         → compare oom_kill                    memory.oom_control of every cgroup of the
 //!                                               subtree (inotify IN_CREATE adds new ones)
 //!                                               → compare oom_kill
-//!  empty  inotify IN_MODIFY on cgroup.events    pidfd of every member → rescan on exit;
+//!  empty  inotify IN_MODIFY on cgroup.events    pidfd of the oldest member → rescan on its exit;
 //!         → "populated 0"                       poll cgroup.procs every 250 ms while empty
 //! ```
 //!
@@ -43,12 +43,12 @@ use tokio::io::Interest;
 use crate::error::{Error, Result};
 use crate::inotify::{Instance, Watch};
 
-/// Safety re-check interval of the watchers. Each re-check walks the pod's cgroup subtree (and
-/// a v1 emptiness re-check opens a pidfd per member): at 1 s, then 10 s, per pod, this was most
-/// of the agent's idle CPU at a few hundred pods (issue 14's density benchmark), for
-/// notifications that are not lost: exits wake pidfds (v1) or `cgroup.events` (v2), OOM kills
-/// and removals the eventfds (v1) or `memory.events` (v2). kubelet relists every 5 min with
-/// its evented PLEG; so do these, and the PLEG's own relist comes first.
+/// Safety re-check interval of the watchers. Each re-check walks the pod's cgroup subtree:
+/// at 1 s, then 10 s, per pod, this was most of the agent's idle CPU at a few hundred pods
+/// (issue 14's density benchmark), for notifications that are not lost: exits wake pidfds
+/// (v1) or `cgroup.events` (v2), OOM kills and removals the eventfds (v1) or `memory.events`
+/// (v2). kubelet relists every 5 min with its evented PLEG; so do these, and the PLEG's own
+/// relist comes first.
 const SAFETY_INTERVAL: Duration = Duration::from_secs(300);
 
 /// Types that own their file descriptor: `as_raw_fd` returns the same open fd for as long as the

@@ -26,8 +26,8 @@ use crate::config::inotify::DirWatch;
 const STATE_CHECK_PERIOD: std::time::Duration = std::time::Duration::from_millis(250);
 /// How often a follower without an inotify watch (e.g. the per-user instance limit) reads.
 const POLL_PERIOD: std::time::Duration = std::time::Duration::from_millis(100);
-/// The file reader's buffer: one blocking-pool read per 16 KiB. A follower keeps it while
-/// it waits, so it is not larger.
+/// The file reader's buffer: one blocking-pool read per 16 KiB. A follower gives it back
+/// while it waits (see [`LogReader`]).
 const READ_BUFFER: usize = 16 * 1024;
 
 /// Kubelet's `PodLogOptions` as the query carries them.
@@ -334,6 +334,55 @@ impl Opened {
     }
 }
 
+/// The file being read: buffered while it is read, bare while a follower waits at its end.
+/// A waiting follower held two 16 KiB buffers ([`BufReader`]'s and the one `tokio::fs::File`
+/// reads into on the blocking pool), 32 KiB each for as long as its log stays quiet.
+enum LogReader {
+    Buffered(BufReader<tokio::fs::File>),
+    Bare(std::fs::File),
+    /// Only while switching between the two.
+    Switching,
+}
+
+impl LogReader {
+    fn new(file: tokio::fs::File) -> Self {
+        Self::Buffered(BufReader::with_capacity(READ_BUFFER, file))
+    }
+
+    /// [`AsyncBufReadExt::read_until`], buffering a bare file first.
+    async fn read_until(&mut self, byte: u8, buf: &mut Vec<u8>) -> std::io::Result<usize> {
+        if matches!(self, Self::Bare(_)) {
+            if let Self::Bare(file) = std::mem::replace(self, Self::Switching) {
+                *self = Self::new(tokio::fs::File::from_std(file));
+            }
+        }
+        match self {
+            Self::Buffered(reader) => reader.read_until(byte, buf).await,
+            Self::Bare(_) | Self::Switching => Err(std::io::Error::other(
+                "the log reader lost its file while switching buffers",
+            )),
+        }
+    }
+
+    /// Gives the buffers back when everything read into them was consumed, as it is at the
+    /// end of the file (`read_until` consumes what it scans; `tokio::fs::File` reads at most
+    /// what `BufReader` asks for and hands it all over, so nothing is buffered below either).
+    async fn release(&mut self) {
+        if !matches!(self, Self::Buffered(reader) if reader.buffer().is_empty()) {
+            return;
+        }
+        if let Self::Buffered(reader) = std::mem::replace(self, Self::Switching) {
+            *self = Self::Bare(reader.into_inner().into_std().await);
+        }
+    }
+
+    /// Whether the buffers are given back (for tests).
+    #[cfg(test)]
+    fn is_bare(&self) -> bool {
+        matches!(self, Self::Bare(_))
+    }
+}
+
 /// While following `current`: the file that comes after the one with inode `ino` once the
 /// writer has rotated it away, `None` while `current` is still that file (or not made yet).
 async fn next_after_rotation(current: &Path, ino: u64) -> Option<Opened> {
@@ -412,7 +461,7 @@ pub async fn stream<S: Sink, F: Fn() -> bool + Send>(
     };
     opened.file.seek(SeekFrom::Start(start)).await?;
     let mut ino = opened.ino;
-    let mut reader = BufReader::with_capacity(READ_BUFFER, opened.file);
+    let mut reader = LogReader::new(opened.file);
     let mut batch = Batch::new();
     let mut line = Vec::new();
     let mut rotated: Option<Opened> = None;
@@ -453,7 +502,7 @@ pub async fn stream<S: Sink, F: Fn() -> bool + Send>(
             // is read from its start (the tail's search moved its position).
             next.file.seek(SeekFrom::Start(0)).await?;
             ino = next.ino;
-            reader = BufReader::with_capacity(READ_BUFFER, next.file);
+            reader = LogReader::new(next.file);
             continue;
         }
         if !opts.follow {
@@ -475,6 +524,8 @@ pub async fn stream<S: Sink, F: Fn() -> bool + Send>(
             }
             return Ok(());
         }
+        // The follower waits: its read buffers go back until the log changes.
+        reader.release().await;
         let Some(watch) = changes.as_mut() else {
             tokio::select! {
                 () = sink.closed() => return Ok(()),
@@ -852,5 +903,43 @@ mod tests {
             let result = ended.unwrap_or_else(|_| panic!("follower {n} did not end"));
             result.expect("follower task").expect("stream");
         }
+    }
+
+    #[tokio::test]
+    async fn a_reader_at_the_end_gives_its_buffers_back_and_goes_on_where_it_stopped() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("0.log");
+        std::fs::write(&path, "a\nb\n").expect("write");
+        let mut reader = LogReader::new(open_log(&path).expect("open"));
+        let mut line = Vec::new();
+        reader.read_until(b'\n', &mut line).await.expect("read");
+        assert_eq!(line, b"a\n");
+        // "b\n" is still buffered: nothing is given back.
+        reader.release().await;
+        assert!(!reader.is_bare(), "released a buffer holding unread bytes");
+        line.clear();
+        reader.read_until(b'\n', &mut line).await.expect("read");
+        assert_eq!(line, b"b\n");
+        line.clear();
+        assert_eq!(reader.read_until(b'\n', &mut line).await.expect("read"), 0);
+        // At the end: both buffers go back while the follower waits.
+        reader.release().await;
+        assert!(reader.is_bare(), "a waiting reader kept its buffers");
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .expect("open");
+        file.write_all(b"c\nd").expect("append");
+        reader.read_until(b'\n', &mut line).await.expect("read");
+        assert_eq!(line, b"c\n");
+        line.clear();
+        // A line still being written is kept, and finished by the next read.
+        reader.read_until(b'\n', &mut line).await.expect("read");
+        assert_eq!(line, b"d");
+        reader.release().await;
+        file.write_all(b"e\n").expect("append");
+        reader.read_until(b'\n', &mut line).await.expect("read");
+        assert_eq!(line, b"de\n");
     }
 }

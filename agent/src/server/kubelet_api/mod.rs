@@ -718,15 +718,12 @@ async fn port_forward_target(
 }
 
 fn find_pod(view: &dyn PodsView, namespace: &str, name: &str) -> Option<Pod> {
-    view.pods().into_iter().find(|p| {
-        p.metadata.namespace.as_deref().unwrap_or("default") == namespace
-            && p.metadata.name.as_deref() == Some(name)
-    })
+    view.pod(namespace, name)
 }
 
+/// Asked by a log follower at each wake-up: copies the one pod's status, not every pod.
 fn container_running(view: &dyn PodsView, namespace: &str, pod: &str, container: &str) -> bool {
-    find_pod(view, namespace, pod)
-        .and_then(|p| p.status)
+    view.pod_status(namespace, pod)
         .map(|s| {
             all_container_statuses(s)
                 .any(|c| c.name == container && c.state.is_some_and(|st| st.running.is_some()))
@@ -799,6 +796,53 @@ mod tests {
             "name": name, "image": "docker.io/library/busybox:latest", "imageID": "",
             "ready": false, "restartCount": 0, "state": state,
         })
+    }
+
+    /// A view that answers one pod by name and counts how often every pod was listed.
+    struct OnePodView {
+        pod: Pod,
+        listed: std::sync::atomic::AtomicUsize,
+    }
+
+    impl PodsView for OnePodView {
+        fn pods(&self) -> Vec<Pod> {
+            self.listed
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            vec![self.pod.clone()]
+        }
+        fn pod_status(&self, namespace: &str, name: &str) -> Option<PodStatus> {
+            crate::server::pod_is_named(&self.pod, namespace, name)
+                .then(|| self.pod.status.clone())
+                .flatten()
+        }
+        fn health(&self) -> Result<(), String> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_log_follower_looks_up_its_container_without_listing_every_pod() {
+        let running = serde_json::json!({ "running": { "startedAt": "2026-01-01T00:00:00Z" } });
+        let exited = serde_json::json!({ "terminated": { "exitCode": 0 } });
+        let view = OnePodView {
+            pod: pod(
+                "up",
+                serde_json::json!([status("a", running), status("b", exited)]),
+            ),
+            listed: 0.into(),
+        };
+        assert!(container_running(&view, "ns", "up", "a"));
+        assert!(!container_running(&view, "ns", "up", "b"));
+        assert!(!container_running(&view, "ns", "up", "c"));
+        assert!(!container_running(&view, "other", "up", "a"));
+        assert!(!container_running(&view, "ns", "down", "a"));
+        // Asked several times a second by every `logs -f`: copying every pod each time was
+        // most of the agent's heap churn while 10 followers streamed (100 pods).
+        assert_eq!(
+            view.listed.load(std::sync::atomic::Ordering::Relaxed),
+            0,
+            "container_running listed every pod"
+        );
     }
 
     #[test]
