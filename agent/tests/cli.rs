@@ -1486,6 +1486,22 @@ fn nat_rules() -> String {
     text(&out.stdout)
 }
 
+/// host-local's `dataDir` in the default network `ctr run -p` uses: the one in
+/// `/etc/cni/net.d/99-ironlet.conflist`, written by whichever ironlet found the file missing
+/// (its root directory's `cni/networks`: on a machine where a test's agent wrote it first,
+/// that test's temporary root, not `/var/lib/ironlet`).
+fn ipam_data_dir() -> PathBuf {
+    let conflist = std::fs::read("/etc/cni/net.d/99-ironlet.conflist").expect("the conflist");
+    let conflist: serde_json::Value = serde_json::from_slice(&conflist).expect("JSON");
+    let dir = conflist["plugins"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find_map(|plugin| plugin["ipam"]["dataDir"].as_str())
+        .unwrap_or("/var/lib/cni/networks");
+    PathBuf::from(dir)
+}
+
 #[test]
 fn ctr_run_p_publishes_a_port_as_root_and_rm_leaves_no_rule_address_or_namespace() {
     if !is_root() {
@@ -1533,7 +1549,7 @@ fn ctr_run_p_publishes_a_port_as_root_and_rm_leaves_no_rule_address_or_namespace
     assert!(ip.starts_with("10.85."), "a bridge address: {logs}");
     let dport = format!("--dport {host_port} ");
     assert!(nat_rules().contains(&dport), "a DNAT rule for the port");
-    let lease = std::path::Path::new("/var/lib/ironlet/cni/networks/ironlet").join(&ip);
+    let lease = ipam_data_dir().join("ironlet").join(&ip);
     assert!(lease.exists(), "host-local holds {}", lease.display());
 
     let rm = node.ironlet(&["ctr", "rm", "-f", &name]);
