@@ -180,10 +180,22 @@ static REMEMBERED_TABLE: OnceLock<String> = OnceLock::new();
 /// the kernel formats every mount of the namespace into mountinfo, ~6 ms for each read with
 /// 2000 mounts (500 pods on a node, 4 mounts each), and readers wait on the namespace's
 /// lock while other processes mount and unmount. A later call keeps the first table.
-pub fn remember_mount_table() -> Result<()> {
+/// Returns the remembered lines.
+pub fn remember_mount_table() -> Result<String> {
     let table = crate::fs::read(Path::new("/proc/self/mountinfo"))?;
-    let _ = REMEMBERED_TABLE.set(cgroup_lines(&table));
-    Ok(())
+    Ok(REMEMBERED_TABLE
+        .get_or_init(|| cgroup_lines(&table))
+        .clone())
+}
+
+/// The mount points of the cgroup v1 hierarchies in a mount table, in table order.
+#[must_use]
+pub fn v1_mount_points(table: &str) -> Vec<PathBuf> {
+    mountinfo::cgroup_mounts(table)
+        .into_iter()
+        .filter(|m| !m.unified)
+        .map(|m| m.mount_point)
+        .collect()
 }
 
 /// The cgroup (v1 and v2) lines of the mount table: the remembered ones (see
@@ -429,6 +441,22 @@ mod tests {
             mountinfo::cgroup_mounts(&lines),
             mountinfo::cgroup_mounts(HYBRID)
         );
+    }
+
+    #[test]
+    fn the_v1_mount_points_of_a_table_are_its_cgroup_hierarchies_in_order() {
+        let points = v1_mount_points(HYBRID);
+        let expected: Vec<PathBuf> = mountinfo::cgroup_mounts(HYBRID)
+            .into_iter()
+            .filter(|m| !m.unified)
+            .map(|m| m.mount_point)
+            .collect();
+        assert_eq!(points, expected);
+        assert_eq!(
+            points.first(),
+            Some(&PathBuf::from("/sys/fs/cgroup/systemd"))
+        );
+        assert!(!points.contains(&PathBuf::from("/sys/fs/cgroup/unified")));
     }
 
     /// The host's own cgroup lines, if this machine has any cgroup file system mounted.

@@ -138,7 +138,7 @@ pub(crate) fn prepare_in_worker(bundle: &Path) -> Result<(), String> {
 }
 
 /// In the zygote, before it forks any worker: reads the cgroup mounts of the mount table
-/// once, for ironlet's view ([`ironlet_cgroups::view::remember_mount_table`]) and for
+/// once (one read for both), for ironlet's view ([`ironlet_cgroups::view::remember_mount_table`]) and for
 /// libcgroups' v1 manager (a patch of ours, `vendor/libcgroups`), which libcontainer builds
 /// in every create's and exec's intermediate process. The workers and their children
 /// inherit both, so a container start does not read `/proc/self/mountinfo` for them: that
@@ -146,11 +146,11 @@ pub(crate) fn prepare_in_worker(bundle: &Path) -> Result<(), String> {
 /// waits on the namespace's lock. Either falls back to reading the table when a
 /// remembered mount point is no longer a cgroup file system. Failures only cost that.
 pub(crate) fn remember_cgroup_mounts() {
-    if let Err(err) = ironlet_cgroups::view::remember_mount_table() {
-        tracing::debug!(%err, "cgroup mounts not remembered for the cgroup view");
-    }
-    if let Err(err) = libcgroups::v1::util::remember_subsystem_mount_points() {
-        tracing::debug!(%err, "cgroup v1 mount points not remembered for libcgroups");
+    match ironlet_cgroups::view::remember_mount_table() {
+        Ok(table) => libcgroups::v1::util::remember_subsystem_mount_points(
+            ironlet_cgroups::view::v1_mount_points(&table),
+        ),
+        Err(err) => tracing::debug!(%err, "cgroup mounts not remembered"),
     }
 }
 

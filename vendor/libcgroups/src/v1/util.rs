@@ -33,12 +33,12 @@ pub enum V1MountPointError {
 /// readers serialise on the namespace's lock with every mount and unmount of the node.
 static REMEMBERED: OnceLock<Vec<PathBuf>> = OnceLock::new();
 
-/// ironlet patch: reads the cgroup v1 mount points now and keeps them for this process
-/// and its future children (see [`REMEMBERED`]). A later call keeps the first answer.
-pub fn remember_subsystem_mount_points() -> Result<(), V1MountPointError> {
-    let mount_points = read_subsystem_mount_points()?;
+/// ironlet patch: keeps `mount_points`, the cgroup v1 mount points of this process's mount
+/// table in table order (what [`list_subsystem_mount_points`] would read), for this process
+/// and its future children (see [`REMEMBERED`]). The caller reads the table (once, for its
+/// own use too). A later call keeps the first list.
+pub fn remember_subsystem_mount_points(mount_points: Vec<PathBuf>) {
     let _ = REMEMBERED.set(mount_points);
-    Ok(())
 }
 
 /// ironlet patch: the remembered mount points while every one of them is still a cgroup
