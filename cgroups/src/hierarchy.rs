@@ -49,7 +49,8 @@ pub enum Hierarchy {
 /// writes its pid to, as `runc exec` does.
 pub fn process_cgroup_dirs(pid: i32) -> Result<Vec<PathBuf>> {
     let membership = fs::read(Path::new(&format!("/proc/{pid}/cgroup")))?;
-    let table = fs::read(Path::new(MOUNTINFO))?;
+    // The cgroup mounts a zygote remembered, if any (see `view::remember_mount_table`).
+    let table = crate::view::cgroup_mount_table()?;
     Ok(mountinfo::membership_dirs(
         &membership,
         &mountinfo::cgroup_mounts(&table),

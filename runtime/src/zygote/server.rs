@@ -132,6 +132,7 @@ impl Server {
         supervisor: Option<Supervisor>,
         exit_dir: Option<PathBuf>,
     ) -> Self {
+        super::cgroup_view::remember_cgroup_mounts();
         Self {
             sock,
             generation: 0,

@@ -405,7 +405,9 @@ fn hide_cgroups_from_libcontainer(
     adds_tasks: bool,
     plan: &super::userns::Plan,
 ) -> Result<(), String> {
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
+    // The cgroup lines the zygote remembered (`cgroup_view::remember_cgroup_mounts`), or
+    // mountinfo read now if they changed.
+    let mountinfo = ironlet_cgroups::view::cgroup_mount_table()
         .map_err(|e| format!("rootless: read mountinfo: {e}"))?;
     super::userns::enter(plan).map_err(|e| e.to_string())?;
     set_root_propagation(MsFlags::MS_PRIVATE, "rootless")?;
