@@ -235,23 +235,30 @@ impl StatusStore {
     /// The pod `namespace`/`name` with its status, copying that pod only (of two pods of
     /// one name, e.g. one still terminating, either; as [`Self::pods`] has them, unordered).
     pub fn pod_named(&self, namespace: &str, name: &str) -> Option<Pod> {
-        self.lock()
-            .values()
-            .find(|(pod, _)| pod_is_named(pod, namespace, name))
-            .map(|(pod, status)| {
-                let mut pod = (**pod).clone();
-                pod.status = Some(status.clone());
-                pod
-            })
+        self.find_named(namespace, name, |pod, status| {
+            let mut pod = pod.clone();
+            pod.status = Some(status.clone());
+            pod
+        })
     }
 
     /// The status of the pod `namespace`/`name` (see [`Self::pod_named`]), copying nothing
     /// else.
     pub fn status_named(&self, namespace: &str, name: &str) -> Option<PodStatus> {
+        self.find_named(namespace, name, |_, status| status.clone())
+    }
+
+    /// `take` applied to the pod `namespace`/`name` and its status, under the lock.
+    fn find_named<T>(
+        &self,
+        namespace: &str,
+        name: &str,
+        take: impl FnOnce(&Pod, &PodStatus) -> T,
+    ) -> Option<T> {
         self.lock()
             .values()
             .find(|(pod, _)| pod_is_named(pod, namespace, name))
-            .map(|(_, status)| status.clone())
+            .map(|(pod, status)| take(pod, status))
     }
 
     /// Bumps on every change.

@@ -574,7 +574,9 @@ fn container_logs(
             "invalid namespace, pod or container name\n",
         ));
     }
-    let pod = find_pod(&*services.view, namespace, pod_name)
+    let pod = services
+        .view
+        .pod(namespace, pod_name)
         .ok_or_else(|| Response::text(404, format!("pod {namespace}/{pod_name} not found\n")))?;
     let uid = pod.metadata.uid.clone().unwrap_or_default();
     let known = pod.spec.as_ref().is_some_and(|spec| {
@@ -649,7 +651,9 @@ fn exec_target(
         exec::ExecOptions::parse(query)
     }
     .map_err(|e| Response::text(400, format!("{e}\n")))?;
-    let pod = find_pod(&*services.view, namespace, pod_name)
+    let pod = services
+        .view
+        .pod(namespace, pod_name)
         .ok_or_else(|| Response::text(404, "pod does not exist\n"))?;
     let id = pod
         .status
@@ -686,7 +690,9 @@ async fn port_forward_target(
     request: &Request,
     services: &Services,
 ) -> Result<(portforward::Target, Vec<u8>, portforward::Upgrade), Response> {
-    let pod = find_pod(&*services.view, namespace, pod_name)
+    let pod = services
+        .view
+        .pod(namespace, pod_name)
         .ok_or_else(|| Response::text(404, "pod does not exist\n"))?;
     let pod_uid = pod.metadata.uid.clone().unwrap_or_default();
     if uid.is_some_and(|uid| !uid.is_empty() && uid != pod_uid) {
@@ -715,10 +721,6 @@ async fn port_forward_target(
         netns: sandbox.netns_path,
     };
     Ok((target, head, upgrade))
-}
-
-fn find_pod(view: &dyn PodsView, namespace: &str, name: &str) -> Option<Pod> {
-    view.pod(namespace, name)
 }
 
 /// Asked by a log follower at each wake-up: copies the one pod's status, not every pod.
