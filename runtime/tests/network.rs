@@ -91,6 +91,10 @@ fn main() {
             loopback_only,
         ),
         ("cni_add_adds_little_to_sandbox_creation", add_cost),
+        (
+            "an_address_named_for_a_pod_is_never_one_host_local_holds_for_another",
+            named_address_skips_taken,
+        ),
     ];
     let trials = tests
         .into_iter()
@@ -592,6 +596,49 @@ fn loopback_only(env: &Env) -> Result<()> {
             "interfaces: {out}"
         );
         cleanup(rt, &sandbox).await
+    })
+}
+
+/// ironlet names each pod's address to host-local (the default network declares `ips`):
+/// an address whose reservation file another holder wrote is skipped, its file untouched,
+/// and the pod's own address is reserved under its sandbox id.
+fn named_address_skips_taken(env: &Env) -> Result<()> {
+    env.rt.block_on(async {
+        let rt = &env.net;
+        let reservations = env
+            .root
+            .join("net/cni/networks")
+            .join(&env.cni.default_network.name);
+        let first = rt.run_pod_sandbox(&sandbox_config(env, "named-a")).await?;
+        let ip_a = pod_ip(rt, &first).await?;
+        // The next address in the round belongs to someone else (another tool sharing the
+        // data dir): its reservation file exists before the next ADD.
+        let taken = Ipv4Addr::from(u32::from(ip_a) + 1);
+        let foreign = reservations.join(taken.to_string());
+        std::fs::write(&foreign, "someone-else\r\neth0")?;
+        let second = rt.run_pod_sandbox(&sandbox_config(env, "named-b")).await;
+        let checked = async {
+            let second = second?;
+            let ip_b = pod_ip(rt, &second).await?;
+            let held = std::fs::read_to_string(reservations.join(ip_b.to_string()))?;
+            cleanup(rt, &second).await?;
+            ensure!(ip_b != taken && in_test_subnet(ip_b), "the pod got {ip_b}");
+            ensure!(
+                held.starts_with(second.as_str()),
+                "{ip_b} is reserved for {held:?}, not {second}"
+            );
+            Ok(())
+        }
+        .await;
+        let kept = std::fs::read_to_string(&foreign);
+        std::fs::remove_file(&foreign)?;
+        cleanup(rt, &first).await?;
+        checked?;
+        ensure!(
+            kept.ok().as_deref() == Some("someone-else\r\neth0"),
+            "the foreign reservation of {taken} was changed"
+        );
+        Ok(())
     })
 }
 

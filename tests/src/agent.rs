@@ -148,6 +148,8 @@ impl ClusterAgent {
                 "isGateway": true,
                 "ipMasq": false,
                 "hairpinMode": true,
+                // As ironlet's default network: ironlet names each pod's address.
+                "capabilities": {"ips": true},
                 "ipam": {
                     "type": "host-local",
                     "ranges": [[{"subnet": subnet.map_or_else(|| format!("10.88.{slot}.0/24"), str::to_owned)}]],

@@ -6,6 +6,11 @@
 //!   patch carrying `metadata.uid` as precondition) only when they differ from the last status
 //!   this manager wrote for that pod object; a failed patch is retried every
 //!   [`RETRY_PERIOD`]. Changes that arrive together go out together (one pass per wake-up).
+//!   A pass looks at the pods whose status changed ([`StatusStore::take_changed`]), not at
+//!   every pod of the node: with 500 pods, comparing every status on each change was the
+//!   largest part of the agent's work during a pod start. Every [`RESYNC_PERIOD`] all are
+//!   compared (kubelet's `syncBatch`), which also catches a target replaced under an
+//!   unchanged status.
 //! * Only the conditions the kubelet writes are in a patch, merged by type: a condition a
 //!   client set (a readiness gate's) is never overwritten or removed, even when the agent's
 //!   copy of the pod is older than the client's write ([`status_patch`]).
@@ -36,6 +41,8 @@ use crate::pod_manager::PodManager;
 
 /// How often failed or waiting status patches are retried.
 pub const RETRY_PERIOD: Duration = Duration::from_secs(2);
+/// How often every status is compared with what was last written.
+pub const RESYNC_PERIOD: Duration = Duration::from_secs(10);
 /// How long a mirror pod request is not repeated.
 pub const MIRROR_DEBOUNCE: Duration = Duration::from_secs(5);
 
@@ -83,6 +90,9 @@ pub struct StatusManager {
     mirror_requests: HashMap<String, Instant>,
     finalized: HashSet<String>,
     node_uid: Option<String>,
+    /// Pods (by UID) whose patch failed or whose target does not exist yet (a static pod
+    /// before its mirror): retried every [`RETRY_PERIOD`].
+    pending: HashSet<String>,
 }
 
 impl StatusManager {
@@ -101,6 +111,7 @@ impl StatusManager {
             mirror_requests: HashMap::new(),
             finalized: HashSet::new(),
             node_uid: None,
+            pending: HashSet::new(),
         }
     }
 
@@ -109,6 +120,8 @@ impl StatusManager {
         let mut changes = self.statuses.subscribe();
         let mut retry = tokio::time::interval(RETRY_PERIOD);
         retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut resync = tokio::time::interval(RESYNC_PERIOD);
+        resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 changed = changes.changed() => {
@@ -116,13 +129,20 @@ impl StatusManager {
                         return;
                     }
                     changes.borrow_and_update();
-                    self.sync_all().await;
+                    for uid in self.statuses.take_changed() {
+                        self.sync_uid(uid).await;
+                    }
                 }
                 command = commands.recv() => match command {
                     Some(command) => self.handle(command).await,
                     None => return,
                 },
-                _ = retry.tick() => self.sync_all().await,
+                _ = retry.tick() => {
+                    for uid in std::mem::take(&mut self.pending) {
+                        self.sync_uid(uid).await;
+                    }
+                }
+                _ = resync.tick() => self.sync_all().await,
             }
         }
     }
@@ -144,18 +164,40 @@ impl StatusManager {
     async fn sync_all(&mut self) {
         let mut live = HashSet::new();
         for (pod, status) in self.statuses.statuses() {
-            let Some(target) = self.target_of(&pod) else {
-                continue;
-            };
-            live.insert(target.clone());
-            self.sync_one(target, status).await;
+            if let Some(target) = self.target_of(&pod) {
+                live.insert(target.clone());
+            }
+            self.sync_pod(&pod, status).await;
         }
         self.sent.retain(|t, _| live.contains(t));
     }
 
-    async fn sync_one(&mut self, target: Target, status: PodStatus) {
+    /// Patches the status of pod `uid` if it differs from what was last written (a pod
+    /// removed from the store has nothing left to write).
+    async fn sync_uid(&mut self, uid: String) {
+        if let Some((pod, status)) = self.statuses.entry(&uid) {
+            self.sync_pod(&pod, status).await;
+        }
+    }
+
+    /// [`Self::sync_one`] for `pod`'s target, remembering the pod for a retry when the patch
+    /// failed or its target does not exist yet.
+    async fn sync_pod(&mut self, pod: &Pod, status: PodStatus) {
+        let written = match self.target_of(pod) {
+            Some(target) => self.sync_one(target, status).await,
+            // Only a static pod gets a target later (its mirror).
+            None => !is_static_pod(pod),
+        };
+        if !written {
+            self.pending.insert(pod_uid(pod).to_owned());
+        }
+    }
+
+    /// Patches `status` onto `target` unless it is what was last written there; false when
+    /// the patch failed (it is to be retried).
+    async fn sync_one(&mut self, target: Target, status: PodStatus) -> bool {
         if self.sent.get(&target).is_some_and(|(s, _)| *s == status) {
-            return;
+            return true;
         }
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &target.namespace);
         let patch = status_patch(&target.uid, &status);
@@ -171,13 +213,16 @@ impl StatusManager {
                 let version = self.sent.get(&target).map_or(0, |(_, v)| v + 1);
                 tracing::debug!(pod = %target.name, namespace = %target.namespace, version, "pod status patched");
                 self.sent.insert(target, (status, version));
+                true
             }
             Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {
                 tracing::debug!(pod = %target.name, code = e.code, "status target gone or replaced");
                 self.sent.insert(target, (status, 0));
+                true
             }
             Err(err) => {
                 tracing::warn!(pod = %target.name, namespace = %target.namespace, %err, "patching pod status failed; will retry");
+                false
             }
         }
     }
@@ -217,7 +262,9 @@ impl StatusManager {
             return;
         }
         if let Some(status) = self.statuses.status(&uid) {
-            self.sync_one(Target::of(pod), status).await;
+            if !self.sync_one(Target::of(pod), status).await {
+                self.pending.insert(uid.clone());
+            }
         }
         tracing::info!(pod = %pod_full_name(pod), "pod terminated; deleting it from the API");
         if self.delete(pod, Some(0)).await {
@@ -275,7 +322,11 @@ impl StatusManager {
         let namespace = mirror.metadata.namespace.clone().unwrap_or_default();
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
         match api.create(&PostParams::default(), &mirror).await {
-            Ok(_) => tracing::info!(pod = %pod_full_name(static_pod), "mirror pod created"),
+            Ok(_) => {
+                tracing::info!(pod = %pod_full_name(static_pod), "mirror pod created");
+                // Its status goes to the new mirror once the watch has brought it.
+                self.pending.insert(pod_uid(static_pod).to_owned());
+            }
             Err(kube::Error::Api(e)) if e.code == 409 => {}
             Err(err) => {
                 tracing::warn!(pod = %pod_full_name(static_pod), %err, "creating mirror pod failed");

@@ -219,11 +219,19 @@ impl PodStorage {
         if is_mirror_pod(pod) {
             return None;
         }
-        let name = pod_full_name(pod);
         let uid = pod_uid(pod);
+        // Compared field by field: formatting every pod's full name cost an allocation per
+        // pod on each update (every status echo of every pod).
+        fn name_of(p: &Pod) -> (&str, &str) {
+            (
+                p.metadata.name.as_deref().unwrap_or_default(),
+                p.metadata.namespace.as_deref().unwrap_or_default(),
+            )
+        }
+        let name = name_of(pod);
         self.pods.iter().find_map(|(source, pods)| {
             pods.values()
-                .find(|p| pod_uid(p) != uid && !is_mirror_pod(p) && pod_full_name(p) == name)
+                .find(|p| name_of(p) == name && pod_uid(p) != uid && !is_mirror_pod(p))
                 .map(|p| (*source, pod_uid(p).to_owned()))
         })
     }

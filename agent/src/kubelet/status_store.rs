@@ -24,7 +24,7 @@
 //! written asynchronously; the local record is exactly what the agent last computed, the
 //! same for both kinds of pod. Only changes are written, so a steady node writes nothing.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -58,6 +58,9 @@ pub struct StatusStore {
     recovered: Mutex<HashMap<String, Record>>,
     /// Serialises record writes so that the file holds the newest status.
     writes: Mutex<()>,
+    /// UIDs set to a different status or removed since [`Self::take_changed`] last ran: a
+    /// watcher handles the pods that changed, not every pod of the node.
+    changed: Mutex<HashSet<String>>,
 }
 
 impl Default for StatusStore {
@@ -68,6 +71,7 @@ impl Default for StatusStore {
             pods_dir: None,
             recovered: Mutex::default(),
             writes: Mutex::new(()),
+            changed: Mutex::default(),
         }
     }
 }
@@ -134,9 +138,9 @@ impl StatusStore {
         if changed {
             self.persist(&uid, &pod, &status);
         }
-        self.lock().insert(uid, (pod, status));
+        self.lock().insert(uid.clone(), (pod, status));
         if changed {
-            self.version.send_modify(|v| *v += 1);
+            self.mark_changed(uid);
         }
     }
 
@@ -185,8 +189,30 @@ impl StatusStore {
             }
         }
         if self.lock().remove(uid).is_some() {
-            self.version.send_modify(|v| *v += 1);
+            self.mark_changed(uid.to_owned());
         }
+    }
+
+    fn mark_changed(&self, uid: String) {
+        self.changed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(uid);
+        self.version.send_modify(|v| *v += 1);
+    }
+
+    /// The UIDs whose status was set to a different one, or removed, since the last call
+    /// (the first call: since the store was made), in no order.
+    pub fn take_changed(&self) -> Vec<String> {
+        let mut changed = self.changed.lock().unwrap_or_else(|p| p.into_inner());
+        std::mem::take(&mut *changed).into_iter().collect()
+    }
+
+    /// The pod `uid` (shared, as the store has it) with its status.
+    pub fn entry(&self, uid: &str) -> Option<(Arc<Pod>, PodStatus)> {
+        self.lock()
+            .get(uid)
+            .map(|(pod, status)| (Arc::clone(pod), status.clone()))
     }
 
     /// Every pod with its status filled in, sorted by namespace and name.
@@ -335,6 +361,31 @@ mod tests {
             phase: Some(phase.into()),
             ..PodStatus::default()
         }
+    }
+
+    #[test]
+    fn only_pods_whose_status_changed_or_that_went_are_taken_as_changed() {
+        let store = StatusStore::default();
+        for uid in ["a", "b", "c"] {
+            store.set(pod(uid, "t0"), status("Pending"));
+        }
+        let mut first = store.take_changed();
+        first.sort();
+        assert_eq!(first, ["a", "b", "c"]);
+        assert!(store.take_changed().is_empty(), "taken once");
+        // The same status again is no change; a new one and a removal are.
+        store.set(pod("a", "t0"), status("Pending"));
+        store.set(pod("b", "t0"), status("Running"));
+        store.remove("c");
+        store.remove("never-there");
+        let mut next = store.take_changed();
+        next.sort();
+        assert_eq!(next, ["b", "c"]);
+        assert_eq!(
+            store.entry("b").map(|(_, s)| s.phase),
+            Some(Some("Running".to_owned()))
+        );
+        assert!(store.entry("c").is_none());
     }
 
     #[test]

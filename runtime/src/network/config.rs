@@ -11,7 +11,9 @@
 //! one node-wide rule, see `masquerade.rs`)
 //! with `host-local` addresses from `10.85.0.0/16` (not used by Docker's 172.17/16,
 //! podman's and containerd's 10.88/16, flannel's 10.244/16 or calico's 192.168/16), a default
-//! route, then `portmap` for hostPort mappings. host-local's allocations live under the
+//! route, then `portmap` for hostPort mappings. The bridge declares the `ips` capability:
+//! ironlet names the address host-local reserves (`address_hint.rs`), which spares host-local
+//! a read of every allocation per ADD. host-local's allocations live under the
 //! ironlet root (`<root>/cni/networks`), not the shared `/var/lib/cni/networks`, so that
 //! instances with different roots (tests) neither collide nor leak into each other.
 
@@ -111,6 +113,8 @@ impl DefaultNetwork {
                     "isGateway": true,
                     "ipMasq": false,
                     "hairpinMode": true,
+                    // ironlet asks for each pod's address (`address_hint.rs`).
+                    "capabilities": { "ips": true },
                     "ipam": {
                         "type": "host-local",
                         "ranges": [[{ "subnet": self.subnet }]],

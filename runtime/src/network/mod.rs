@@ -24,6 +24,7 @@
 //! Files: `config.rs` (where configs and plugins are, the default network), `cni.rs`
 //! (running plugins), `masquerade.rs`, `result.rs` (reading results), `error.rs`.
 
+mod address_hint;
 mod cni;
 mod config;
 mod error;
@@ -124,6 +125,8 @@ pub struct Network {
     resolving: Mutex<()>,
     /// The masquerade rule set last installed (`ironletMasquerade` of the list in use).
     masquerading: tokio::sync::Mutex<Option<Masquerade>>,
+    /// Addresses asked of host-local where the network declares `ips`.
+    hints: address_hint::AddressHints,
 }
 
 impl Network {
@@ -140,6 +143,7 @@ impl Network {
             warned: AtomicBool::new(false),
             resolving: Mutex::new(()),
             masquerading: tokio::sync::Mutex::new(None),
+            hints: address_hint::AddressHints::default(),
         }
     }
 
@@ -187,7 +191,12 @@ impl Network {
         };
         self.ensure_masquerade(&list).await?;
         let args = pod.cni_args();
-        let capabilities = pod.capabilities();
+        let mut capabilities = pod.capabilities();
+        // Held until ADD is done: no other pod is offered the address meanwhile.
+        let hint = self.hints.pick(&list);
+        if let Some(hint) = &hint {
+            capabilities.insert("ips".into(), hint.ips());
+        }
         let at = Attachment {
             container_id: pod.sandbox_id,
             netns: Some(netns),

@@ -125,11 +125,7 @@ pub(crate) fn percent_decode(text: &str) -> Option<String> {
 /// The log file of the current instance (or, with `previous`, the one before): the highest
 /// (second highest) `<n>.log` in the container's log directory.
 pub fn instance_file(container_dir: &Path, previous: bool) -> Option<PathBuf> {
-    let mut attempts: Vec<u64> = std::fs::read_dir(container_dir)
-        .ok()?
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.strip_suffix(".log")?.parse().ok())
-        .collect();
+    let mut attempts = attempts(container_dir)?;
     attempts.sort_unstable();
     let pick = if previous {
         attempts.iter().rev().nth(1)
@@ -137,6 +133,31 @@ pub fn instance_file(container_dir: &Path, previous: bool) -> Option<PathBuf> {
         attempts.last()
     };
     pick.map(|n| container_dir.join(format!("{n}.log")))
+}
+
+/// Whether the container was started again since the instance that writes `file`
+/// (`<n>.log`): a higher attempt has its file. A file the writer renamed in a rotation and has
+/// not replaced yet leaves no `<n>.log` for a moment; that instance goes on all the same.
+pub fn newer_instance_started(container_dir: &Path, file: &Path) -> bool {
+    let Some(ours) = file.file_name().and_then(|n| attempt_of(n.to_str()?)) else {
+        return false;
+    };
+    attempts(container_dir).is_some_and(|all| all.into_iter().any(|n| n > ours))
+}
+
+/// The attempts `<n>.log` in a container's log directory (rotated files not among them).
+fn attempts(container_dir: &Path) -> Option<Vec<u64>> {
+    let entries = std::fs::read_dir(container_dir).ok()?;
+    Some(
+        entries
+            .flatten()
+            .filter_map(|e| attempt_of(e.file_name().to_str()?))
+            .collect(),
+    )
+}
+
+fn attempt_of(file_name: &str) -> Option<u64> {
+    file_name.strip_suffix(".log")?.parse().ok()
 }
 
 /// A name that is safe as one path component (pod, namespace and container names are DNS
@@ -522,6 +543,7 @@ pub async fn stream<S: Sink, F: Fn() -> bool + Send>(
                     continue;
                 }
             }
+            tracing::debug!(path = %path.display(), "the container stopped: the log's follower ends");
             return Ok(());
         }
         // The follower waits: its read buffers go back until the log changes.
@@ -608,6 +630,25 @@ mod tests {
             instance_file(dir.path(), true),
             Some(dir.path().join("2.log"))
         );
+    }
+
+    #[test]
+    fn an_instance_whose_file_is_mid_rotation_is_still_the_current_one() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let current = dir.path().join("1.log");
+        std::fs::write(dir.path().join("0.log"), "").expect("write");
+        std::fs::write(&current, "").expect("write");
+        assert!(!newer_instance_started(dir.path(), &current));
+        // The writer renamed 1.log and has not opened the new one yet.
+        std::fs::rename(&current, dir.path().join("1.log.20261126-201500")).expect("rename");
+        assert!(!newer_instance_started(dir.path(), &current));
+        // A restart: attempt 2 writes now.
+        std::fs::write(dir.path().join("2.log"), "").expect("write");
+        assert!(newer_instance_started(dir.path(), &current));
+        assert!(newer_instance_started(
+            dir.path(),
+            &dir.path().join("0.log")
+        ));
     }
 
     struct Collect(Vec<u8>);

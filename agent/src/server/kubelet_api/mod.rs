@@ -616,8 +616,7 @@ fn container_logs(
         path.clone(),
     );
     let running = move || {
-        container_running(&*view, &ns, &name, &c)
-            && logs::instance_file(&dir, false).as_ref() == Some(&file)
+        container_running(&*view, &ns, &name, &c) && !logs::newer_instance_started(&dir, &file)
     };
     Ok((path, opts, Box::new(running)))
 }
