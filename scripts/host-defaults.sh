@@ -3,7 +3,8 @@
 # its own): the default CNI config /etc/cni/net.d/99-ironlet.conflist, the ironlet0 bridge,
 # the network's masquerade rule and chain, and the `ironlet` cgroup parent. What the suite
 # finds absent at its start it removes at its end, so a run leaves nothing behind; what was
-# there before (a node started with scripts/start) is left alone.
+# there before (a node started with scripts/start) is left alone. Both functions always
+# succeed (scripts/test runs them under `set -e`).
 
 host_defaults_conflist=/etc/cni/net.d/99-ironlet.conflist
 
@@ -13,10 +14,12 @@ host_defaults_masq_rules() {
 
 host_defaults_snapshot() {
   had_conflist=0; had_bridge=0; had_masq=0; had_cgroup_parent=0
-  [ -e "$host_defaults_conflist" ] && had_conflist=1
-  ip link show ironlet0 >/dev/null 2>&1 && had_bridge=1
-  [ -n "$(host_defaults_masq_rules)" ] && had_masq=1
-  compgen -G '/sys/fs/cgroup/*/ironlet' >/dev/null || [ -d /sys/fs/cgroup/ironlet ] && had_cgroup_parent=1
+  if [ -e "$host_defaults_conflist" ]; then had_conflist=1; fi
+  if ip link show ironlet0 >/dev/null 2>&1; then had_bridge=1; fi
+  if [ -n "$(host_defaults_masq_rules)" ]; then had_masq=1; fi
+  if compgen -G '/sys/fs/cgroup/*/ironlet' >/dev/null || [ -d /sys/fs/cgroup/ironlet ]; then
+    had_cgroup_parent=1
+  fi
   return 0
 }
 
@@ -39,7 +42,7 @@ host_defaults_restore() {
     # Empty cgroups only: rmdir refuses one that still has processes or children.
     local dir
     for dir in /sys/fs/cgroup/*/ironlet /sys/fs/cgroup/ironlet; do
-      [ -d "$dir" ] && find "$dir" -depth -type d -exec rmdir {} \; 2>/dev/null
+      if [ -d "$dir" ]; then find "$dir" -depth -type d -exec rmdir {} \; 2>/dev/null || true; fi
     done
   fi
   return 0
