@@ -7,7 +7,32 @@ use std::os::unix::process::ExitStatusExt;
 use std::time::Duration;
 
 use common::{root_or_skip, spawn_in, within, TestTree};
-use ironlet_cgroups::{CgroupSettings, QosClass};
+use ironlet_cgroups::{CgroupPath, CgroupSettings, EmptyWatcher, QosClass};
+
+/// A BestEffort pod cgroup `pod` holding a container cgroup `container`.
+fn pod_with_container(
+    tree: &TestTree,
+    pod: &str,
+    container: &str,
+) -> anyhow::Result<(CgroupPath, CgroupPath)> {
+    let pod = tree.node.pod_path(QosClass::BestEffort, pod)?;
+    tree.node.create_pod(&pod, &CgroupSettings::default())?;
+    let container = tree.node.container_path(&pod, container)?;
+    tree.node
+        .create_container(&container, &CgroupSettings::default())?;
+    Ok((pod, container))
+}
+
+/// Waits (5 s at most) for `empty` to report its cgroup empty, `after` what.
+async fn reported_empty(empty: &mut EmptyWatcher, after: &str) -> anyhow::Result<()> {
+    let what = format!("watch_empty never saw the cgroup empty after {after}");
+    let event = within(5, &what, empty.next()).await?;
+    assert!(
+        event.is_some(),
+        "watch ended instead of reporting emptiness"
+    );
+    Ok(())
+}
 
 #[tokio::test]
 async fn a_memory_hog_in_a_16mib_pod_fires_watch_oom_and_is_counted() -> anyhow::Result<()> {
@@ -113,11 +138,7 @@ async fn watch_empty_fires_when_the_last_process_is_killed() -> anyhow::Result<(
     }
     let tree = TestTree::detect()?;
     let h = tree.hierarchy();
-    let pod = tree.node.pod_path(QosClass::BestEffort, "empty")?;
-    tree.node.create_pod(&pod, &CgroupSettings::default())?;
-    let container = tree.node.container_path(&pod, "sleeper")?;
-    tree.node
-        .create_container(&container, &CgroupSettings::default())?;
+    let (pod, container) = pod_with_container(&tree, "empty", "sleeper")?;
     let mut sleeper = spawn_in(h, &container, "sleep", &["100"])?;
     let mut empty = h.watch_empty(&pod)?;
 
@@ -130,16 +151,7 @@ async fn watch_empty_fires_when_the_last_process_is_killed() -> anyhow::Result<(
 
     // Killed but not yet reaped (a zombie): the cgroup must already count as empty.
     sleeper.kill()?;
-    let event = within(
-        5,
-        "watch_empty never saw the cgroup empty after SIGKILL",
-        empty.next(),
-    )
-    .await?;
-    assert!(
-        event.is_some(),
-        "watch ended instead of reporting emptiness"
-    );
+    reported_empty(&mut empty, "SIGKILL").await?;
     sleeper.wait()?;
     Ok(())
 }
@@ -152,11 +164,7 @@ async fn short_lived_children_of_a_long_lived_process_do_not_wake_watch_empty() 
     }
     let tree = TestTree::detect()?;
     let h = tree.hierarchy();
-    let pod = tree.node.pod_path(QosClass::BestEffort, "chatty")?;
-    tree.node.create_pod(&pod, &CgroupSettings::default())?;
-    let container = tree.node.container_path(&pod, "loop")?;
-    tree.node
-        .create_container(&container, &CgroupSettings::default())?;
+    let (pod, container) = pod_with_container(&tree, "chatty", "loop")?;
     // A shell that runs a new process every 20 ms, as a logging loop's `sleep` does (killed
     // on the way out whatever happens: it would loop forever).
     struct KillOnDrop(std::process::Child);
@@ -185,16 +193,7 @@ async fn short_lived_children_of_a_long_lived_process_do_not_wake_watch_empty() 
 
     // The shell killed: its last child exits within 20 ms, then the cgroup is empty.
     shell.0.kill()?;
-    let event = within(
-        5,
-        "watch_empty never saw the cgroup empty after the shell and its child",
-        empty.next(),
-    )
-    .await?;
-    assert!(
-        event.is_some(),
-        "watch ended instead of reporting emptiness"
-    );
+    reported_empty(&mut empty, "the shell and its child").await?;
     Ok(())
 }
 
@@ -205,11 +204,7 @@ async fn watch_empty_waits_for_the_members_left_when_the_oldest_exits() -> anyho
     }
     let tree = TestTree::detect()?;
     let h = tree.hierarchy();
-    let pod = tree.node.pod_path(QosClass::BestEffort, "two")?;
-    tree.node.create_pod(&pod, &CgroupSettings::default())?;
-    let container = tree.node.container_path(&pod, "pair")?;
-    tree.node
-        .create_container(&container, &CgroupSettings::default())?;
+    let (pod, container) = pod_with_container(&tree, "two", "pair")?;
     let mut first = spawn_in(h, &container, "sleep", &["100"])?;
     std::thread::sleep(Duration::from_millis(20));
     let mut second = spawn_in(h, &container, "sleep", &["100"])?;
@@ -227,16 +222,7 @@ async fn watch_empty_waits_for_the_members_left_when_the_oldest_exits() -> anyho
     );
 
     second.kill()?;
-    let event = within(
-        5,
-        "watch_empty never saw the cgroup empty after its last member was killed",
-        empty.next(),
-    )
-    .await?;
-    assert!(
-        event.is_some(),
-        "watch ended instead of reporting emptiness"
-    );
+    reported_empty(&mut empty, "its last member was killed").await?;
     second.wait()?;
     Ok(())
 }

@@ -164,10 +164,9 @@ impl StatusManager {
     async fn sync_all(&mut self) {
         let mut live = HashSet::new();
         for (pod, status) in self.statuses.statuses() {
-            if let Some(target) = self.target_of(&pod) {
-                live.insert(target.clone());
+            if let Some(target) = self.sync_pod(&pod, status).await {
+                live.insert(target);
             }
-            self.sync_pod(&pod, status).await;
         }
         self.sent.retain(|t, _| live.contains(t));
     }
@@ -176,21 +175,23 @@ impl StatusManager {
     /// removed from the store has nothing left to write).
     async fn sync_uid(&mut self, uid: String) {
         if let Some((pod, status)) = self.statuses.entry(&uid) {
-            self.sync_pod(&pod, status).await;
+            let _ = self.sync_pod(&pod, status).await;
         }
     }
 
     /// [`Self::sync_one`] for `pod`'s target, remembering the pod for a retry when the patch
-    /// failed or its target does not exist yet.
-    async fn sync_pod(&mut self, pod: &Pod, status: PodStatus) {
-        let written = match self.target_of(pod) {
-            Some(target) => self.sync_one(target, status).await,
+    /// failed or its target does not exist yet; the target, if it has one.
+    async fn sync_pod(&mut self, pod: &Pod, status: PodStatus) -> Option<Target> {
+        let target = self.target_of(pod);
+        let written = match &target {
+            Some(target) => self.sync_one(target.clone(), status).await,
             // Only a static pod gets a target later (its mirror).
             None => !is_static_pod(pod),
         };
         if !written {
             self.pending.insert(pod_uid(pod).to_owned());
         }
+        target
     }
 
     /// Patches `status` onto `target` unless it is what was last written there; false when
