@@ -6,12 +6,15 @@
 //! (the default) names the peers to run beside ironlet; `BENCH_PEERS=` runs ironlet alone,
 //! for profiling. `BENCH_PHASES=1` prints ironlet's create/start/exit/delete split.
 //! `BENCH_WORKDIR=DIR` moves the bundle and the state roots off their default tmpfs.
+//! `BENCH_POD_MOUNTS=N` first mounts N namespace pins under the work directory, as N/3 other
+//! pods would (`zygote/pod_mounts.rs`), and adds a row for ironlet with its worker detaching
+//! them; the first ironlet row and the peers copy them as before.
 //!
 //! crun 1.8 refuses this machine's hybrid layout because the empty cgroup2 at
 //! `/sys/fs/cgroup/unified` lists controllers; so the whole benchmark runs in a private
 //! mount namespace with that directory covered — the same layout for all three.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
@@ -51,12 +54,25 @@ async fn run(zygote: ironlet_runtime::zygote::ZygoteHandle, iterations: usize) -
     let state_root = work.path().join("state");
     std::fs::create_dir_all(&state_root)?;
 
+    let other_pods = match std::env::var("BENCH_POD_MOUNTS") {
+        Ok(n) => Some(OtherPodMounts::make(
+            work.path(),
+            n.parse().context("BENCH_POD_MOUNTS")?,
+        )?),
+        Err(_) => None,
+    };
     let installed = installed_peers();
-    let mut peers: Vec<(&str, Option<&str>)> = vec![("ironlet (in-process)", None)];
+    let mut peers: Vec<(&str, Peer)> = vec![("ironlet (in-process)", Peer::InProcess(None))];
+    if let Some(other) = &other_pods {
+        peers.push((
+            "ironlet, pods detached",
+            Peer::InProcess(Some(other.root.clone())),
+        ));
+    }
     peers.extend(
         installed
             .iter()
-            .map(|bin| (bin.as_str(), Some(bin.as_str()))),
+            .map(|bin| (bin.as_str(), Peer::External(bin.as_str()))),
     );
     let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); peers.len()];
     // Warm-up, then interleave so drift hits every runtime alike.
@@ -64,10 +80,17 @@ async fn run(zygote: ironlet_runtime::zygote::ZygoteHandle, iterations: usize) -
         for (i, (_, bin)) in peers.iter().enumerate() {
             let id = format!("bench-{i}-{round}");
             let took = match bin {
-                None => {
-                    in_process(&client, &mut events, &id, &bundle, &state_root, &hierarchy).await?
+                Peer::InProcess(pod_mounts_root) => {
+                    let target = Target {
+                        bundle: &bundle,
+                        state_root: &state_root,
+                        pod_mounts_root: pod_mounts_root.clone(),
+                    };
+                    in_process(&client, &mut events, &id, &target, &hierarchy).await?
                 }
-                Some(bin) => external(bin, &id, &work.path().join("bundle-peers"), work.path())?,
+                Peer::External(bin) => {
+                    external(bin, &id, &work.path().join("bundle-peers"), work.path())?
+                }
             };
             if round >= 3 {
                 samples[i].push(took);
@@ -84,17 +107,85 @@ async fn run(zygote: ironlet_runtime::zygote::ZygoteHandle, iterations: usize) -
         rows.push((*name, [p50, p90, mean]));
     }
     print_p50_table("runtime", ["p50 ms", "p90 ms", "mean ms"], 10, &rows);
+    drop(other_pods);
     Ok(())
+}
+
+enum Peer<'a> {
+    /// The zygote; with the root whose other pods' mounts its worker detaches.
+    InProcess(Option<PathBuf>),
+    External(&'a str),
+}
+
+/// Where an in-process create finds its container.
+struct Target<'a> {
+    bundle: &'a Path,
+    state_root: &'a Path,
+    pod_mounts_root: Option<PathBuf>,
+}
+
+/// N pins of the bench's network namespace under `<work>/pods/<i>/ns/net`, with the work
+/// directory bound onto itself as the runtime binds its root; all unmounted on drop.
+struct OtherPodMounts {
+    root: PathBuf,
+    pins: Vec<PathBuf>,
+}
+
+impl OtherPodMounts {
+    fn make(work: &Path, count: usize) -> Result<Self> {
+        let root = work.canonicalize()?;
+        ensure!(
+            ironlet_runtime::zygote::pod_mounts::ensure_root_mount(&root)?,
+            "cannot bind {} onto itself",
+            root.display()
+        );
+        let mut made = OtherPodMounts {
+            root,
+            pins: Vec::with_capacity(count),
+        };
+        for i in 0..count {
+            let pin = made.root.join(format!("pods/{i}/ns/net"));
+            if let Some(dir) = pin.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+            std::fs::write(&pin, "")?;
+            nix::mount::mount(
+                Some("/proc/self/ns/net"),
+                &pin,
+                None::<&str>,
+                nix::mount::MsFlags::MS_BIND,
+                None::<&str>,
+            )
+            .with_context(|| format!("pin {}", pin.display()))?;
+            made.pins.push(pin);
+        }
+        println!(
+            "{count} other pods' pins mounted under {}",
+            made.root.display()
+        );
+        Ok(made)
+    }
+}
+
+impl Drop for OtherPodMounts {
+    fn drop(&mut self) {
+        for pin in &self.pins {
+            let _ = nix::mount::umount2(pin, nix::mount::MntFlags::MNT_DETACH);
+        }
+        if let Err(err) = ironlet_runtime::zygote::pod_mounts::release_root_mount(&self.root) {
+            eprintln!("{} stays bound: {err}", self.root.display());
+        }
+    }
 }
 
 async fn in_process(
     client: &ZygoteClient,
     events: &mut mpsc::UnboundedReceiver<Event>,
     id: &str,
-    bundle: &Path,
-    state_root: &Path,
+    target: &Target<'_>,
     hierarchy: &Option<ironlet_cgroups::Hierarchy>,
 ) -> Result<Duration> {
+    let (bundle, state_root) = (target.bundle, target.state_root);
     let started = Instant::now();
     let phases = std::env::var_os("BENCH_PHASES").is_some();
     let (_pid, _start, _stdio) = client
@@ -103,6 +194,7 @@ async fn in_process(
             bundle.to_owned(),
             state_root.to_owned(),
             CreateStdio::default(),
+            target.pod_mounts_root.clone(),
         )
         .await?;
     let created = started.elapsed();

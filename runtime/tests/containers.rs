@@ -139,7 +139,18 @@ fn main() {
     let conclusion = libtest_mimic::run(&args, trials);
     let root = env.root.clone();
     drop(env);
-    let _ = std::fs::remove_dir_all(root);
+    // Every test removed its pods, so the runtime removed its root's bind
+    // (`zygote/pod_mounts.rs`): nothing under the root stays mounted.
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let left: Vec<&str> = mounts
+        .lines()
+        .filter(|l| l.contains(root.to_string_lossy().as_ref()))
+        .collect();
+    let _ = std::fs::remove_dir_all(&root);
+    if !left.is_empty() {
+        eprintln!("mounts left under {}: {left:#?}", root.display());
+        std::process::exit(1);
+    }
     ironlet_runtime::testkit::remove_cgroup_parent(&format!("ironlet-test-{}", std::process::id()));
     conclusion.exit();
 }

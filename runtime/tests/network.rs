@@ -92,6 +92,10 @@ fn main() {
         ),
         ("cni_add_adds_little_to_sandbox_creation", add_cost),
         (
+            "a_pod_of_an_ipv4_network_has_no_ipv6_on_eth0_and_keeps_it_on_lo",
+            ipv4_pod_without_ipv6_links,
+        ),
+        (
             "an_address_named_for_a_pod_is_never_one_host_local_holds_for_another",
             named_address_skips_taken,
         ),
@@ -438,6 +442,36 @@ fn two_pods_talk(env: &Env) -> Result<()> {
         let _ = web_b;
         cleanup(rt, &a).await?;
         cleanup(rt, &b).await
+    })
+}
+
+/// The test network is IPv4 only: the pod's `eth0` is made without IPv6 (no DAD, router
+/// solicitation or MLD flooded over the bridge), while `lo` keeps `::1`.
+fn ipv4_pod_without_ipv6_links(env: &Env) -> Result<()> {
+    env.rt.block_on(async {
+        let rt = &env.net;
+        let sandbox = rt.run_pod_sandbox(&sandbox_config(env, "v4only")).await?;
+        let probe = start_in(rt, &sandbox, &busybox_sh("probe", "sleep 60")).await?;
+        let (code, out) = exec(
+            rt,
+            &probe,
+            "cat /proc/sys/net/ipv6/conf/eth0/disable_ipv6 /proc/sys/net/ipv6/conf/lo/disable_ipv6; \
+             echo ---; cat /proc/net/if_inet6",
+        )
+        .await?;
+        ensure!(code == 0, "probe failed: {out}");
+        let (flags, addresses) = out.split_once("---").context("no separator")?;
+        let flags: Vec<&str> = flags.split_whitespace().collect();
+        ensure!(flags == ["1", "0"], "disable_ipv6 of eth0, lo: {flags:?}");
+        let interfaces: Vec<&str> = addresses
+            .lines()
+            .filter_map(|l| l.split_whitespace().last())
+            .collect();
+        ensure!(interfaces == ["lo"], "IPv6 addresses on {interfaces:?}: {addresses}");
+        // IPv4 still works both ways.
+        let ip = pod_ip(rt, &sandbox).await?;
+        ensure!(in_test_subnet(ip), "{ip}");
+        cleanup(rt, &sandbox).await
     })
 }
 

@@ -33,7 +33,7 @@ mod gc;
 mod import;
 mod index;
 mod lower;
-mod mount;
+pub(crate) mod mount;
 mod oci;
 pub mod owners;
 mod pipeline;

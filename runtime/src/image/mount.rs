@@ -159,7 +159,8 @@ fn check(ret: libc::c_long) -> io::Result<()> {
     }
 }
 
-fn move_mount(mnt: &OwnedFd, target: &Path) -> io::Result<()> {
+/// Attaches the detached mount `mnt` (from `fsmount` or `open_tree`) at `target`.
+pub(crate) fn move_mount(mnt: &OwnedFd, target: &Path) -> io::Result<()> {
     let empty = cstr("")?;
     let t = cpath(target)?;
     // SAFETY: empty and t are valid C strings for the call.

@@ -32,6 +32,7 @@ impl Inner {
         if config.name.is_empty() {
             return Err(RuntimeError::InvalidConfig("container needs a name".into()));
         }
+        let _pod_mounts = self.pod_mounts_guard().await;
         let sandbox = {
             let state = self.lock();
             state
@@ -215,6 +216,7 @@ impl Inner {
                 dir.to_owned(),
                 self.config.libcontainer_root(),
                 stdio,
+                self.pod_mounts_root(),
             )
             .await
             .map_err(|e| RuntimeError::Create {
@@ -581,6 +583,7 @@ impl Inner {
         let _ = self.zygote.release_logs(id.as_str()).await;
         self.lock().containers.remove(id);
         tracing::debug!(container_id = %id, "container removed");
+        self.release_pod_mounts_if_idle().await;
         Ok(())
     }
 }

@@ -169,6 +169,14 @@ pub(crate) struct Inner {
     /// Rootless pod networks: sandboxes are made once their namespaces exist, and a
     /// container's start waits for pasta (see [`LocalRuntime::network_ready_at_start`]).
     network_at_start: std::sync::atomic::AtomicBool,
+    /// As root: the (resolved) root, which a create's worker detaches other pods' mounts
+    /// under (`zygote/pod_mounts.rs`).
+    pod_mounts_root: Option<PathBuf>,
+    /// Held (read) from before a sandbox or container mounts anything under the root until its
+    /// record is in the state; (write) while the root's bind is removed.
+    pod_mounts: tokio::sync::RwLock<()>,
+    /// Serialises making the root's bind.
+    pod_mounts_bind: Mutex<()>,
 }
 
 /// The in-process runtime. Cheap to clone.
@@ -237,6 +245,14 @@ impl LocalRuntime {
             // Rootless pods are connected by pasta (see `sandbox.rs`).
             (Some(_), true) | (None, _) => None,
         };
+        let pod_mounts_root = if config.rootless {
+            None
+        } else {
+            Some(
+                std::fs::canonicalize(&config.root_dir)
+                    .map_err(|e| RuntimeError::io("resolve", &config.root_dir, e))?,
+            )
+        };
         let inner = Arc::new_cyclic(|this| Inner {
             this: this.clone(),
             config,
@@ -250,6 +266,9 @@ impl LocalRuntime {
             recovery: std::sync::OnceLock::new(),
             persisting: Mutex::new(()),
             network_at_start: std::sync::atomic::AtomicBool::new(false),
+            pod_mounts_root,
+            pod_mounts: tokio::sync::RwLock::new(()),
+            pod_mounts_bind: Mutex::new(()),
         });
         tokio::spawn(event_loop(Arc::downgrade(&inner), event_rx));
         if inner.config.rootless && inner.config.cni.is_some() {
@@ -363,6 +382,50 @@ impl Inner {
         for (mut rx, left) in pending {
             let _ = tokio::time::timeout(left, rx.wait_for(|done| *done)).await;
         }
+    }
+
+    /// Before a sandbox or container mounts anything under the root: makes the root's bind
+    /// (`zygote/pod_mounts.rs`) and keeps it until the guard goes, which the caller drops
+    /// once its record is in the state.
+    async fn pod_mounts_guard(&self) -> tokio::sync::RwLockReadGuard<'_, ()> {
+        let guard = self.pod_mounts.read().await;
+        if let Some(root) = &self.pod_mounts_root {
+            let _one = self
+                .pod_mounts_bind
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if let Err(err) = crate::zygote::pod_mounts::ensure_root_mount(root) {
+                tracing::warn!(root = %root.display(), %err,
+                    "cannot bind the root onto itself; containers copy every pod's mounts");
+            }
+        }
+        guard
+    }
+
+    /// After a removal: once no sandbox or container is left, removes the root's bind, so an
+    /// idle root holds no mount.
+    async fn release_pod_mounts_if_idle(&self) {
+        let Some(root) = &self.pod_mounts_root else {
+            return;
+        };
+        let idle = || {
+            let state = self.lock();
+            state.sandboxes.is_empty() && state.containers.is_empty()
+        };
+        if !idle() {
+            return;
+        }
+        let _exclusive = self.pod_mounts.write().await;
+        if idle() {
+            if let Err(err) = crate::zygote::pod_mounts::release_root_mount(root) {
+                tracing::warn!(root = %root.display(), %err, "cannot remove the root's bind");
+            }
+        }
+    }
+
+    /// The root a create's worker detaches other pods' mounts under (`None` rootless).
+    pub(crate) fn pod_mounts_root(&self) -> Option<PathBuf> {
+        self.pod_mounts_root.clone()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {

@@ -30,6 +30,7 @@ impl Inner {
                 "sandbox needs a pod uid and a name".into(),
             ));
         }
+        let pod_mounts = self.pod_mounts_guard().await;
         let id = SandboxId::random();
         let dir = self.config.sandboxes_dir().join(id.as_str());
         crate::fsutil::private_dir(&dir).map_err(|e| RuntimeError::io("create", &dir, e))?;
@@ -61,6 +62,8 @@ impl Inner {
                 Ok(()) => self.destroy_sandbox_files(&rec),
                 Err(e) => self.destroy_sandbox_files(&rec).and(Err(e)),
             };
+            drop(pod_mounts);
+            self.release_pod_mounts_if_idle().await;
             // The pod log directory this attempt created, still empty (no container ran).
             if !log_dir_existed {
                 if let Err(e) = std::fs::remove_dir(log_dir) {
@@ -76,6 +79,7 @@ impl Inner {
             return Err(original);
         }
         self.lock().sandboxes.insert(id.clone(), rec);
+        drop(pod_mounts);
         Ok(id)
     }
 
@@ -100,8 +104,16 @@ impl Inner {
             } else {
                 rec.config.hostname.clone()
             };
+            let ipv4_only = rec.net && self.network.as_ref().is_some_and(|n| n.ipv4_only());
             self.zygote
-                .create_namespaces(ns_dir.clone(), hostname, rec.net, rec.ipc, rec.uts)
+                .create_namespaces(
+                    ns_dir.clone(),
+                    hostname,
+                    rec.net,
+                    rec.ipc,
+                    rec.uts,
+                    ipv4_only,
+                )
                 .await?;
             if let (true, Some(network)) = (rec.net, &self.network) {
                 let attached = network
@@ -320,6 +332,7 @@ impl Inner {
             self.stop_holder(&rec).await;
             self.destroy_sandbox_files(&rec)?;
         }
+        self.release_pod_mounts_if_idle().await;
         Ok(())
     }
 

@@ -207,6 +207,45 @@ impl NetworkList {
         Ok(())
     }
 
+    /// Whether the first plugin's IPAM hands out IPv4 addresses only: every subnet of
+    /// host-local's `ranges` (or its older `subnet`) and every address of `static` is IPv4.
+    /// Any other IPAM (dhcp, a delegating plugin's own) may give IPv6: `false`.
+    pub fn ipv4_only(&self) -> bool {
+        let Some(ipam) = self
+            .plugins
+            .first()
+            .and_then(|p| p.get("ipam"))
+            .and_then(Value::as_object)
+        else {
+            return false;
+        };
+        let is_v4 = |cidr: Option<&Value>| {
+            cidr.and_then(Value::as_str)
+                .and_then(|c| c.split('/').next())
+                .is_some_and(|ip| ip.parse::<std::net::Ipv4Addr>().is_ok())
+        };
+        let all_v4 = |items: Vec<&Value>, key: &str| {
+            !items.is_empty() && items.iter().all(|item| is_v4(item.get(key)))
+        };
+        match ipam.get("type").and_then(Value::as_str) {
+            Some("host-local") => match ipam.get("ranges").and_then(Value::as_array) {
+                Some(sets) => all_v4(
+                    sets.iter().filter_map(Value::as_array).flatten().collect(),
+                    "subnet",
+                ),
+                None => is_v4(ipam.get("subnet")),
+            },
+            Some("static") => all_v4(
+                ipam.get("addresses")
+                    .and_then(Value::as_array)
+                    .map(|a| a.iter().collect())
+                    .unwrap_or_default(),
+                "address",
+            ),
+            _ => false,
+        }
+    }
+
     /// Whether CHECK exists for this version (CNI 0.4.0 and later) and is not disabled.
     pub fn supports_check(&self) -> bool {
         let mut parts = self.cni_version.split('.').map(|p| p.parse::<u32>().ok());
@@ -307,6 +346,46 @@ fn write_default(config: &CniConfig, root_dir: &Path) -> Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn first_plugin(plugin: Value) -> NetworkList {
+        let list = serde_json::json!({"cniVersion": "1.0.0", "name": "n", "plugins": [plugin]});
+        NetworkList::parse(Path::new("n.conflist"), list.to_string().as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn only_ipam_that_names_ipv4_subnets_alone_makes_a_network_ipv4_only() {
+        let host_local = |ranges: Value| {
+            first_plugin(serde_json::json!({"type": "bridge",
+                "ipam": {"type": "host-local", "ranges": ranges}}))
+        };
+        assert!(host_local(serde_json::json!([[{"subnet": "10.88.0.0/16"}]])).ipv4_only());
+        assert!(host_local(
+            serde_json::json!([[{"subnet": "10.1.0.0/24"}], [{"subnet": "10.2.0.0/24"}]])
+        )
+        .ipv4_only());
+        // Dual stack, IPv6 alone, nothing named.
+        assert!(!host_local(
+            serde_json::json!([[{"subnet": "10.1.0.0/24"}], [{"subnet": "fd00::/64"}]])
+        )
+        .ipv4_only());
+        assert!(!host_local(serde_json::json!([[{"subnet": "fd00::/64"}]])).ipv4_only());
+        assert!(!host_local(serde_json::json!([])).ipv4_only());
+        let old = first_plugin(serde_json::json!({"type": "bridge",
+            "ipam": {"type": "host-local", "subnet": "10.9.0.0/24"}}));
+        assert!(old.ipv4_only());
+        let fixed = |address: &str| {
+            first_plugin(serde_json::json!({"type": "bridge",
+                "ipam": {"type": "static", "addresses": [{"address": address}]}}))
+        };
+        assert!(fixed("10.0.0.5/24").ipv4_only());
+        assert!(!fixed("fd00::5/64").ipv4_only());
+        // IPAM that decides at run time, or none at all.
+        assert!(
+            !first_plugin(serde_json::json!({"type": "macvlan", "ipam": {"type": "dhcp"}}))
+                .ipv4_only()
+        );
+        assert!(!first_plugin(serde_json::json!({"type": "calico"})).ipv4_only());
+    }
 
     #[test]
     fn another_tools_network_is_first_for_the_agent_but_not_for_ironlets_own_choice() {

@@ -179,6 +179,12 @@ impl Network {
         }
     }
 
+    /// Whether the network in use gives pods IPv4 addresses only (see
+    /// [`NetworkList::ipv4_only`]); `false` when networking is unavailable.
+    pub fn ipv4_only(&self) -> bool {
+        self.resolve().is_some_and(|list| list.ipv4_only())
+    }
+
     /// Runs ADD for the pod whose network namespace is pinned at `netns`. `Ok(None)`:
     /// networking is unavailable, the pod stays loopback-only.
     pub async fn attach(

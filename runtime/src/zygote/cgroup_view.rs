@@ -115,7 +115,7 @@ fn view_request(spec: &Spec) -> Option<(ViewRequest, bool)> {
 
 /// In a worker, before libcontainer's create: if the bundle asks for a cgroup view, moves
 /// this process into a private mount namespace and builds the view there.
-pub(crate) fn prepare_in_worker(bundle: &Path) -> Result<(), String> {
+pub(crate) fn prepare_in_worker(bundle: &Path, private_already: bool) -> Result<(), String> {
     let plan = bundle.join(PLAN_FILE);
     let bytes = match std::fs::read(&plan) {
         Ok(bytes) => bytes,
@@ -126,12 +126,15 @@ pub(crate) fn prepare_in_worker(bundle: &Path) -> Result<(), String> {
         serde_json::from_slice(&bytes).map_err(|e| format!("parse {}: {e}", plan.display()))?;
     let path = ironlet_cgroups::CgroupPath::new(&request.cgroups_path)
         .map_err(|e| format!("cgroup view: {e}"))?;
-    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)
-        .map_err(|e| format!("cgroup view: unshare mount namespace: {e}"))?;
-    // The container's init makes its copy rslave too (libcontainer's default rootfs
-    // propagation), so this changes nothing it sees; it keeps the view's mounts from
-    // propagating back to the host.
-    super::worker::set_root_propagation(nix::mount::MsFlags::MS_SLAVE, "cgroup view")?;
+    // Already private and rslave when the worker pruned other pods' mounts (`pod_mounts.rs`).
+    if !private_already {
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)
+            .map_err(|e| format!("cgroup view: unshare mount namespace: {e}"))?;
+        // The container's init makes its copy rslave too (libcontainer's default rootfs
+        // propagation), so this changes nothing it sees; it keeps the view's mounts from
+        // propagating back to the host.
+        super::worker::set_root_propagation(nix::mount::MsFlags::MS_SLAVE, "cgroup view")?;
+    }
     ironlet_cgroups::view::mount_view(&bundle.join(VIEW_DIR), &path)
         .map(|_| ())
         .map_err(|e| format!("cgroup view: {}", error_chain(&e)))

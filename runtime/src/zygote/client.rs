@@ -133,13 +133,16 @@ impl ZygoteClient {
         }
     }
 
-    /// Creates a container; returns its init pid, start time and its stdio.
+    /// Creates a container; returns its init pid, start time and its stdio. With
+    /// `pod_mounts_root`, the worker keeps other pods' mounts under it out of the container's
+    /// mount namespace (`pod_mounts.rs`).
     pub async fn create(
         &self,
         id: &str,
         bundle: PathBuf,
         state_root: PathBuf,
         stdio: CreateStdio,
+        pod_mounts_root: Option<PathBuf>,
     ) -> Result<(i32, u64, ContainerStdio), ZygoteError> {
         let (reply, fds) = self
             .call(Request::Create {
@@ -148,6 +151,7 @@ impl ZygoteClient {
                 state_root,
                 stdin: stdio.stdin,
                 tty: stdio.tty,
+                pod_mounts_root,
             })
             .await?;
         match (reply, container_stdio(fds)) {
@@ -257,6 +261,7 @@ impl ZygoteClient {
         net: bool,
         ipc: bool,
         uts: bool,
+        ipv4_only: bool,
     ) -> Result<(), ZygoteError> {
         self.call(Request::CreateNamespaces {
             dir,
@@ -264,6 +269,7 @@ impl ZygoteClient {
             net,
             ipc,
             uts,
+            ipv4_only,
         })
         .await
         .map(drop)

@@ -19,6 +19,7 @@ mod exec_process;
 pub mod exits;
 mod holder;
 mod join;
+pub mod pod_mounts;
 pub(crate) mod protocol;
 mod reaper;
 pub mod seccomp;

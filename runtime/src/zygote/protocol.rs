@@ -49,6 +49,10 @@ pub enum Request {
         stdin: bool,
         #[serde(default)]
         tty: bool,
+        /// The runtime's root, bound onto itself: the worker detaches other pods' mounts
+        /// under it (`pod_mounts.rs`). Absent: nothing is detached.
+        #[serde(default)]
+        pod_mounts_root: Option<PathBuf>,
     },
     /// Let a created container's init exec the user process.
     Start { id: String, state_root: PathBuf },
@@ -89,6 +93,10 @@ pub enum Request {
         net: bool,
         ipc: bool,
         uts: bool,
+        /// The pod's network is IPv4 only: links made in the new network namespace (the
+        /// pod's `eth0`) get no IPv6 (`default.disable_ipv6`); `lo` keeps `::1`.
+        #[serde(default)]
+        ipv4_only: bool,
     },
     /// Rootless: start the process holding a pod's user, network, IPC and UTS namespaces,
     /// with pasta connecting the network (see `holder.rs`). Reply: [`Reply::Created`] once
