@@ -215,7 +215,9 @@ pub fn no_orphans(agent: &Agent, want: &BTreeSet<String>) -> Result<String, Stri
         )?;
     }
     let mounts = agent.mounts_under_root();
-    for mount in &mounts {
+    let root = agent.root.path().to_string_lossy().into_owned();
+    // The root's own bind onto itself is the runtime's while pods exist (`pod_mounts.rs`).
+    for mount in mounts.iter().filter(|m| **m != root) {
         let owned = containers
             .iter()
             .chain(sandboxes.iter())

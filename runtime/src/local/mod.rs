@@ -175,8 +175,19 @@ pub(crate) struct Inner {
     /// Held (read) from before a sandbox or container mounts anything under the root until its
     /// record is in the state; (write) while the root's bind is removed.
     pod_mounts: tokio::sync::RwLock<()>,
-    /// Serialises making the root's bind.
-    pod_mounts_bind: Mutex<()>,
+    /// Whether the root's bind is on top, as last found (read from the mount table once,
+    /// then kept until the bind is removed).
+    pod_mounts_bind: Mutex<RootBind>,
+}
+
+/// The root's bind onto itself (`zygote/pod_mounts.rs`), as the runtime last found it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RootBind {
+    Unknown,
+    /// The top mount at the root is the bind: workers may detach it.
+    OnTop,
+    /// Something was mounted under the root before the bind could be made.
+    Unavailable,
 }
 
 /// The in-process runtime. Cheap to clone.
@@ -268,7 +279,7 @@ impl LocalRuntime {
             network_at_start: std::sync::atomic::AtomicBool::new(false),
             pod_mounts_root,
             pod_mounts: tokio::sync::RwLock::new(()),
-            pod_mounts_bind: Mutex::new(()),
+            pod_mounts_bind: Mutex::new(RootBind::Unknown),
         });
         tokio::spawn(event_loop(Arc::downgrade(&inner), event_rx));
         if inner.config.rootless && inner.config.cni.is_some() {
@@ -280,6 +291,8 @@ impl LocalRuntime {
         } else {
             inner.load_containers();
         }
+        // A bind left by a runtime that stopped (or was killed) once its last pod was gone.
+        inner.release_pod_mounts_if_idle().await;
         Ok(Self { inner })
     }
 
@@ -390,13 +403,25 @@ impl Inner {
     async fn pod_mounts_guard(&self) -> tokio::sync::RwLockReadGuard<'_, ()> {
         let guard = self.pod_mounts.read().await;
         if let Some(root) = &self.pod_mounts_root {
-            let _one = self
+            let mut bind = self
                 .pod_mounts_bind
                 .lock()
                 .unwrap_or_else(|p| p.into_inner());
-            if let Err(err) = crate::zygote::pod_mounts::ensure_root_mount(root) {
-                tracing::warn!(root = %root.display(), %err,
-                    "cannot bind the root onto itself; containers copy every pod's mounts");
+            if *bind == RootBind::Unknown {
+                *bind = match crate::zygote::pod_mounts::ensure_root_mount(root) {
+                    Ok(true) => RootBind::OnTop,
+                    Ok(false) => {
+                        tracing::info!(root = %root.display(),
+                            "mounts under the root from before its bind: containers copy \
+                             every pod's mounts until no pod is left");
+                        RootBind::Unavailable
+                    }
+                    Err(err) => {
+                        tracing::warn!(root = %root.display(), %err,
+                            "cannot bind the root onto itself; containers copy every pod's mounts");
+                        RootBind::Unavailable
+                    }
+                };
             }
         }
         guard
@@ -420,12 +445,24 @@ impl Inner {
             if let Err(err) = crate::zygote::pod_mounts::release_root_mount(root) {
                 tracing::warn!(root = %root.display(), %err, "cannot remove the root's bind");
             }
+            // Looked at again by the next sandbox or container.
+            *self
+                .pod_mounts_bind
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = RootBind::Unknown;
         }
     }
 
-    /// The root a create's worker detaches other pods' mounts under (`None` rootless).
+    /// The root a create's worker detaches other pods' mounts under: only while the root's
+    /// bind is on top (`None` rootless, or without the bind).
     pub(crate) fn pod_mounts_root(&self) -> Option<PathBuf> {
-        self.pod_mounts_root.clone()
+        let bind = *self
+            .pod_mounts_bind
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        self.pod_mounts_root
+            .clone()
+            .filter(|_| bind == RootBind::OnTop)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {

@@ -57,6 +57,8 @@ pub fn is_mount_root(path: &Path) -> bool {
 /// file system.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct MountEntry {
+    /// `major:minor` of the file system.
+    device: String,
     fs_root: PathBuf,
     mount_point: PathBuf,
 }
@@ -65,9 +67,11 @@ fn parse_mountinfo(text: &str) -> Vec<MountEntry> {
     text.lines()
         .filter_map(|line| {
             let mut fields = line.split(' ');
-            let fs_root = fields.nth(3)?;
+            let device = fields.nth(2)?;
+            let fs_root = fields.next()?;
             let mount_point = fields.next()?;
             Some(MountEntry {
+                device: device.to_owned(),
                 fs_root: PathBuf::from(unescape(fs_root)),
                 mount_point: PathBuf::from(unescape(mount_point)),
             })
@@ -110,16 +114,23 @@ fn root_mounts(table: &[MountEntry], root: &Path) -> RootMounts {
     let anything_under = table
         .iter()
         .any(|m| m.mount_point != root && m.mount_point.starts_with(root));
-    let top = table.iter().rev().find(|m| m.mount_point == root);
-    // The mount below the top one that holds `root`: the longest mount point above it.
-    let parent = table
-        .iter()
-        .filter(|m| m.mount_point != root && root.starts_with(&m.mount_point))
-        .max_by_key(|m| m.mount_point.as_os_str().len());
-    let self_bind_on_top = match (top, parent) {
-        (Some(top), Some(parent)) => root
-            .strip_prefix(&parent.mount_point)
-            .is_ok_and(|rel| top.fs_root == parent.fs_root.join(rel)),
+    // The top mount at `root` (mountinfo lists mounts in the order they were made) and what
+    // `root` was before it: the mount it covers at the same point (a root that is a file
+    // system of its own), or the directory `root` in the mount holding it.
+    let mut at_root = table.iter().filter(|m| m.mount_point == root).rev();
+    let top = at_root.next();
+    let below = at_root.next().map(|m| (m, m.fs_root.clone())).or_else(|| {
+        table
+            .iter()
+            .filter(|m| m.mount_point != root && root.starts_with(&m.mount_point))
+            .max_by_key(|m| m.mount_point.as_os_str().len())
+            .and_then(|p| {
+                let rel = root.strip_prefix(&p.mount_point).ok()?;
+                Some((p, p.fs_root.join(rel)))
+            })
+    });
+    let self_bind_on_top = match (top, below) {
+        (Some(top), Some((below, fs_root))) => top.device == below.device && top.fs_root == fs_root,
         _ => false,
     };
     RootMounts {
@@ -132,14 +143,18 @@ fn read_table() -> io::Result<Vec<MountEntry>> {
     std::fs::read_to_string("/proc/self/mountinfo").map(|t| parse_mountinfo(&t))
 }
 
-/// Makes `root` a mount of its own unless it is one, so that a worker can detach every pod's
-/// mounts at once. Returns whether `root` is now a mount root. Does nothing while something
-/// is mounted under `root` (pods of an ironlet from before this bind, or another process).
+/// Makes the top mount at `root` a bind of `root` onto itself unless it is one already, so
+/// that a worker can detach every pod's mounts at once and find the same files beneath; a
+/// root that is a file system of its own gets the bind on top of it. Returns whether the bind
+/// is there. Does nothing while something is mounted under `root` (pods of an ironlet from
+/// before this bind, or another process): the bind would hide them. Reads the mount table:
+/// the caller keeps the answer.
 pub fn ensure_root_mount(root: &Path) -> io::Result<bool> {
-    if is_mount_root(root) {
+    let state = root_mounts(&read_table()?, root);
+    if state.self_bind_on_top {
         return Ok(true);
     }
-    if root_mounts(&read_table()?, root).anything_under {
+    if state.anything_under {
         return Ok(false);
     }
     nix::mount::mount(
@@ -153,8 +168,8 @@ pub fn ensure_root_mount(root: &Path) -> io::Result<bool> {
     Ok(true)
 }
 
-/// Removes the bind [`ensure_root_mount`] made once nothing is mounted under `root`; a root
-/// that is a file system of its own (or any other bind) is left alone.
+/// Removes the bind [`ensure_root_mount`] made once nothing is mounted under `root`; what is
+/// beneath it (a file system of its own) and any other mount at `root` is left alone.
 pub fn release_root_mount(root: &Path) -> io::Result<()> {
     if !is_mount_root(root) {
         return Ok(());
@@ -168,8 +183,9 @@ pub fn release_root_mount(root: &Path) -> io::Result<()> {
     Ok(())
 }
 
-/// In a create's worker, before libcontainer runs: see the module docs. Returns whether the
-/// worker is now in a private mount namespace of its own (it is whenever `root` is a mount).
+/// In a create's worker, before libcontainer runs: see the module docs. `root` comes from the
+/// runtime only while its bind is on top ([`ensure_root_mount`]). Returns whether the worker
+/// is now in a private mount namespace of its own.
 pub(crate) fn prune_in_worker(root: &Path, bundle: &Path) -> Result<bool, String> {
     if !is_mount_root(root) {
         return Ok(false);
@@ -262,7 +278,12 @@ mod tests {
     use super::*;
 
     fn entry(fs_root: &str, mount_point: &str) -> MountEntry {
+        on("254:0", fs_root, mount_point)
+    }
+
+    fn on(device: &str, fs_root: &str, mount_point: &str) -> MountEntry {
         MountEntry {
+            device: device.into(),
             fs_root: fs_root.into(),
             mount_point: mount_point.into(),
         }
@@ -294,10 +315,17 @@ mod tests {
                 self_bind_on_top: true
             }
         );
-        // A file system of its own, or a bind of another directory, is the user's.
+        // A file system of its own, or a bind of another directory, is the user's; the bind
+        // made on top of the former is ours.
         let mut own_fs = base.clone();
-        own_fs.push(entry("/", "/tmp/r"));
+        own_fs.push(on("7:0", "/", "/tmp/r"));
         assert!(!root_mounts(&own_fs, root).self_bind_on_top);
+        own_fs.push(on("7:0", "/", "/tmp/r"));
+        assert!(root_mounts(&own_fs, root).self_bind_on_top);
+        let mut other_fs_on_top = base.clone();
+        other_fs_on_top.push(on("7:0", "/", "/tmp/r"));
+        other_fs_on_top.push(on("0:55", "/", "/tmp/r"));
+        assert!(!root_mounts(&other_fs_on_top, root).self_bind_on_top);
         let mut other_dir = base.clone();
         other_dir.push(entry("/elsewhere", "/tmp/r"));
         assert!(!root_mounts(&other_dir, root).self_bind_on_top);
@@ -378,16 +406,31 @@ mod mounts_as_root {
 
     #[test]
     fn a_worker_keeps_its_containers_mounts_and_detaches_the_other_pods() {
+        prune_then_release(false);
+    }
+
+    /// A root that is a file system of its own (a loop device, a tmpfs) gets the bind on top,
+    /// so the worker finds the same files beneath, and keeps its file system afterwards.
+    #[test]
+    fn a_root_of_its_own_file_system_is_pruned_the_same_and_stays_mounted() {
+        prune_then_release(true);
+    }
+
+    fn prune_then_release(own_fs: bool) {
         if !nix::unistd::geteuid().is_root() {
             eprintln!("skipped: needs root");
             return;
         }
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().canonicalize().unwrap();
-        assert!(
-            !prune_in_worker(&root, &root).unwrap(),
-            "pruned without a bind"
-        );
+        if own_fs {
+            tmpfs(&root);
+        } else {
+            assert!(
+                !prune_in_worker(&root, &root).unwrap(),
+                "pruned without a bind"
+            );
+        }
         assert!(ensure_root_mount(&root).unwrap());
         assert!(is_mount_root(&root));
         let (own_pin, other_pin) = (
@@ -439,9 +482,12 @@ mod mounts_as_root {
         for kept in [&own_pin, &own_rootfs, &volume] {
             assert!(inside.contains(kept), "{kept:?} missing inside: {inside:?}");
         }
-        for gone in [&other_pin, &other_rootfs, &root] {
+        for gone in [&other_pin, &other_rootfs] {
             assert!(!inside.contains(gone), "{gone:?} still inside");
         }
+        // The bind went; a file system of its own stays beneath.
+        let at_root = inside.iter().filter(|m| **m == root).count();
+        assert_eq!(at_root, usize::from(own_fs), "mounts at the root inside");
         // The host is untouched.
         let host = mount_points(&std::fs::read_to_string("/proc/self/mountinfo").unwrap());
         for still in [
@@ -459,8 +505,18 @@ mod mounts_as_root {
             nix::mount::umount2(m.as_path(), MntFlags::MNT_DETACH).unwrap();
         }
         release_root_mount(&root).unwrap();
-        assert!(!is_mount_root(&root), "the bind outlived the pods");
         let host = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-        assert!(!host.contains(root.to_str().unwrap()), "{host}");
+        let at_root = mount_points(&host).iter().filter(|m| **m == root).count();
+        if own_fs {
+            assert_eq!(
+                at_root, 1,
+                "the bind outlived the pods, or took the file system"
+            );
+            assert!(root.join("containers/c/config.json").exists());
+            nix::mount::umount2(root.as_path(), MntFlags::MNT_DETACH).unwrap();
+        } else {
+            assert!(!is_mount_root(&root), "the bind outlived the pods");
+            assert!(!host.contains(root.to_str().unwrap()), "{host}");
+        }
     }
 }
