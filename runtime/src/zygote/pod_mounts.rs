@@ -18,10 +18,12 @@
 //! ```
 //!
 //! Guarantees: the host sees one extra mount, made only while nothing is mounted under the
-//! root (a bind made later would hide those mounts) and removed only when nothing is; a root
-//! that is its own file system is used as it is and never unmounted. Without the bind (an
-//! older ironlet's pods still mounted there) the worker prunes nothing: slower, never wrong.
-//! Detaching happens in the worker's namespace, made a slave first, so the host is untouched.
+//! root (a bind made later would hide those mounts) and removed only when nothing is (also at
+//! start, for a runtime stopped after its last pod); a root that is a file system of its own
+//! gets the bind on top, so the worker finds the same files beneath and the file system itself
+//! is never unmounted. Without the bind (an older ironlet's pods still mounted there) the
+//! runtime passes no root and the worker prunes nothing: slower, never wrong. Detaching
+//! happens in the worker's namespace, made a slave first, so the host is untouched.
 
 use std::ffi::CString;
 use std::io;
