@@ -29,10 +29,24 @@ impl Inner {
         sandbox_id: &SandboxId,
         config: &ContainerConfig,
     ) -> Result<ContainerId, RuntimeError> {
+        let pod_mounts = self.pod_mounts_guard().await;
+        let created = self.create_container_guarded(sandbox_id, config).await;
+        drop(pod_mounts);
+        if created.is_err() {
+            // Its sandbox may have gone meanwhile, the last pod of the node.
+            self.release_pod_mounts_if_idle().await;
+        }
+        created
+    }
+
+    async fn create_container_guarded(
+        &self,
+        sandbox_id: &SandboxId,
+        config: &ContainerConfig,
+    ) -> Result<ContainerId, RuntimeError> {
         if config.name.is_empty() {
             return Err(RuntimeError::InvalidConfig("container needs a name".into()));
         }
-        let _pod_mounts = self.pod_mounts_guard().await;
         let sandbox = {
             let state = self.lock();
             state

@@ -427,8 +427,8 @@ impl Inner {
         guard
     }
 
-    /// After a removal: once no sandbox or container is left, removes the root's bind, so an
-    /// idle root holds no mount.
+    /// After a removal or a failed create: once no sandbox or container is left, removes the
+    /// root's bind, so an idle root holds no mount.
     async fn release_pod_mounts_if_idle(&self) {
         let Some(root) = &self.pod_mounts_root else {
             return;
@@ -440,7 +440,11 @@ impl Inner {
         if !idle() {
             return;
         }
-        let _exclusive = self.pod_mounts.write().await;
+        // Never waits for a create in flight (a removal must not): that create either lands
+        // in the state or, failing, comes here itself once its guard is gone.
+        let Ok(_exclusive) = self.pod_mounts.try_write() else {
+            return;
+        };
         if idle() {
             if let Err(err) = crate::zygote::pod_mounts::release_root_mount(root) {
                 tracing::warn!(root = %root.display(), %err, "cannot remove the root's bind");
