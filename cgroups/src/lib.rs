@@ -92,6 +92,8 @@ pub use dynmods::{favor_dynamic_modifications, Dynmods};
 pub use error::{Error, Result};
 pub use hierarchy::{process_cgroup_dirs, Hierarchy};
 pub use machine::MachineUsage;
+/// `/proc/self/mountinfo` fields with the kernel's octal escapes undone.
+pub use mountinfo::unescape_path as unescape_mountinfo_path;
 pub use node::NodeCgroups;
 pub use path::CgroupPath;
 pub use qos::QosClass;

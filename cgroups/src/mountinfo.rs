@@ -56,8 +56,8 @@ fn parse_line(line: &str) -> Option<CgroupMount> {
         .collect();
     Some(CgroupMount {
         unified,
-        root: unescape(root),
-        mount_point: PathBuf::from(unescape(mount_point)),
+        root: String::from_utf8_lossy(&unescape(root)).into_owned(),
+        mount_point: unescape_path(mount_point),
         mount_options,
         super_options,
     })
@@ -99,8 +99,9 @@ pub(crate) fn membership_dirs(membership: &str, mounts: &[CgroupMount]) -> Vec<P
     dirs
 }
 
-/// Decodes the `\ooo` octal escapes the kernel uses for space, tab, newline and backslash.
-fn unescape(field: &str) -> String {
+/// Decodes the `\ooo` octal escapes the kernel uses in mountinfo for space, tab, newline
+/// and backslash; the bytes of the path as the kernel has it (not necessarily UTF-8).
+pub fn unescape(field: &str) -> Vec<u8> {
     let bytes = field.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -121,7 +122,13 @@ fn unescape(field: &str) -> String {
         out.push(bytes[i]);
         i += 1;
     }
-    String::from_utf8_lossy(&out).into_owned()
+    out
+}
+
+/// [`unescape`] as a path.
+pub fn unescape_path(field: &str) -> PathBuf {
+    use std::os::unix::ffi::OsStringExt;
+    PathBuf::from(std::ffi::OsString::from_vec(unescape(field)))
 }
 
 /// Controller names from `/proc/cgroups` (first column, header skipped).

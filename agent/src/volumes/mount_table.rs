@@ -4,9 +4,7 @@
 //! Paths compared against the table must be canonical (no symlinks, no `..`), as the kernel
 //! reports mount points that way.
 
-use std::ffi::OsString;
 use std::io;
-use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
@@ -35,37 +33,11 @@ fn parse(text: &str) -> Vec<MountEntry> {
             let separator = fields.iter().position(|f| *f == "-")?;
             let fs_type = fields.get(separator + 1)?;
             Some(MountEntry {
-                mount_point: unescape(mount_point),
+                mount_point: ironlet_cgroups::unescape_mountinfo_path(mount_point),
                 fs_type: (*fs_type).to_owned(),
             })
         })
         .collect()
-}
-
-/// Undoes the kernel's octal escapes (`\040` for a space…).
-fn unescape(field: &str) -> PathBuf {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'\\' {
-            if let Some(digits) = bytes.get(i + 1..i + 4) {
-                if digits.iter().all(|d| (b'0'..=b'7').contains(d)) {
-                    let value = digits
-                        .iter()
-                        .fold(0u32, |acc, d| acc * 8 + u32::from(d - b'0'));
-                    if let Ok(value) = u8::try_from(value) {
-                        out.push(value);
-                        i += 4;
-                        continue;
-                    }
-                }
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    PathBuf::from(OsString::from_vec(out))
 }
 
 /// Whether `path` (canonical) is a mount point.
@@ -140,9 +112,18 @@ mod tests {
 
     #[test]
     fn a_backslash_without_three_octal_digits_is_kept() {
-        assert_eq!(unescape("a\\b"), PathBuf::from("a\\b"));
-        assert_eq!(unescape("a\\0"), PathBuf::from("a\\0"));
-        assert_eq!(unescape("\\134x"), PathBuf::from("\\x"));
+        assert_eq!(
+            ironlet_cgroups::unescape_mountinfo_path("a\\b"),
+            PathBuf::from("a\\b")
+        );
+        assert_eq!(
+            ironlet_cgroups::unescape_mountinfo_path("a\\0"),
+            PathBuf::from("a\\0")
+        );
+        assert_eq!(
+            ironlet_cgroups::unescape_mountinfo_path("\\134x"),
+            PathBuf::from("\\x")
+        );
     }
 
     #[test]

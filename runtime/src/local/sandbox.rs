@@ -104,7 +104,13 @@ impl Inner {
             } else {
                 rec.config.hostname.clone()
             };
-            let ipv4_only = rec.net && self.network.as_ref().is_some_and(|n| n.ipv4_only());
+            // Read once: whether eth0 gets IPv6 depends on the network ADD then joins.
+            let list = self
+                .network
+                .as_ref()
+                .filter(|_| rec.net)
+                .and_then(|n| n.resolve());
+            let ipv4_only = list.as_ref().is_some_and(|l| l.ipv4_only());
             self.zygote
                 .create_namespaces(
                     ns_dir.clone(),
@@ -117,7 +123,7 @@ impl Inner {
                 .await?;
             if let (true, Some(network)) = (rec.net, &self.network) {
                 let attached = network
-                    .attach(&pod_ref(rec), &ns_dir.join("net"))
+                    .attach(list, &pod_ref(rec), &ns_dir.join("net"))
                     .await
                     .map_err(|source| RuntimeError::Network {
                         sandbox_id: rec.id.clone(),

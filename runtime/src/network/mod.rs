@@ -152,8 +152,8 @@ impl Network {
     }
 
     /// The network list to use, with every plugin present; `None` (and a warning, once)
-    /// when networking is unavailable.
-    fn resolve(&self) -> Option<NetworkList> {
+    /// when networking is unavailable. Read once per sandbox, for [`Network::attach`].
+    pub fn resolve(&self) -> Option<NetworkList> {
         let resolved = {
             // Held only for a directory read and maybe one small write; never across an await.
             let _guard = self.resolving.lock().unwrap_or_else(|p| p.into_inner());
@@ -179,20 +179,16 @@ impl Network {
         }
     }
 
-    /// Whether the network in use gives pods IPv4 addresses only (see
-    /// [`NetworkList::ipv4_only`]); `false` when networking is unavailable.
-    pub fn ipv4_only(&self) -> bool {
-        self.resolve().is_some_and(|list| list.ipv4_only())
-    }
-
-    /// Runs ADD for the pod whose network namespace is pinned at `netns`. `Ok(None)`:
-    /// networking is unavailable, the pod stays loopback-only.
+    /// Runs ADD of `list` ([`Network::resolve`]) for the pod whose network namespace is
+    /// pinned at `netns`. `Ok(None)`: networking is unavailable (no list), the pod stays
+    /// loopback-only.
     pub async fn attach(
         &self,
+        list: Option<NetworkList>,
         pod: &PodRef<'_>,
         netns: &Path,
     ) -> Result<Option<NetworkAttachment>, NetworkError> {
-        let Some(list) = self.resolve() else {
+        let Some(list) = list else {
             return Ok(None);
         };
         self.ensure_masquerade(&list).await?;
@@ -387,7 +383,7 @@ mod tests {
             ports: &[],
         };
         let got = network
-            .attach(&pod, Path::new("/nonexistent"))
+            .attach(network.resolve(), &pod, Path::new("/nonexistent"))
             .await
             .unwrap();
         assert!(got.is_none());

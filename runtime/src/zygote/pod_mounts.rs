@@ -74,34 +74,11 @@ fn parse_mountinfo(text: &str) -> Vec<MountEntry> {
             let mount_point = fields.next()?;
             Some(MountEntry {
                 device: device.to_owned(),
-                fs_root: PathBuf::from(unescape(fs_root)),
-                mount_point: PathBuf::from(unescape(mount_point)),
+                fs_root: ironlet_cgroups::unescape_mountinfo_path(fs_root),
+                mount_point: ironlet_cgroups::unescape_mountinfo_path(mount_point),
             })
         })
         .collect()
-}
-
-/// Undoes mountinfo's octal escapes (`\040` for a space).
-fn unescape(field: &str) -> String {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let octal = bytes
-            .get(i + 1..i + 4)
-            .filter(|d| bytes[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
-        match octal {
-            Some(d) => {
-                out.push((d[0] - b'0') * 64 + (d[1] - b'0') * 8 + (d[2] - b'0'));
-                i += 4;
-            }
-            None => {
-                out.push(bytes[i]);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// What the table says about `root`: whether anything is mounted strictly under it, and
