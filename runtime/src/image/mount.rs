@@ -159,6 +159,15 @@ fn check(ret: libc::c_long) -> io::Result<()> {
     }
 }
 
+/// A detached copy (`open_tree(OPEN_TREE_CLONE | AT_RECURSIVE)`) of the mount tree at
+/// `path`, to attach elsewhere or in another namespace with [`move_mount`].
+pub(crate) fn open_tree_clone(path: &Path) -> io::Result<OwnedFd> {
+    let c = cpath(path)?;
+    let flags = libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC | libc::AT_RECURSIVE as u32;
+    // SAFETY: c is a valid C string for the call.
+    owned(unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, c.as_ptr(), flags) })
+}
+
 /// Attaches the detached mount `mnt` (from `fsmount` or `open_tree`) at `target`.
 pub(crate) fn move_mount(mnt: &OwnedFd, target: &Path) -> io::Result<()> {
     let empty = cstr("")?;

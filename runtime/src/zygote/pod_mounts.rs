@@ -27,7 +27,6 @@
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
@@ -176,7 +175,7 @@ pub(crate) fn prune_in_worker(root: &Path, bundle: &Path) -> Result<bool, String
     super::worker::set_root_propagation(MsFlags::MS_SLAVE, "pod mounts")?;
     let mut clones = Vec::with_capacity(kept.len());
     for path in kept {
-        let tree = open_tree_clone(&path)
+        let tree = crate::image::mount::open_tree_clone(&path)
             .map_err(|e| format!("pod mounts: clone {}: {e}", path.display()))?;
         clones.push((path, tree));
     }
@@ -236,20 +235,6 @@ fn outermost_under(root: &Path, wanted: Vec<PathBuf>) -> Vec<PathBuf> {
         }
     }
     kept
-}
-
-fn open_tree_clone(path: &Path) -> io::Result<OwnedFd> {
-    let c = CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-    let flags = libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC | libc::AT_RECURSIVE as u32;
-    // SAFETY: c is a valid C string for the call.
-    let ret = unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, c.as_ptr(), flags) };
-    if ret < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let fd = libc::c_int::try_from(ret).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
-    // SAFETY: a fresh descriptor from the kernel, owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 #[cfg(test)]
