@@ -8,7 +8,9 @@
 //! `BENCH_WORKDIR=DIR` moves the bundle and the state roots off their default tmpfs.
 //! `BENCH_POD_MOUNTS=N` first mounts N namespace pins under the work directory, as N/3 other
 //! pods would (`zygote/pod_mounts.rs`), and adds a row for ironlet with its worker detaching
-//! them; the first ironlet row and the peers copy them as before.
+//! them; the first ironlet row and the peers copy them as before. A `sleep` container runs
+//! meanwhile, as the other pods' would (the zygote keeps its template namespace only while
+//! it owns a process).
 //!
 //! crun 1.8 refuses this machine's hybrid layout because the empty cgroup2 at
 //! `/sys/fs/cgroup/unified` lists controllers; so the whole benchmark runs in a private
@@ -22,7 +24,7 @@ use ironlet_runtime::zygote::{CreateStdio, Event, ZygoteClient};
 use tokio::sync::mpsc;
 
 use ironlet_bench::peer_bundle::{
-    cgroup_parents, external, installed_peers, make_bundle, private_cgroup_layout,
+    cgroup_parents, external, installed_peers, make_bundle, make_bundle_for, private_cgroup_layout,
     remove_new_cgroup_parents, work_dir,
 };
 use ironlet_bench::stats::{ms, print_p50_table};
@@ -61,6 +63,65 @@ async fn run(zygote: ironlet_runtime::zygote::ZygoteHandle, iterations: usize) -
         )?),
         Err(_) => None,
     };
+    const KEEPER: &str = "bench-other-pod";
+    if let Some(other) = &other_pods {
+        let keeper = make_bundle_for(
+            work.path(),
+            "bundle-keeper",
+            &["sleep", "3600"],
+            "/ironlet-bench/keeper",
+        )
+        .await?;
+        client
+            .create(
+                KEEPER,
+                keeper,
+                state_root.clone(),
+                CreateStdio::default(),
+                Some(other.root.clone()),
+            )
+            .await?;
+        client.start(KEEPER, state_root.clone()).await?;
+    }
+    let measured = measure(
+        &client,
+        &mut events,
+        iterations,
+        &bundle,
+        &state_root,
+        &hierarchy,
+        &other_pods,
+        &work,
+    )
+    .await;
+    if other_pods.is_some() {
+        client
+            .kill(KEEPER, nix::sys::signal::Signal::SIGKILL as i32)
+            .await?;
+        loop {
+            match events.recv().await.context("zygote gone")? {
+                Event::Exited { id, .. } if id == KEEPER => break,
+                _ => {}
+            }
+        }
+        client.delete(KEEPER, state_root.clone(), true).await?;
+    }
+    measured?;
+    drop(other_pods);
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn measure(
+    client: &ZygoteClient,
+    events: &mut mpsc::UnboundedReceiver<Event>,
+    iterations: usize,
+    bundle: &Path,
+    state_root: &Path,
+    hierarchy: &Option<ironlet_cgroups::Hierarchy>,
+    other_pods: &Option<OtherPodMounts>,
+    work: &tempfile::TempDir,
+) -> Result<()> {
     let installed = installed_peers();
     let mut peers: Vec<(&str, Peer)> = vec![("ironlet (in-process)", Peer::InProcess(None))];
     if let Some(other) = &other_pods {
@@ -82,11 +143,11 @@ async fn run(zygote: ironlet_runtime::zygote::ZygoteHandle, iterations: usize) -
             let took = match bin {
                 Peer::InProcess(pod_mounts_root) => {
                     let target = Target {
-                        bundle: &bundle,
-                        state_root: &state_root,
+                        bundle,
+                        state_root,
                         pod_mounts_root: pod_mounts_root.clone(),
                     };
-                    in_process(&client, &mut events, &id, &target, &hierarchy).await?
+                    in_process(client, events, &id, &target, hierarchy).await?
                 }
                 Peer::External(bin) => {
                     external(bin, &id, &work.path().join("bundle-peers"), work.path())?
@@ -107,7 +168,6 @@ async fn run(zygote: ironlet_runtime::zygote::ZygoteHandle, iterations: usize) -
         rows.push((*name, [p50, p90, mean]));
     }
     print_p50_table("runtime", ["p50 ms", "p90 ms", "mean ms"], 10, &rows);
-    drop(other_pods);
     Ok(())
 }
 

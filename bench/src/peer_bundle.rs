@@ -58,6 +58,17 @@ pub fn repo_root() -> PathBuf {
 
 /// A bundle with busybox's rootfs and the spec ironlet would generate for `true`.
 pub async fn make_bundle(dir: &Path) -> Result<PathBuf> {
+    make_bundle_for(dir, "bundle", &["true"], "/ironlet-bench/c").await
+}
+
+/// A bundle `<dir>/<name>` running `command` in cgroup `cgroups_path`; the peers' copy of
+/// the spec goes to `<dir>/<name>-peers`.
+pub async fn make_bundle_for(
+    dir: &Path,
+    name: &str,
+    command: &[&str],
+    cgroups_path: &str,
+) -> Result<PathBuf> {
     let layout = repo_root().join("images/out/busybox");
     if !layout.join("index.json").exists() {
         bail!("{} missing: run images/build first", layout.display());
@@ -70,13 +81,13 @@ pub async fn make_bundle(dir: &Path) -> Result<PathBuf> {
         .import(&layout)
         .await?;
     let image = images.into_iter().next().context("layout has no image")?;
-    let bundle = dir.join("bundle");
+    let bundle = dir.join(name);
     std::fs::create_dir_all(&bundle)?;
     let prepared = store.prepare_rootfs(&image, &bundle, RootfsMode::Copy)?;
     let config = ContainerConfig {
         name: "bench".into(),
         image: "busybox".into(),
-        command: vec!["true".into()],
+        command: command.iter().map(|c| (*c).to_owned()).collect(),
         ..ContainerConfig::default()
     };
     let spec = ironlet_runtime::spec::build_spec(&SpecInputs {
@@ -86,13 +97,13 @@ pub async fn make_bundle(dir: &Path) -> Result<PathBuf> {
         rootfs_layers: &[],
         hostname: "bench",
         namespaces: &SandboxNamespaces::default(),
-        cgroups_path: Some("/ironlet-bench/c".into()),
+        cgroups_path: Some(cgroups_path.into()),
         user_namespace: None,
     })?;
     // The peers get the spec as is (seccomp inside, compiled by them per container);
     // ironlet's bundle gets it the way the runtime writes it: the profile beside the
     // spec, compiled once by the zygote. Same rootfs, same cgroup path.
-    let peers = dir.join("bundle-peers");
+    let peers = dir.join(format!("{name}-peers"));
     std::fs::create_dir_all(&peers)?;
     ironlet_runtime::spec::write_bundle_config(&peers, &spec)?;
     let spec = ironlet_runtime::zygote::seccomp::precompile_profile(spec, &bundle)?;

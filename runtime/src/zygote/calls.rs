@@ -113,6 +113,18 @@ impl Server {
             Request::CreatePodNetwork { id, .. } => WorkerKind::Holder { id: id.clone() },
             _ => WorkerKind::Plain,
         };
+        // Made (or checked against the root's bind) here, so the worker inherits it.
+        let with_template = match &request {
+            Request::Create {
+                pod_mounts_root: Some(root),
+                ..
+            } => {
+                self.mount_template =
+                    super::pod_mounts::MountTemplate::for_root(self.mount_template.take(), root);
+                true
+            }
+            _ => false,
+        };
         let (result_r, result_w) = sys::pipe().map_err(|e| format!("pipe: {e}"))?;
         // Read as it arrives, from the poll loop.
         nix::fcntl::fcntl(
@@ -125,6 +137,11 @@ impl Server {
             Ok(ForkResult::Child) => {
                 drop(result_r);
                 drop(kind);
+                let mount_template = self
+                    .mount_template
+                    .take()
+                    .filter(|_| with_template)
+                    .and_then(super::pod_mounts::MountTemplate::into_ns);
                 self.forget_in_child();
                 // The supervisor blocks its signals for its signalfd; the mask is inherited
                 // over fork and exec, and containers must get their signals.
@@ -138,7 +155,7 @@ impl Server {
                 // Containers never belong to the terminal's process group: a Ctrl-C meant
                 // for `ironlet run` must not reach them.
                 let _ = nix::unistd::setsid();
-                worker::run(request, stdio, seccomp, result_w)
+                worker::run(request, stdio, seccomp, result_w, mount_template)
             }
             Ok(ForkResult::Parent { child }) => {
                 drop(result_w);

@@ -65,6 +65,9 @@ pub(super) struct Server {
     pub(super) exit_dir: Option<PathBuf>,
     pub(super) filters: super::seccomp::FilterCache,
     supervisor: Option<Supervisor>,
+    /// The namespace create workers start from (`pod_mounts.rs`); dropped once no process
+    /// is owned, so it never holds a file system the host has let go of.
+    pub(super) mount_template: Option<super::pod_mounts::MountTemplate>,
     buf: Vec<u8>,
 }
 
@@ -144,6 +147,7 @@ impl Server {
             exit_dir,
             filters: super::seccomp::FilterCache::default(),
             supervisor,
+            mount_template: None,
             buf: vec![0; MAX_MESSAGE],
         }
     }
@@ -160,6 +164,7 @@ impl Server {
         // ever seeing end-of-file.
         self.workers.clear();
         self.supervisor = None;
+        self.mount_template = None;
     }
 
     pub(super) fn is_supervisor(&self) -> bool {
@@ -232,6 +237,9 @@ impl Server {
         }
         self.finish_workers();
         self.watched.retain(|w| w.pid != 0);
+        if self.workers.is_empty() && self.watched.is_empty() {
+            self.mount_template = None;
+        }
         self.relays.retain(|r| {
             if r.done {
                 tracing::debug!(container_id = %r.id, "terminal closed; its relay ends");

@@ -17,6 +17,7 @@ use nix::mount::MsFlags;
 use nix::sched::CloneFlags;
 use serde::{Deserialize, Serialize};
 
+use super::pod_mounts::TemplateNs;
 use super::protocol::Request;
 
 /// What a worker reports back to the zygote.
@@ -47,9 +48,10 @@ pub(crate) fn run(
     stdio: Option<Stdio>,
     seccomp: Option<Program>,
     result_pipe: OwnedFd,
+    mount_template: Option<TemplateNs>,
 ) -> ! {
     ensure_usable_cwd();
-    let result = match perform(request, stdio, seccomp) {
+    let result = match perform(request, stdio, seccomp, mount_template) {
         Ok(pid) => WorkerResult::Ok { pid },
         Err(message) => WorkerResult::Err { message },
     };
@@ -105,6 +107,7 @@ fn perform(
     request: Request,
     stdio: Option<Stdio>,
     seccomp: Option<Program>,
+    mount_template: Option<TemplateNs>,
 ) -> Result<Option<i32>, String> {
     // (container id, whether libcontainer will add processes to its cgroup)
     let cgroup_user = match &request {
@@ -165,7 +168,7 @@ fn perform(
                         .map_err(|e| format!("rootless: mark {}: {e}", bundle.display()))?;
                 }
             }
-            let created = create(&id, &bundle, &state_root, stdio, seccomp, None);
+            let created = create(&id, &bundle, &state_root, stdio, seccomp, None, None);
             if created.is_err() && plan.maps_ranges() {
                 // The agent removes the rootfs of a failed create; it must be the user's.
                 if overlay.is_some() {
@@ -188,6 +191,7 @@ fn perform(
             stdio,
             seccomp,
             pod_mounts_root.as_deref(),
+            mount_template,
         )
         .map(Some),
         Request::Delete {
@@ -313,12 +317,13 @@ fn create(
     stdio: Option<Stdio>,
     seccomp: Option<Program>,
     pod_mounts_root: Option<&Path>,
+    mount_template: Option<TemplateNs>,
 ) -> Result<i32, String> {
-    let private = match pod_mounts_root {
-        Some(root) => super::pod_mounts::prune_in_worker(root, bundle)?,
-        None => false,
+    let pruned = match pod_mounts_root {
+        Some(root) => super::pod_mounts::prune_in_worker(root, bundle, mount_template)?,
+        None => super::pod_mounts::Pruned::Not,
     };
-    super::cgroup_view::prepare_in_worker(bundle, private)?;
+    super::cgroup_view::prepare_in_worker(bundle, pruned.is_private())?;
     let container = builder(id, state_root, stdio, seccomp, Default::default())?
         .validate_id()
         .map_err(|e| format!("container id: {e}"))?
