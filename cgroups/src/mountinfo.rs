@@ -163,6 +163,13 @@ pub(crate) const FALLBACK_CONTROLLERS: &[&str] = &[
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_backslash_without_three_octal_digits_is_kept() {
+        assert_eq!(unescape_path("a\\b"), PathBuf::from("a\\b"));
+        assert_eq!(unescape_path("a\\0"), PathBuf::from("a\\0"));
+        assert_eq!(unescape_path("\\134x"), PathBuf::from("\\x"));
+    }
+
     const HYBRID: &str = "\
 31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
 32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw,relatime shared:9 - cgroup cgroup rw,cpu,cpuacct

@@ -111,22 +111,6 @@ mod tests {
     }
 
     #[test]
-    fn a_backslash_without_three_octal_digits_is_kept() {
-        assert_eq!(
-            ironlet_cgroups::unescape_mountinfo_path("a\\b"),
-            PathBuf::from("a\\b")
-        );
-        assert_eq!(
-            ironlet_cgroups::unescape_mountinfo_path("a\\0"),
-            PathBuf::from("a\\0")
-        );
-        assert_eq!(
-            ironlet_cgroups::unescape_mountinfo_path("\\134x"),
-            PathBuf::from("\\x")
-        );
-    }
-
-    #[test]
     fn the_root_filesystem_is_a_mount_point_and_proc_self_is_not() {
         assert!(is_mount_point(Path::new("/")).unwrap());
         assert!(!is_mount_point(Path::new("/proc/self")).unwrap());

@@ -195,17 +195,13 @@ pub(crate) struct MountTemplate {
     root: PathBuf,
     /// The mount id of the root's bind when it was made (ids are reused: a first check).
     bind: u64,
-    ns: Option<Made>,
+    /// `None`: making it failed; not tried again for this bind.
+    ns: Option<TemplateNs>,
 }
 
-/// A template namespace and the mount id of `root` inside it: a worker that finds another
-/// there (a bind made again later, propagated in) does not use it.
-struct Made {
-    ns: OwnedFd,
-    root_inside: u64,
-}
-
-/// What a create's worker gets from the zygote.
+/// A template namespace and the mount id of `root` inside it, which a create's worker gets:
+/// a worker that finds another mount there (a bind made again later, propagated in) does
+/// not use it.
 pub(crate) struct TemplateNs {
     ns: OwnedFd,
     root_inside: u64,
@@ -240,17 +236,14 @@ impl MountTemplate {
     }
 
     pub(crate) fn into_ns(self) -> Option<TemplateNs> {
-        self.ns.map(|m| TemplateNs {
-            ns: m.ns,
-            root_inside: m.root_inside,
-        })
+        self.ns
     }
 }
 
 /// Forks a child that unshares its mount namespace, makes it a slave and detaches `root`'s
 /// bind, then waits while the caller opens that namespace. The caller must be
 /// single-threaded (the zygote).
-fn make_template(root: &Path) -> Result<Made, String> {
+fn make_template(root: &Path) -> Result<TemplateNs, String> {
     let (ready_r, ready_w) = super::sys::pipe().map_err(|e| format!("pipe: {e}"))?;
     let (hold_r, hold_w) = super::sys::pipe().map_err(|e| format!("pipe: {e}"))?;
     // SAFETY: the zygote is single-threaded; the child only makes system calls and exits.
@@ -268,7 +261,6 @@ fn make_template(root: &Path) -> Result<Made, String> {
             // A zero byte and the id, or an error's text.
             let answer = match made {
                 Ok(id) => [&[0u8][..], &id.to_le_bytes()].concat(),
-                Err(e) if e.is_empty() => b"failed".to_vec(),
                 Err(e) => e.into_bytes(),
             };
             let _ = nix::unistd::write(&ready_w, &answer);
@@ -289,7 +281,7 @@ fn make_template(root: &Path) -> Result<Made, String> {
             };
             let made = match read {
                 Ok(9) if answer[0] == 0 => std::fs::File::open(format!("/proc/{child}/ns/mnt"))
-                    .map(|ns| Made {
+                    .map(|ns| TemplateNs {
                         ns: OwnedFd::from(ns),
                         root_inside: u64::from_le_bytes(
                             answer[1..9].try_into().unwrap_or_default(),
