@@ -48,8 +48,9 @@ fn usage_sees_anonymous_memory_page_faults_and_busy_cpu() -> anyhow::Result<()> 
     tree.node
         .create_container(&container, &CgroupSettings::default())?;
     // `tail` keeps the one 32 MiB "line" in anonymous memory while it waits for the rest of its
-    // input (the sleep holds the pipe open); the loop burns CPU meanwhile.
-    let script = "{ head -c 33554432 /dev/zero; sleep 100; } | tail & i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; wait";
+    // input (the sleep holds the pipe open); the loop burns CPU until the kill (a bounded one
+    // could end before the memory is in, and the CPU counter would then stand still).
+    let script = "{ head -c 33554432 /dev/zero; sleep 100; } | tail & while :; do :; done";
     let mut hog = spawn_in(tree.hierarchy(), &container, "sh", &["-c", script])?;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     let mut usage = tree.hierarchy().usage(&container)?;

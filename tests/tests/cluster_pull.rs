@@ -107,6 +107,15 @@ const TESTS: &[SuiteTest<Env>] = &[
     ),
 ];
 
+/// Serialises the agent kill of [`pull_survives_agent_kill`] against the other tests: a
+/// restart in the middle of theirs drops what the agent keeps in memory (the credential
+/// provider's cache) and its log, which they check.
+static AGENT_KILL: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+fn shared_agent() -> std::sync::RwLockReadGuard<'static, ()> {
+    AGENT_KILL.read().unwrap_or_else(|p| p.into_inner())
+}
+
 fn main() {
     run_suite("cluster_pull", TESTS, start, |env| {
         eprintln!("agent log tail:\n{}", env.agent.log_tail(60));
@@ -331,12 +340,13 @@ async fn event_messages(env: &Env, pod: &str) -> Result<Vec<(String, String)>> {
 }
 
 fn pulls_with_secret(env: &Env) -> Result<()> {
+    let _shared = shared_agent();
     block_on(async {
-        docker_registry_secret(env, "regcred", PASS)?;
+        docker_registry_secret(env, "pullcred", PASS)?;
         let pods: Api<Pod> = Api::namespaced(env.plane.admin_client().await?, "default");
         create_pod(
             &pods,
-            &registry_pod(env, "pulled", "regcred", "IfNotPresent")?,
+            &registry_pod(env, "pulled", "pullcred", "IfNotPresent")?,
         )
         .await?;
         let result = eventually("pulled Running", Duration::from_secs(90), || async {
@@ -377,6 +387,7 @@ fn pulls_with_secret(env: &Env) -> Result<()> {
 }
 
 fn wrong_password_backs_off(env: &Env) -> Result<()> {
+    let _shared = shared_agent();
     block_on(async {
         docker_registry_secret(env, "badcred", "wrong-password")?;
         let pods: Api<Pod> = Api::namespaced(env.plane.admin_client().await?, "default");
@@ -467,13 +478,14 @@ fn layout_image_size(name: &str) -> Result<i64> {
 }
 
 fn node_status_images(env: &Env) -> Result<()> {
+    let _shared = shared_agent();
     block_on(async {
-        docker_registry_secret(env, "regcred", PASS)?;
+        docker_registry_secret(env, "listcred", PASS)?;
         let client = env.plane.admin_client().await?;
         let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
         create_pod(
             &pods,
-            &registry_pod(env, "listed", "regcred", "IfNotPresent")?,
+            &registry_pod(env, "listed", "listcred", "IfNotPresent")?,
         )
         .await?;
         let running = wait_running(&pods, "listed").await;
@@ -584,14 +596,15 @@ fn pulled_times(message: &str) -> Option<(f64, f64)> {
 use k8s_openapi::jiff as jiff_ts;
 
 fn serialized_pulls(env: &Env) -> Result<()> {
+    let _shared = shared_agent();
     block_on(async {
-        docker_registry_secret(env, "regcred", PASS)?;
+        docker_registry_secret(env, "serialcred", PASS)?;
         let pods: Api<Pod> = Api::namespaced(env.plane.admin_client().await?, "default");
         let images = ["serial/a:1", "serial/b:1"];
         for (name, image) in [("serial-a", images[0]), ("serial-b", images[1])] {
             create_pod(
                 &pods,
-                &image_pod(env, name, image, Some("regcred"), "Always")?,
+                &image_pod(env, name, image, Some("serialcred"), "Always")?,
             )
             .await?;
         }
@@ -643,6 +656,7 @@ fn serialized_pulls(env: &Env) -> Result<()> {
 }
 
 fn service_account_secret(env: &Env) -> Result<()> {
+    let _shared = shared_agent();
     block_on(async {
         docker_registry_secret(env, "sacred", PASS)?;
         let _ = env
@@ -702,6 +716,7 @@ fn plugin_calls(env: &Env) -> Vec<serde_json::Value> {
 }
 
 fn service_account_token_provider(env: &Env) -> Result<()> {
+    let _shared = shared_agent();
     block_on(async {
         let _ = env
             .plane
@@ -808,6 +823,7 @@ fn service_account_token_provider(env: &Env) -> Result<()> {
 }
 
 fn image_gc_warning(env: &Env) -> Result<()> {
+    let _shared = shared_agent();
     block_on(async {
         let events: Api<Event> = Api::namespaced(env.plane.admin_client().await?, "default");
         let selector = format!(
@@ -845,6 +861,7 @@ fn image_gc_warning(env: &Env) -> Result<()> {
 }
 
 fn pull_survives_agent_kill(env: &Env) -> Result<()> {
+    let _alone = AGENT_KILL.write().unwrap_or_else(|p| p.into_inner());
     // 4 MiB/s: the 24 MiB layer takes 6 s.
     env.proxy.set(ProxySettings {
         bytes_per_sec: Some(4 << 20),
