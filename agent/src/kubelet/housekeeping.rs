@@ -25,8 +25,27 @@ use crate::pod_workers::{KillPodOptions, PodLifecycle, UpdatePodOptions, UpdateT
 /// default grace of the runtime; a short one keeps start-up clean-up quick).
 const ORPHAN_GRACE_SECONDS: i64 = 2;
 
+/// kubelet's `housekeepingWarningDuration`.
+const HOUSEKEEPING_WARNING: std::time::Duration = std::time::Duration::from_secs(1);
+
 impl Kubelet {
     pub(super) async fn housekeeping(&mut self) {
+        let started = std::time::Instant::now();
+        self.housekeep().await;
+        let took = started.elapsed();
+        // kubelet's warning, at its threshold: the sync loop handles nothing meanwhile.
+        if took > HOUSEKEEPING_WARNING {
+            tracing::warn!(
+                took_ms = took.as_millis() as u64,
+                expected_ms = HOUSEKEEPING_WARNING.as_millis() as u64,
+                "housekeeping took longer than expected"
+            );
+        } else {
+            tracing::debug!(took_us = took.as_micros() as u64, "housekeeping done");
+        }
+    }
+
+    async fn housekeep(&mut self) {
         let desired: HashSet<String> = self
             .lock_manager()
             .pods()

@@ -262,10 +262,11 @@ impl Server {
         }
         // A worker's end is when what libcontainer did not reap becomes ours.
         if any_gone {
-            sys::reap_libcontainer_leftovers(|pid| {
-                self.workers.iter().any(|w| w.pid == pid)
-                    || self.watched.iter().any(|w| w.pid == pid)
-            });
+            // A set: on a full node every child is a watched container, checked one by one.
+            let known: std::collections::HashSet<i32> = (self.workers.iter().map(|w| w.pid))
+                .chain(self.watched.iter().map(|w| w.pid))
+                .collect();
+            sys::reap_libcontainer_leftovers(|pid| known.contains(&pid));
         }
     }
 

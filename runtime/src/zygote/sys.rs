@@ -111,9 +111,14 @@ pub(crate) fn unblock_all_signals() {
 /// every process in it is reaped: left alone, it keeps a killed container "running" for
 /// ever. Anything else is left to whoever watches it. Returns how many were reaped.
 pub(crate) fn reap_libcontainer_leftovers(known: impl Fn(i32) -> bool) -> usize {
-    let Ok(children) = std::fs::read_to_string("/proc/thread-self/children") else {
+    // One read for the whole list: the file is made afresh at every read, walking every
+    // child (a few hundred on a full node), and `read_to_string` starts with 32 bytes.
+    let mut children = String::with_capacity(64 << 10);
+    let read = std::fs::File::open("/proc/thread-self/children")
+        .and_then(|mut f| std::io::Read::read_to_string(&mut f, &mut children));
+    if read.is_err() {
         return 0;
-    };
+    }
     let mut reaped = 0;
     for pid in children
         .split_whitespace()
